@@ -1,0 +1,386 @@
+"""Offers: read the bundled catalog (plus the user's own), normalise it, filter it.
+
+This module only reads and filters; deciding what to rent is ``plan/``'s job.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import math
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import config
+from ..errors import GpugeekError, NoMatchingOffers
+from . import gpus
+
+PRICINGS = ("on-demand", "spot", "reserved")
+REQUIRED_COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "region", "price_hour")
+OPTIONAL_COLUMNS = ("gpu_mem_gib", "vcpus", "mem_gib", "zone", "spot_price_hour")
+SHOWN_COLUMNS = [
+    "id", "provider", "instance_type", "gpu", "variant", "gpu_count", "gpu_mem_gib", "vcpus",
+    "mem_gib", "region", "zone", "price", "price_per_gpu_hour", "on_demand_price", "spot_price",
+    "reserved_price", "peak_tflops",
+]
+
+
+def bundled_catalog_path() -> Path:
+    return Path(str(resources.files(__package__).joinpath("data", "gpu_offers.csv")))
+
+
+def _read_rows(path: Path, bundled: bool) -> list[dict]:
+    """Read one CSV; a user catalog's bad row names the file and line."""
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise GpugeekError(f"cannot read catalog {path}: {exc.strerror}") from None
+    rows = []
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise GpugeekError(
+                f"{path}:1: catalog is missing column(s) {', '.join(missing)} "
+                f"— it needs {', '.join(REQUIRED_COLUMNS)}"
+            )
+        for row in reader:
+            rows.append(_parse_row(row, path, reader.line_num, bundled))
+    return rows
+
+
+def _parse_row(row: dict, path: Path, line: int, bundled: bool) -> dict:
+    def number(column: str, *, required: bool, integer: bool = False) -> float:
+        text = (row.get(column) or "").strip()
+        if not text:
+            if required:
+                raise GpugeekError(f"{path}:{line}: {column} is empty — every offer needs one")
+            return math.nan
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            kind = "a whole number" if integer else "a number"
+            raise GpugeekError(f"{path}:{line}: {column} {text!r} is not {kind}") from None
+        if value < 0 or (integer and value == 0):
+            raise GpugeekError(f"{path}:{line}: {column} {text!r} must be positive")
+        return value
+
+    for column in ("provider", "instance_type", "gpu", "region"):
+        if not (row.get(column) or "").strip():
+            raise GpugeekError(f"{path}:{line}: {column} is empty — every offer needs one")
+    return {
+        "provider": row["provider"].strip().lower(),
+        "instance_type": row["instance_type"].strip(),
+        "gpu_name": row["gpu"].strip(),
+        "gpu_count": number("gpu_count", required=True, integer=True),
+        "gpu_mem_gib": number("gpu_mem_gib", required=False),
+        "vcpus": number("vcpus", required=False),
+        "mem_gib": number("mem_gib", required=False),
+        "region": row["region"].strip(),
+        "zone": (row.get("zone") or "").strip(),
+        "price_hour": number("price_hour", required=True),
+        "spot_price_hour": number("spot_price_hour", required=False),
+        "source": "bundled" if bundled else str(path),
+    }
+
+
+def _normalise(frame: pd.DataFrame, reserved_discount: float) -> pd.DataFrame:
+    """Add family/variant, fill memory from the spec table, give each offer a stable id."""
+    frame = frame.copy()
+    frame["gpu"] = [gpus.family_of(n) for n in frame["gpu_name"]]
+    frame["variant"] = [
+        gpus.variant_of(n, t, m)
+        for n, t, m in zip(frame["gpu_name"], frame["instance_type"], frame["gpu_mem_gib"])
+    ]
+    specs = [gpus.spec(f, v) for f, v in zip(frame["gpu"], frame["variant"])]
+    spec_mem = pd.Series([s.mem_gib if s else math.nan for s in specs], index=frame.index)
+    frame["gpu_mem_from_spec"] = frame["gpu_mem_gib"].isna() & spec_mem.notna()
+    frame["gpu_mem_gib"] = frame["gpu_mem_gib"].fillna(spec_mem)
+    for precision in ("bf16", "fp16", "fp32"):
+        frame[f"{precision}_tflops"] = [s.peak_tflops(precision) if s else math.nan for s in specs]
+    frame["peak_tflops"] = frame["bf16_tflops"]
+
+    # id = provider/instance_type/region[/zone]. Where a host VM carries different accelerators
+    # (GCP n1-standard-8 + T4 or V100), the accelerator joins the instance part to stay unique.
+    place = ["provider", "instance_type", "region", "zone"]
+    kinds = frame.groupby(place, dropna=False)[["gpu_name", "gpu_count"]].transform("nunique")
+    shared_host = (kinds["gpu_name"] > 1) | (kinds["gpu_count"] > 1)
+    instance = frame["instance_type"].where(
+        ~shared_host,
+        frame["instance_type"] + "+" + frame["gpu_count"].astype(int).astype(str) + "x"
+        + frame["gpu_name"],
+    )
+    frame["id"] = frame["provider"] + "/" + instance + "/" + frame["region"]
+    frame.loc[frame["zone"] != "", "id"] = frame["id"] + "/" + frame["zone"]
+
+    # A user's row overrides a bundled row with the same id; repeated rows of one source merge,
+    # keeping a spot price where any copy has one (AWS p4de appears twice in some zones).
+    frame["_user"] = frame["source"] != "bundled"
+    frame = frame.sort_values(["_user", "spot_price_hour"], na_position="first", kind="stable")
+    frame = frame.drop_duplicates("id", keep="last").drop(columns="_user")
+
+    frame["on_demand_price"] = frame["price_hour"]
+    frame["spot_price"] = frame["spot_price_hour"]
+    frame["reserved_price"] = frame["price_hour"] * (1 - reserved_discount)
+    return frame.sort_values(["price_hour", "id"], kind="stable").reset_index(drop=True)
+
+
+@lru_cache(maxsize=8)
+def _load(paths: tuple[tuple[str, float], ...], reserved_discount: float) -> pd.DataFrame:
+    rows = _read_rows(bundled_catalog_path(), bundled=True)
+    for path, _mtime in paths:
+        rows.extend(_read_rows(Path(path), bundled=False))
+    frame = pd.DataFrame(rows)
+    frame["gpu_count"] = frame["gpu_count"].astype(int)
+    return _normalise(frame, reserved_discount)
+
+
+def load_catalog(
+    extra: str | Path | Sequence[str | Path] | None = None,
+    reserved_discount: float | None = None,
+) -> pd.DataFrame:
+    """Every offer, normalised: the bundled catalog, config's ``catalog.paths`` and ``extra``.
+
+    Cached per set of files (and their modification times), so repeated calls are free.
+    """
+    settings = config.settings()
+    if extra is None:
+        extra_paths: list[Path] = []
+    elif isinstance(extra, (str, Path)):
+        extra_paths = [Path(extra).expanduser()]
+    else:
+        extra_paths = [Path(p).expanduser() for p in extra]
+    keyed = []
+    for path in (*settings.catalog_paths, *extra_paths):
+        if not path.is_file():
+            raise GpugeekError(f"catalog file {path} does not exist — check the path")
+        keyed.append((str(path.resolve()), path.stat().st_mtime))
+    discount = settings.reserved_discount if reserved_discount is None else reserved_discount
+    if not 0 <= discount < 1:
+        raise GpugeekError(f"reserved discount {discount} must be a fraction in [0, 1)")
+    return _load(tuple(keyed), float(discount))
+
+
+def price_column(pricing: str) -> str:
+    if pricing not in PRICINGS:
+        raise GpugeekError(f"unknown pricing {pricing!r} — use one of {', '.join(PRICINGS)}")
+    return {"on-demand": "on_demand_price", "spot": "spot_price", "reserved": "reserved_price"}[
+        pricing
+    ]
+
+
+def _split(names: str | Iterable[str] | None) -> list[str]:
+    if names is None:
+        return []
+    if isinstance(names, str):
+        names = names.split(",")
+    return [n.strip() for n in names if n and n.strip()]
+
+
+def gpu_mask(catalog: pd.DataFrame, names: str | Iterable[str] | None) -> pd.Series:
+    """Rows whose GPU is one of ``names``: a family (``H100``) or a provider's spelling (``H100-SXM``)."""
+    wanted = _split(names)
+    if not wanted:
+        return pd.Series(True, index=catalog.index)
+    families = {f.upper() for f in catalog["gpu"].unique()}
+    raw = {n.upper() for n in catalog["gpu_name"].unique()}
+    mask = pd.Series(False, index=catalog.index)
+    for name in wanted:
+        key = name.upper()
+        if key in families or gpus.family_of(name).upper() in families and key not in raw:
+            mask |= catalog["gpu"].str.upper() == gpus.family_of(name).upper()
+        elif key in raw:
+            mask |= catalog["gpu_name"].str.upper() == key
+        else:
+            near = gpus.suggest(name, sorted(set(catalog["gpu"]) | set(catalog["gpu_name"])))
+            hint = f" — did you mean {', '.join(near)}?" if near else ""
+            raise GpugeekError(f"unknown GPU {name!r}{hint}")
+    return mask
+
+
+def parse_count_filter(count: int | str | None) -> tuple[int, bool] | None:
+    """``8`` → exactly 8 GPUs; ``'8+'`` → at least 8."""
+    if count is None or count == "":
+        return None
+    text = str(count).strip()
+    at_least = text.endswith("+")
+    try:
+        value = int(text.rstrip("+"))
+    except ValueError:
+        raise GpugeekError(f"--count {text!r} is not a whole number (8, or 8+ for at least 8)") from None
+    if value < 1:
+        raise GpugeekError(f"--count {text!r} must be at least 1")
+    return value, at_least
+
+
+def with_pricing(catalog: pd.DataFrame, pricing: str) -> pd.DataFrame:
+    """Add ``price`` (effective $/h under ``pricing``) and ``price_per_gpu_hour``; drop unpriced rows."""
+    column = price_column(pricing)
+    frame = catalog[catalog[column].notna()].copy()
+    frame["pricing"] = pricing
+    frame["price"] = frame[column]
+    frame["price_per_gpu_hour"] = frame["price"] / frame["gpu_count"]
+    return frame
+
+
+def find_offers(
+    gpu: str | Iterable[str] | None = None,
+    count: int | str | None = None,
+    min_gpu_mem: float | None = None,
+    provider: str | Iterable[str] | None = None,
+    region: str | None = None,
+    max_price: float | None = None,
+    pricing: str = "on-demand",
+    top: int | None = None,
+    catalog: str | Path | Sequence[str | Path] | None = None,
+) -> pd.DataFrame:
+    """Offers that meet every filter, cheapest first by ``price`` (the $/h under ``pricing``).
+
+    ``gpu`` takes families (``H100``) or providers' spellings (``H100-SXM``), comma-separated;
+    ``count`` is exact (``8``) or a minimum (``'8+'``); ``region`` is a glob (``us-*``).
+    Nothing matching raises :class:`NoMatchingOffers`, whose one line names the nearest offers.
+    """
+    if top is not None and top < 1:
+        raise GpugeekError(f"--top {top} must be at least 1")
+    if max_price is not None and max_price <= 0:
+        raise GpugeekError(f"--max-price {max_price} must be a positive $/h")
+    if min_gpu_mem is not None and min_gpu_mem < 0:
+        raise GpugeekError(f"--min-gpu-mem {min_gpu_mem} must be positive")
+    everything = load_catalog(catalog)
+    price_column(pricing)  # validate early
+
+    masks = {
+        "gpu": gpu_mask(everything, gpu),
+        "count": _count_mask(everything, count),
+        "min_gpu_mem": everything["gpu_mem_gib"] >= min_gpu_mem if min_gpu_mem else None,
+        "provider": _provider_mask(everything, provider),
+        "region": _region_mask(everything, region),
+    }
+    masks = {k: v for k, v in masks.items() if v is not None}
+    keep = pd.Series(True, index=everything.index)
+    for mask in masks.values():
+        keep &= mask
+    frame = with_pricing(everything[keep], pricing)
+    if max_price is not None:
+        frame = frame[frame["price"] <= max_price]
+    if frame.empty:
+        raise _no_match(everything, masks, pricing, max_price, locals_for_message={
+            "gpu": gpu, "count": count, "min_gpu_mem": min_gpu_mem, "provider": provider,
+            "region": region, "max_price": max_price, "pricing": pricing,
+        })
+    frame = frame.sort_values(["price", "price_per_gpu_hour", "id"], kind="stable")
+    if top is not None:
+        frame = frame.head(top)
+    shown = frame[SHOWN_COLUMNS + ["pricing"]].reset_index(drop=True)
+    shown.attrs["pricing"] = pricing
+    if pricing == "reserved":
+        discount = 1 - (frame["reserved_price"] / frame["on_demand_price"]).iloc[0]
+        shown.attrs["note"] = (
+            f"reserved prices are estimates: on-demand × (1 − {discount:.0%}); "
+            "set catalog.reserved_discount in config.toml"
+        )
+    return shown
+
+
+def _count_mask(catalog: pd.DataFrame, count: int | str | None) -> pd.Series | None:
+    parsed = parse_count_filter(count)
+    if parsed is None:
+        return None
+    value, at_least = parsed
+    return catalog["gpu_count"] >= value if at_least else catalog["gpu_count"] == value
+
+
+def _provider_mask(catalog: pd.DataFrame, provider: str | Iterable[str] | None) -> pd.Series | None:
+    names = [n.lower() for n in _split(provider)]
+    if not names:
+        return None
+    known = sorted(catalog["provider"].unique())
+    for name in names:
+        if name not in known:
+            near = gpus.suggest(name, known)
+            hint = f" — did you mean {', '.join(near)}?" if near else f" — known: {', '.join(known)}"
+            raise GpugeekError(f"unknown provider {name!r}{hint}")
+    return catalog["provider"].isin(names)
+
+
+def _region_mask(catalog: pd.DataFrame, pattern: str | None) -> pd.Series | None:
+    if not pattern:
+        return None
+    pattern = pattern.lower()
+    if not any(ch in pattern for ch in "*?["):
+        pattern = f"*{pattern}*"
+    regions = catalog["region"].str.lower()
+    zones = catalog["zone"].str.lower()
+    return pd.Series(
+        [fnmatch.fnmatchcase(r, pattern) or fnmatch.fnmatchcase(z, pattern)
+         for r, z in zip(regions, zones)],
+        index=catalog.index,
+    )
+
+
+def _describe(filters: dict) -> str:
+    parts = []
+    for key, value in filters.items():
+        if value is None or value == "" or (key == "pricing" and value == "on-demand"):
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts.append(f"{flag} {value}")
+    return " ".join(parts) or "(no filters)"
+
+
+def _no_match(
+    catalog: pd.DataFrame,
+    masks: dict[str, pd.Series],
+    pricing: str,
+    max_price: float | None,
+    locals_for_message: dict,
+) -> NoMatchingOffers:
+    """One line: what matched nothing, and the nearest offers when one filter is relaxed."""
+    hints: list[str] = []
+
+    def without(*names: str) -> pd.DataFrame:
+        keep = pd.Series(True, index=catalog.index)
+        for key, mask in masks.items():
+            if key not in names:
+                keep &= mask
+        return catalog[keep]
+
+    if "count" in masks:
+        rest = with_pricing(without("count"), pricing)
+        counts = sorted(rest["gpu_count"].unique())
+        if counts:
+            hints.append("other counts: " + ", ".join(f"×{c}" for c in counts))
+    if "gpu" in masks:
+        rest = with_pricing(without("gpu"), pricing)
+        if max_price is not None:
+            rest = rest[rest["price"] <= max_price]
+        wanted = catalog.loc[masks["gpu"], ["bf16_tflops", "gpu_mem_gib"]].median()
+        if not rest.empty and wanted.notna().all():
+            # "Similar" = closest in peak TFLOP/s and memory (log scale), then cheapest.
+            distance = (np.log(rest["bf16_tflops"] / wanted["bf16_tflops"]).abs()
+                        + np.log(rest["gpu_mem_gib"] / wanted["gpu_mem_gib"]).abs())
+            rest = rest.assign(_d=distance.round(1)).sort_values(["_d", "price"])
+            best = rest.drop_duplicates("gpu").head(3)
+            hints.append(
+                "similar GPUs: "
+                + ", ".join(f"{g}×{c} ${p:.2f}/h" for g, c, p in
+                            zip(best["gpu"], best["gpu_count"], best["price"]))
+            )
+    if max_price is not None:
+        rest = with_pricing(without(), pricing)
+        if not rest.empty:
+            cheapest = rest.sort_values("price").iloc[0]
+            hints.append(f"cheapest without --max-price: {cheapest['id']} ${cheapest['price']:.2f}/h")
+    if pricing == "spot":
+        on_demand = without()
+        if not on_demand.empty and on_demand["spot_price"].isna().all():
+            hints.append(f"{len(on_demand)} on-demand offer(s) match but none has a spot price")
+    message = f"no offers match {_describe(locals_for_message)}"
+    if hints:
+        message += " — " + "; ".join(hints)
+    return NoMatchingOffers(message, hints)

@@ -1,0 +1,60 @@
+"""Where state lives and the few settings a user may change.
+
+Everything is under ``$GPUGEEK_HOME`` (default ``~/.gpugeek``, created 0700). Settings come
+from ``$GPUGEEK_HOME/config.toml``::
+
+    [catalog]
+    paths = ["~/my-marketplace-offers.csv"]   # extra offers, same columns as the bundled CSV
+    reserved_discount = 0.40                   # reserved = on-demand x (1 - discount), an estimate
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+from .errors import GpugeekError
+
+DEFAULT_RESERVED_DISCOUNT = 0.40
+
+
+def home() -> Path:
+    """The state directory, created private (0700) on first use."""
+    path = Path(os.environ.get("GPUGEEK_HOME", "~/.gpugeek")).expanduser()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class Settings:
+    catalog_paths: tuple[Path, ...] = field(default_factory=tuple)
+    reserved_discount: float = DEFAULT_RESERVED_DISCOUNT
+
+
+def settings() -> Settings:
+    """Read ``config.toml``; a missing file means defaults, a broken one is one clear error."""
+    path = Path(os.environ.get("GPUGEEK_HOME", "~/.gpugeek")).expanduser() / "config.toml"
+    if not path.exists():
+        return Settings()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise GpugeekError(f"{path}: cannot read settings ({exc}) — fix or remove the file") from None
+    catalog = data.get("catalog", {})
+    paths = catalog.get("paths", [])
+    if isinstance(paths, str):
+        paths = [paths]
+    discount = catalog.get("reserved_discount", DEFAULT_RESERVED_DISCOUNT)
+    if not isinstance(discount, (int, float)) or not 0 <= discount < 1:
+        raise GpugeekError(f"{path}: catalog.reserved_discount must be a fraction in [0, 1)")
+    return Settings(
+        catalog_paths=tuple(Path(p).expanduser() for p in paths),
+        reserved_discount=float(discount),
+    )

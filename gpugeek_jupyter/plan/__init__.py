@@ -1,0 +1,6 @@
+"""Plan: how much GPU memory a run needs, how long it takes, and which offer is cheapest."""
+
+from .memory import MemoryEstimate
+from .planner import Plan, plan
+
+__all__ = ["MemoryEstimate", "Plan", "plan"]

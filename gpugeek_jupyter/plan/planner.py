@@ -1,0 +1,248 @@
+"""Pick the cheapest offer that fits a training run, and price the run three ways.
+
+Time is an estimate: training FLOPs (6·N per token, i.e. forward × 3, plus one more forward when
+activations are recomputed) over the offer's peak dense TFLOP/s × an assumed MFU. Communication
+between nodes is not modelled.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from torch import nn
+
+from ..catalog import offers as catalog_offers
+from ..errors import GpugeekError
+from ..units import human_count, parse_count
+from . import memory
+
+DEFAULT_MFU = 0.40
+CHINCHILLA_TOKENS_PER_PARAM = 20
+OBJECTIVES = ("cost", "time")
+TABLE_COLUMNS = [
+    "id", "provider", "instance_type", "gpu", "gpu_count", "nodes", "gpu_mem_gib",
+    "mem_per_gpu_gib", "headroom_gib", "peak_tflops", "est_hours", "price",
+    "cost", "cost_on_demand", "cost_spot", "cost_reserved",
+]
+
+
+@dataclass
+class Plan:
+    """What a run needs (``memory``), what could run it (``table``) and the pick (``best``)."""
+
+    memory: memory.MemoryEstimate
+    table: pd.DataFrame
+    best: pd.Series | None
+    pricing: str
+    objective: str
+    tokens: float | None
+    hours: float | None
+    mfu: float
+    assumptions: list[str] = field(default_factory=list)
+    top: int = 10
+
+    @property
+    def memory_table(self) -> pd.DataFrame:
+        """GiB per GPU for the best offer's world size (or for ``--gpus``/1 GPU if none fits)."""
+        world = int(self.best["gpu_count"] * self.best["nodes"]) if self.best is not None else (
+            self.memory.gpus or 1)
+        parts = self.memory.per_gpu(world)
+        return pd.DataFrame({"GiB per GPU": parts}).round(2)
+
+    def summary(self) -> str:
+        if self.best is None:
+            need = self.memory.per_gpu(self.memory.gpus or 1)["total"]
+            return (f"no offer fits: the run needs ~{need:.1f} GiB per GPU (estimate) — try "
+                    "--grad-ckpt, a smaller --batch, --strategy fsdp with more --gpus, or bf16")
+        b = self.best
+        where = f"{int(b['nodes'])}× " if b["nodes"] > 1 else ""
+        return (f"best: {where}{b['id']} ({b['gpu']}×{int(b['gpu_count'])}) — "
+                f"~{b['mem_per_gpu_gib']:.1f} of {b['gpu_mem_gib']:.0f} GiB per GPU, "
+                f"~{b['est_hours']:.3g} h, ~${b['cost']:,.2f} {self.pricing} (estimates)")
+
+    def __repr__(self) -> str:
+        lines = [self.summary(), "", "memory per GPU (estimate):", self.memory_table.to_string(),
+                 "", f"top {self.top} offers by {self.objective}:"]
+        shown = self.table.head(self.top)
+        lines.append(shown.to_string(index=False) if not shown.empty else "(none fits)")
+        lines += ["", "assumptions:"] + [f"- {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        shown = self.table.head(self.top)
+        parts = [
+            f"<p><b>{html.escape(self.summary())}</b></p>",
+            "<p>memory per GPU (estimate)</p>", self.memory_table.to_html(),
+            f"<p>top {self.top} offers by {self.objective} (hours and $ are estimates)</p>",
+            shown.to_html(index=False, float_format=lambda v: f"{v:,.4g}")
+            if not shown.empty else "<p>(none fits)</p>",
+            "<p>assumptions:</p><ul>"
+            + "".join(f"<li>{html.escape(a)}</li>" for a in self.assumptions) + "</ul>",
+        ]
+        return "\n".join(parts)
+
+
+def plan(
+    params: str | float | None = None,
+    model: nn.Module | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adam",
+    batch: int = 1,
+    seq: int | None = None,
+    grad_ckpt: bool = False,
+    strategy: str = "ddp",
+    gpus: int | None = None,
+    tokens: str | float | None = None,
+    hours: float | None = None,
+    pricing: str = "on-demand",
+    objective: str = "cost",
+    top: int = 10,
+    mfu: float = DEFAULT_MFU,
+    gpu: str | None = None,
+    provider: str | None = None,
+    region: str | None = None,
+    catalog: str | None = None,
+    example: object = None,
+) -> Plan:
+    """Size a training run and find the offers that fit it, best first by ``objective``.
+
+    Give either ``params`` (``'7B'``) or ``model`` (a ``torch.nn.Module``: exact parameter bytes,
+    activations measured). ``batch`` is the micro-batch per GPU; ``seq`` its sequence length.
+    ``tokens`` (or samples, for models without a sequence) or ``hours`` sizes the run; with
+    neither, the run is 20 tokens per parameter (Chinchilla-optimal).
+    """
+    memory.check_choice(precision, memory.PRECISIONS, "--precision")
+    memory.check_choice(optimizer, memory.OPTIMIZERS, "--optimizer")
+    memory.check_choice(strategy, memory.STRATEGIES, "--strategy")
+    memory.check_choice(objective, OBJECTIVES, "--objective")
+    catalog_offers.price_column(pricing)
+    if (params is None) == (model is None):
+        raise GpugeekError("give exactly one of --params (like 7B) or --model VAR")
+    for flag, value in (("--batch", batch), ("--seq", seq), ("--gpus", gpus), ("--top", top)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise GpugeekError(f"{flag} {value!r} must be a whole number ≥ 1")
+    if not 0 < mfu <= 1:
+        raise GpugeekError(f"--mfu {mfu} must be a fraction in (0, 1]")
+    if tokens is not None and hours is not None:
+        raise GpugeekError("give --tokens or --hours, not both")
+    if hours is not None and not hours > 0:
+        raise GpugeekError(f"--hours {hours} must be positive")
+    if strategy == "fsdp" and gpus == 1:
+        raise GpugeekError("--strategy fsdp needs more than one GPU — raise --gpus or use ddp")
+
+    if model is not None:
+        est = memory.from_model(model, precision, optimizer, batch, seq, grad_ckpt, strategy,
+                                gpus, example)
+    else:
+        n = parse_count(params, "--params")
+        est = memory.from_params(n, precision, optimizer, batch, seq or 2048, grad_ckpt,
+                                 strategy, gpus)
+    run_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
+    if run_tokens is None and hours is None:
+        run_tokens = CHINCHILLA_TOKENS_PER_PARAM * est.trainable_params
+
+    table = candidates(est, gpus=gpus, pricing=pricing, gpu=gpu, provider=provider,
+                       region=region, catalog=catalog, precision=precision,
+                       grad_ckpt=grad_ckpt, tokens=run_tokens, hours=hours, mfu=mfu,
+                       tokens_per_step=batch * (seq or 1) if model is not None else batch * (seq or 2048))
+    table = rank(table, objective)
+    best = table.iloc[0] if not table.empty else None
+    return Plan(
+        memory=est, table=table[TABLE_COLUMNS].reset_index(drop=True), best=best,
+        pricing=pricing, objective=objective, tokens=run_tokens, hours=hours, mfu=mfu, top=top,
+        assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing),
+    )
+
+
+def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, precision: str,
+               grad_ckpt: bool, tokens: float | None, hours: float | None, mfu: float,
+               tokens_per_step: int, gpu: str | None = None, provider: str | None = None,
+               region: str | None = None, catalog: str | None = None) -> pd.DataFrame:
+    """Every priced offer whose GPUs hold the run, with its estimated hours and $.
+
+    Works on whole-catalog numpy columns and builds one small frame at the end: planning is
+    interactive, so it must stay well under 10 ms for the full catalog.
+    """
+    offers = catalog_offers.load_catalog(catalog)
+    col = {name: offers[name].to_numpy() for name in (
+        "gpu_count", "gpu_mem_gib", "on_demand_price", "spot_price", "reserved_price",
+        f"{precision}_tflops")}
+    price = col[catalog_offers.price_column(pricing)]
+    peak = col[f"{precision}_tflops"]
+    per_node = col["gpu_count"]
+    keep = ~np.isnan(price) & ~np.isnan(peak)
+    if gpu:
+        keep &= catalog_offers.gpu_mask(offers, gpu).to_numpy()
+    if provider:
+        keep &= offers["provider"].isin([p.strip().lower() for p in provider.split(",")]).to_numpy()
+    if region:
+        keep &= offers["region"].str.contains(region, case=False, regex=False).to_numpy()
+    if gpus is not None:
+        keep &= (per_node == gpus) | ((per_node >= 8) & (gpus % per_node == 0))
+        nodes = np.maximum(gpus // per_node, 1)
+    else:
+        nodes = np.ones_like(per_node)
+    world = per_node * nodes
+    shard = world if est.strategy == "fsdp" else 1
+    need = (est.static_gib / shard + est.activations_gib) * (1 + memory.FRAGMENTATION)
+    need = need + memory.CUDA_OVERHEAD_GIB
+    keep &= need <= col["gpu_mem_gib"]
+
+    rows = np.flatnonzero(keep)
+    flops_per_token = 3 * est.forward_flops_per_step / tokens_per_step
+    if grad_ckpt:
+        flops_per_token *= 4 / 3  # one more forward pass to recompute activations
+    tokens_per_hour = world[rows] * peak[rows] * 1e12 * mfu * 3600 / flops_per_token
+    est_hours = np.full(len(rows), float(hours)) if hours is not None else tokens / tokens_per_hour
+    n = nodes[rows]
+    frame = offers.iloc[rows][["id", "provider", "instance_type", "gpu", "gpu_count",
+                               "gpu_mem_gib"]].reset_index(drop=True)
+    frame["nodes"] = n
+    frame["mem_per_gpu_gib"] = np.broadcast_to(need, keep.shape)[rows]
+    frame["headroom_gib"] = frame["gpu_mem_gib"] - frame["mem_per_gpu_gib"]
+    frame["peak_tflops"] = peak[rows]
+    frame["est_hours"] = est_hours
+    frame["price"] = price[rows] * n
+    frame["cost"] = est_hours * frame["price"].to_numpy()
+    frame["cost_on_demand"] = est_hours * col["on_demand_price"][rows] * n
+    frame["cost_spot"] = est_hours * col["spot_price"][rows] * n
+    frame["cost_reserved"] = est_hours * col["reserved_price"][rows] * n
+    return frame
+
+
+def rank(frame: pd.DataFrame, objective: str) -> pd.DataFrame:
+    keys = ["cost", "est_hours", "id"] if objective == "cost" else ["est_hours", "cost", "id"]
+    return frame.sort_values(keys, kind="stable")
+
+
+def _assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens_arg, pricing):
+    notes = [
+        f"{human_count(est.trainable_params)} trainable parameters; {precision} "
+        + ("(torch.amp: fp32 weights, grads and optimizer state; half-precision activations)"
+           if precision != "fp32" else "(fp32 throughout)")
+        + f"; {optimizer} keeps {memory.OPTIMIZER_STATES[optimizer]} state tensor(s) per weight",
+        f"activations: {est.activations_method}",
+        f"overhead: {memory.CUDA_OVERHEAD_GIB:.0f} GiB CUDA context + "
+        f"{memory.FRAGMENTATION:.0%} allocator slack",
+        f"time: training FLOPs at {mfu:.0%} MFU of each GPU's peak dense {precision} TFLOP/s; "
+        "no inter-node communication cost",
+    ]
+    if hours is not None:
+        notes.append(f"run length: {hours:g} h on every offer")
+    elif tokens_arg is None:
+        notes.append(f"run length: {human_count(run_tokens)} tokens "
+                     f"({CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla-optimal); "
+                     "set --tokens or --hours")
+    else:
+        notes.append(f"run length: {human_count(run_tokens)} tokens")
+    notes.append("reserved = on-demand × (1 − discount), an estimate; spot prices are a snapshot")
+    if est.strategy == "fsdp":
+        notes.append("fsdp shards weights, gradients and optimizer state evenly over all GPUs")
+    notes.extend(est.notes)
+    if math.isnan(est.activations_gib):
+        notes.append("activations unknown")
+    return notes

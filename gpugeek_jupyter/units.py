@@ -1,0 +1,35 @@
+"""Parse the numbers people type: ``7B`` parameters, ``2T`` tokens, ``80GiB``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import GpugeekError
+
+_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")
+
+
+def parse_count(text: str | float | int, what: str = "number") -> float:
+    """``'7B'`` → 7e9, ``'350M'`` → 3.5e8, ``'1.3e9'`` → 1.3e9; one clear error otherwise."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _COUNT.match(str(text))
+        if not match:
+            raise GpugeekError(
+                f"{what} {text!r} is not a number — write it like 7B, 350M, 2T or 1.3e9"
+            )
+        value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    if not math.isfinite(value) or value <= 0:
+        raise GpugeekError(f"{what} {text!r} must be a positive number")
+    return value
+
+
+def human_count(value: float) -> str:
+    """The inverse of :func:`parse_count` for display: 7e9 → ``'7B'``."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"

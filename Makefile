@@ -16,6 +16,7 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 endif
 
 LAB_PORT ?= 8888
+LAB_ARGS ?=
 
 .PHONY: lab test test-fast bench clean
 
@@ -27,7 +28,7 @@ $(VENV)/.installed-test: pyproject.toml
 	touch $@
 
 lab: $(VENV)/.installed-test
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q -ra

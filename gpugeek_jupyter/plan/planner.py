@@ -64,21 +64,32 @@ class Plan:
                 f"~{b['mem_per_gpu_gib']:.1f} of {b['gpu_mem_gib']:.0f} GiB per GPU, "
                 f"~{b['est_hours']:.3g} h, ~${b['cost']:,.2f} {self.pricing} (estimates)")
 
+    def shown(self) -> pd.DataFrame:
+        """The top rows for display: one per instance type and price (other regions folded)."""
+        keys = ["provider", "instance_type", "gpu_count", "nodes", "price"]
+        distinct = self.table.drop_duplicates(keys).head(self.top)
+        places = self.table.groupby(keys, sort=False).size().rename("regions")
+        return distinct.join(places, on=keys).round(
+            {"mem_per_gpu_gib": 1, "headroom_gib": 1, "est_hours": 3, "price": 2, "cost": 2,
+             "cost_on_demand": 2, "cost_spot": 2, "cost_reserved": 2})
+
     def __repr__(self) -> str:
         lines = [self.summary(), "", "memory per GPU (estimate):", self.memory_table.to_string(),
-                 "", f"top {self.top} offers by {self.objective}:"]
-        shown = self.table.head(self.top)
+                 "", f"top {self.top} offers by {self.objective} (other regions at the same "
+                 "price folded into 'regions'):"]
+        shown = self.shown()
         lines.append(shown.to_string(index=False) if not shown.empty else "(none fits)")
         lines += ["", "assumptions:"] + [f"- {a}" for a in self.assumptions]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        shown = self.table.head(self.top)
+        shown = self.shown()
         parts = [
             f"<p><b>{html.escape(self.summary())}</b></p>",
             "<p>memory per GPU (estimate)</p>", self.memory_table.to_html(),
-            f"<p>top {self.top} offers by {self.objective} (hours and $ are estimates)</p>",
-            shown.to_html(index=False, float_format=lambda v: f"{v:,.4g}")
+            f"<p>top {self.top} offers by {self.objective}; hours and $ are estimates; other "
+            "regions at the same price are folded into <i>regions</i></p>",
+            shown.to_html(index=False)
             if not shown.empty else "<p>(none fits)</p>",
             "<p>assumptions:</p><ul>"
             + "".join(f"<li>{html.escape(a)}</li>" for a in self.assumptions) + "</ul>",

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from models import TinyGPT
+
+import gpugeek_jupyter as gg
+
+
+def test_offers_magic_equals_api(ipython):
+    via_magic = ipython.run_line_magic("gpugeek", "offers --gpu H100 --count 8 --pricing spot")
+    pd.testing.assert_frame_equal(via_magic, gg.offers(gpu="H100", count=8, pricing="spot"))
+
+
+def test_offers_chart_marks_the_frontier(ipython, capsys):
+    frame = ipython.run_line_magic("gpugeek", "offers --count 1 --chart")
+    fig = gg.price_performance(frame)
+    names = [trace.name for trace in fig.data]
+    assert "frontier" in names and "H100" in names
+    edge = fig.data[names.index("frontier")]
+    assert list(edge.y) == sorted(edge.y), "the frontier climbs in price as TFLOP/s grow"
+    assert list(edge.x) == sorted(edge.x)
+
+
+def test_plan_magic_reads_model_from_namespace(ipython):
+    ipython.user_ns["net"] = TinyGPT()
+    via_magic = ipython.run_line_magic("gpugeek", "plan --model net --batch 4 --seq 128 --top 3")
+    via_api = gg.plan(model=ipython.user_ns["net"], batch=4, seq=128, top=3)
+    assert via_magic.best["id"] == via_api.best["id"]
+    assert via_magic.memory.trainable_params == sum(
+        p.numel() for p in ipython.user_ns["net"].parameters())
+    assert "<table" in via_magic._repr_html_()
+
+
+def _error_lines(ipython, line, capsys):
+    result = ipython.run_cell(f"%gpugeek {line}")
+    out = capsys.readouterr()
+    text = (out.out + out.err).strip()
+    assert result.error_in_exec is not None or "UsageError" in text
+    return text.splitlines()
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("offers --gpu A1000", "unknown GPU 'A1000' — did you mean A100"),
+    ("offers --bogus", "unrecognized arguments: --bogus"),
+    ("offers --count eight", "--count 'eight' is not a whole number"),
+    ("offers --gpu H100 --count 3", "no offers match --gpu H100 --count 3"),
+    ("plan --params 7Q", "--params '7Q' is not a number"),
+    ("plan --model nothing_here", "no variable 'nothing_here'"),
+    ("plan --model not_a_module", "expected a torch.nn.Module, got str"),
+    ("plan --params 7B --gpus 0", "--gpus '0' must be at least 1"),
+    ("frobnicate", "unknown subcommand 'frobnicate'"),
+])
+def test_bad_input_is_one_line(ipython, capsys, line, expected):
+    ipython.user_ns["not_a_module"] = "hello"
+    lines = _error_lines(ipython, line, capsys)
+    assert len(lines) == 1, lines
+    assert expected in lines[0]
+    assert "Traceback" not in lines[0]
+
+
+def test_help_lists_subcommands(ipython, capsys):
+    ipython.run_line_magic("gpugeek", "")
+    out = capsys.readouterr().out
+    assert "offers" in out and "plan" in out

@@ -1,0 +1,63 @@
+"""`make lab` starts a JupyterLab that answers /api/status (started headless, then stopped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_make_lab_serves_jupyterlab(tmp_path):
+    port, token = _free_port(), "gpugeek-test-token"
+    env = dict(os.environ)
+    for name in ("HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                 "IPYTHONDIR"):
+        env[name] = str(tmp_path / name.lower())
+    args = f"--ip=127.0.0.1 --IdentityProvider.token={token} --ServerApp.open_browser=False"
+    proc = subprocess.Popen(
+        ["make", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        status, deadline = None, time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/api/status",
+                    headers={"Authorization": f"token {token}"})
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    status = json.load(response)
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert status is not None, proc.stdout.read().decode() if proc.poll() is not None else ""
+        assert "started" in status
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/lab?token={token}", timeout=5) as response:
+            assert b"JupyterLab" in response.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of that process group is left

@@ -22,9 +22,9 @@ LAB_ARGS ?=
 
 $(VENV)/.installed-test: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -qq --upgrade pip
+	$(PIP) install -qq "$(TORCH_SPEC)"
+	$(PIP) install -qq -e ".[test]"
 	touch $@
 
 lab: $(VENV)/.installed-test

@@ -88,6 +88,7 @@ def offers(self: GpugeekMagics, line: str):
 @argument("--batch", type=_positive_int("--batch"), default=1, help="micro-batch per GPU")
 @argument("--seq", type=_positive_int("--seq"), help="sequence length (default 2048 with --params)")
 @argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
+@argument("--grad-ckpt-class", help="block class to checkpoint (default: nn.ModuleList children)")
 @argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
 @argument("--gpus", type=_positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
 @argument("--tokens", help="tokens (or samples) to train on, like 2B")
@@ -97,11 +98,14 @@ def offers(self: GpugeekMagics, line: str):
 @argument("--mfu", type=_positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
 @argument("--gpu", help="only these GPU families")
 @argument("--provider", help="only these providers")
+@argument("--region", help="only regions or zones matching this pattern")
 @argument("--top", type=_positive_int("--top"), default=10, help="rows to show")
 @argument("--catalog", help="a CSV of your own offers")
 def plan(self: GpugeekMagics, line: str):
     """Size a training run against your model and pick the cheapest offer that fits."""
     args = parse_argstring(plan, line)
+    if args.grad_ckpt_class:
+        args.grad_ckpt = True
     model = self._variable(args.model, "--model") if args.model else None
     example = self._variable(args.example, "--example") if args.example else None
     return api.plan(
@@ -109,7 +113,8 @@ def plan(self: GpugeekMagics, line: str):
         optimizer=args.optimizer, batch=args.batch, seq=args.seq, grad_ckpt=args.grad_ckpt,
         strategy=args.strategy, gpus=args.gpus, tokens=args.tokens, hours=args.hours,
         pricing=args.pricing, objective=args.objective, mfu=args.mfu, gpu=args.gpu,
-        provider=args.provider, top=args.top, catalog=args.catalog,
+        provider=args.provider, region=args.region, top=args.top, catalog=args.catalog,
+        ckpt_class=args.grad_ckpt_class,
     )
 
 

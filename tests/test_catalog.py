@@ -135,3 +135,17 @@ def test_nothing_matches_names_nearest_offers():
         offers(gpu="B200", pricing="spot")
     with pytest.raises(NoMatchingOffers, match="cheapest without --max-price"):
         offers(gpu="H100", max_price=0.5)
+
+
+def test_config_entry_adds_a_user_catalog(gpugeek_home, tmp_path):
+    path = tmp_path / "negotiated.csv"
+    path.write_text("provider,instance_type,gpu,gpu_count,region,price_hour\n"
+                    "ourdeal,8xa100,A100-80GB,8,eu-1,4.00\n")
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[catalog]\npaths = ["{path}"]\n')
+    frame = offers(gpu="A100", count=8)
+    assert frame.iloc[0]["id"] == "ourdeal/8xa100/eu-1"
+    assert frame.iloc[0]["variant"] == "80GB" and frame.iloc[0]["gpu_mem_gib"] == 80
+    (gpugeek_home / "config.toml").write_text("[catalog\n")
+    with pytest.raises(GpugeekError, match="config.toml: cannot read settings"):
+        offers()

@@ -198,3 +198,28 @@ def test_pick_equals_brute_force(params, precision, optimizer, batch, seq, grad_
                             grad_ckpt=grad_ckpt, tokens=tokens, objective=objective, gpu=gpu,
                             provider=provider, tokens_per_step=batch * seq)
     assert (p.best["id"] if p.best is not None else None) == expected
+
+
+def test_plan_filters_are_validated_like_offers():
+    p = plan(params="7B", gpus=8, strategy="fsdp", provider="aws", region="us-*")
+    assert set(p.table["provider"]) == {"aws"}
+    assert p.table["id"].str.split("/").str[2].str.startswith("us-").all()
+    with pytest.raises(GpugeekError, match="unknown provider 'awz'"):
+        plan(params="7B", provider="awz")
+    with pytest.raises(GpugeekError, match="unknown GPU 'H1000'"):
+        plan(params="7B", gpu="H1000")
+
+
+def test_grad_ckpt_class_names_the_blocks():
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(100, 32)
+            self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(self.emb(x))))
+
+    with pytest.raises(GpugeekError, match="--grad-ckpt-class"):
+        plan(model=Flat(), seq=16, grad_ckpt=True)
+    assert plan(model=Flat(), seq=16, grad_ckpt=True, ckpt_class="Linear").memory is not None

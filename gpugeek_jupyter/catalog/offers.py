@@ -258,8 +258,8 @@ def find_offers(
         "gpu": gpu_mask(everything, gpu),
         "count": _count_mask(everything, count),
         "min_gpu_mem": everything["gpu_mem_gib"] >= min_gpu_mem if min_gpu_mem else None,
-        "provider": _provider_mask(everything, provider),
-        "region": _region_mask(everything, region),
+        "provider": provider_mask(everything, provider),
+        "region": region_mask(everything, region),
     }
     masks = {k: v for k, v in masks.items() if v is not None}
     keep = pd.Series(True, index=everything.index)
@@ -295,7 +295,7 @@ def _count_mask(catalog: pd.DataFrame, count: int | str | None) -> pd.Series | N
     return catalog["gpu_count"] >= value if at_least else catalog["gpu_count"] == value
 
 
-def _provider_mask(catalog: pd.DataFrame, provider: str | Iterable[str] | None) -> pd.Series | None:
+def provider_mask(catalog: pd.DataFrame, provider: str | Iterable[str] | None) -> pd.Series | None:
     names = [n.lower() for n in _split(provider)]
     if not names:
         return None
@@ -308,7 +308,7 @@ def _provider_mask(catalog: pd.DataFrame, provider: str | Iterable[str] | None) 
     return catalog["provider"].isin(names)
 
 
-def _region_mask(catalog: pd.DataFrame, pattern: str | None) -> pd.Series | None:
+def region_mask(catalog: pd.DataFrame, pattern: str | None) -> pd.Series | None:
     if not pattern:
         return None
     pattern = pattern.lower()

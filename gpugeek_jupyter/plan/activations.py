@@ -195,7 +195,7 @@ def measure(model: nn.Module, batch: int, seq: int | None, precision: str, grad_
     if grad_ckpt and not blocks:
         raise GpugeekError(
             f"--grad-ckpt found no repeated blocks in {type(model).__name__} (no nn.ModuleList) "
-            "— name the block class, e.g. --grad-ckpt-class Block"
+            "— name the block class to checkpoint with --grad-ckpt-class"
         )
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")

@@ -118,13 +118,15 @@ def plan(
     region: str | None = None,
     catalog: str | None = None,
     example: object = None,
+    ckpt_class: str | None = None,
 ) -> Plan:
     """Size a training run and find the offers that fit it, best first by ``objective``.
 
     Give either ``params`` (``'7B'``) or ``model`` (a ``torch.nn.Module``: exact parameter bytes,
     activations measured). ``batch`` is the micro-batch per GPU; ``seq`` its sequence length.
     ``tokens`` (or samples, for models without a sequence) or ``hours`` sizes the run; with
-    neither, the run is 20 tokens per parameter (Chinchilla-optimal).
+    neither, the run is 20 tokens per parameter (Chinchilla-optimal). ``ckpt_class`` names the
+    block class to checkpoint when the model keeps its blocks outside an ``nn.ModuleList``.
     """
     memory.check_choice(precision, memory.PRECISIONS, "--precision")
     memory.check_choice(optimizer, memory.OPTIMIZERS, "--optimizer")
@@ -147,7 +149,7 @@ def plan(
 
     if model is not None:
         est = memory.from_model(model, precision, optimizer, batch, seq, grad_ckpt, strategy,
-                                gpus, example)
+                                gpus, example, ckpt_class)
     else:
         n = parse_count(params, "--params")
         est = memory.from_params(n, precision, optimizer, batch, seq or 2048, grad_ckpt,
@@ -188,10 +190,10 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     keep = ~np.isnan(price) & ~np.isnan(peak)
     if gpu:
         keep &= catalog_offers.gpu_mask(offers, gpu).to_numpy()
-    if provider:
-        keep &= offers["provider"].isin([p.strip().lower() for p in provider.split(",")]).to_numpy()
-    if region:
-        keep &= offers["region"].str.contains(region, case=False, regex=False).to_numpy()
+    for mask in (catalog_offers.provider_mask(offers, provider),
+                 catalog_offers.region_mask(offers, region)):
+        if mask is not None:
+            keep &= mask.to_numpy()
     if gpus is not None:
         keep &= (per_node == gpus) | ((per_node >= 8) & (gpus % per_node == 0))
         nodes = np.maximum(gpus // per_node, 1)

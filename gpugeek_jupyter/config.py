@@ -48,9 +48,13 @@ def settings() -> Settings:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise GpugeekError(f"{path}: cannot read settings ({exc}) — fix or remove the file") from None
     catalog = data.get("catalog", {})
+    if not isinstance(catalog, dict):
+        raise GpugeekError(f"{path}: [catalog] must be a table")
     paths = catalog.get("paths", [])
     if isinstance(paths, str):
         paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise GpugeekError(f"{path}: catalog.paths must be a list of file paths")
     discount = catalog.get("reserved_discount", DEFAULT_RESERVED_DISCOUNT)
     if not isinstance(discount, (int, float)) or not 0 <= discount < 1:
         raise GpugeekError(f"{path}: catalog.reserved_discount must be a fraction in [0, 1)")

@@ -33,3 +33,25 @@ def human_count(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.3g}{suffix}"
     return f"{value:.3g}"
+
+
+def positive_number(value: object, flag: str) -> float | None:
+    """``None`` stays ``None``; anything else must be a positive finite number (``'3'`` is fine)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise GpugeekError(f"{flag} {value!r} is not a number") from None
+    if not math.isfinite(number) or number <= 0:
+        raise GpugeekError(f"{flag} {value!r} must be a positive number")
+    return number
+
+
+def whole_number(value: object, flag: str) -> int | None:
+    """``None`` stays ``None``; anything else must be a whole number ≥ 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value)) < 1:
+        raise GpugeekError(f"{flag} {value!r} must be a whole number ≥ 1")
+    return int(str(value))

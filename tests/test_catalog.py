@@ -149,3 +149,20 @@ def test_config_entry_adds_a_user_catalog(gpugeek_home, tmp_path):
     (gpugeek_home / "config.toml").write_text("[catalog\n")
     with pytest.raises(GpugeekError, match="config.toml: cannot read settings"):
         offers()
+
+
+@pytest.mark.parametrize("name, variants", [
+    ("H100-PCIe", {"PCIe"}), ("H100-NVL", {"NVL"}), ("A100-80GB", {"80GB"}), ("A100-40GB", {""}),
+    ("H100", {"", "PCIe", "NVL"}),
+])
+def test_variant_spellings_pick_that_variant(name, variants):
+    frame = offers(gpu=name)
+    assert set(frame["variant"]) == variants
+
+
+def test_non_utf8_catalog_is_one_line(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("provider,instance_type,gpu,gpu_count,region,price_hour\n"
+                     "caf\xe9,a,H100,8,r,1.0\n".encode("latin-1"))
+    with pytest.raises(GpugeekError, match="not UTF-8"):
+        offers(catalog=str(path))

@@ -223,3 +223,35 @@ def test_grad_ckpt_class_names_the_blocks():
     with pytest.raises(GpugeekError, match="--grad-ckpt-class"):
         plan(model=Flat(), seq=16, grad_ckpt=True)
     assert plan(model=Flat(), seq=16, grad_ckpt=True, ckpt_class="Linear").memory is not None
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_activations_of_a_wide_model_within_15_percent(precision):
+    torch.manual_seed(0)
+    model = TinyGPT(width=512, heads=8)
+    est = memory.from_model(model, precision=precision, batch=16, seq=512)
+    actual = _saved_for_backward(model, 16, 512, precision)
+    assert est.activations_gib * GIB == pytest.approx(actual, rel=0.15)
+
+
+def test_planning_leaves_the_model_untouched():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.Linear(16, 2)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert plan(model=model, batch=32).best is not None
+    assert not model.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_fixed_hours_rank_by_price_per_token():
+    cheap = plan(params="1B", hours=10)
+    assert cheap.table["usd_per_m_tokens"].is_monotonic_increasing
+    fast = plan(params="1B", hours=10, objective="time")
+    assert fast.best["est_tokens"] == fast.table["est_tokens"].max()
+    assert fast.best["est_tokens"] > cheap.best["est_tokens"]
+
+
+def test_empty_plan_names_the_constraint():
+    assert "with 3 GPUs" in plan(params="7B", gpus=3).summary()
+    assert "GiB per GPU" in plan(params="70B", gpus=1).summary()

@@ -98,6 +98,21 @@ def variant_of(name: str, instance_type: str = "", mem_gib: float = math.nan) ->
     return ""
 
 
+# What people append to a family name, mapped to the spec table's variant ("" = the default row).
+_VARIANT_WORDS = {"SXM": "", "SXM4": "", "SXM5": "", "40GB": "", "16GB": ""}
+
+
+def variant_named(family: str, suffix: str) -> str | None:
+    """``('H100', 'pcie')`` → ``'PCIe'``; ``('A100', '40GB')`` → ``''``; unknown → ``None``."""
+    variants = {v.upper(): v for f, v in spec_table() if f == family and v}
+    key = suffix.upper()
+    if key in variants:
+        return variants[key]
+    if key in _VARIANT_WORDS and (family, "") in spec_table():
+        return _VARIANT_WORDS[key]
+    return None
+
+
 def spec(family: str, variant: str = "") -> GpuSpec | None:
     table = spec_table()
     return table.get((family, variant)) or table.get((family, ""))

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .. import config
 from ..errors import GpugeekError, NoMatchingOffers
+from ..units import positive_number, whole_number
 from . import gpus
 
 PRICINGS = ("on-demand", "spot", "reserved")
@@ -37,21 +38,24 @@ def bundled_catalog_path() -> Path:
 def _read_rows(path: Path, bundled: bool) -> list[dict]:
     """Read one CSV; a user catalog's bad row names the file and line."""
     try:
-        handle = path.open(newline="")
+        handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
         raise GpugeekError(f"cannot read catalog {path}: {exc.strerror}") from None
-    rows = []
     with handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise GpugeekError(
-                f"{path}:1: catalog is missing column(s) {', '.join(missing)} "
-                f"— it needs {', '.join(REQUIRED_COLUMNS)}"
-            )
-        for row in reader:
-            rows.append(_parse_row(row, path, reader.line_num, bundled))
-    return rows
+        try:
+            return _parse_rows(csv.DictReader(handle), path, bundled)
+        except UnicodeDecodeError:
+            raise GpugeekError(f"{path}: not UTF-8 text — save the catalog as UTF-8 CSV") from None
+
+
+def _parse_rows(reader: csv.DictReader, path: Path, bundled: bool) -> list[dict]:
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise GpugeekError(
+            f"{path}:1: catalog is missing column(s) {', '.join(missing)} "
+            f"— it needs {', '.join(REQUIRED_COLUMNS)}"
+        )
+    return [_parse_row(row, path, reader.line_num, bundled) for row in reader]
 
 
 def _parse_row(row: dict, path: Path, line: int, bundled: bool) -> dict:
@@ -66,8 +70,10 @@ def _parse_row(row: dict, path: Path, line: int, bundled: bool) -> dict:
         except ValueError:
             kind = "a whole number" if integer else "a number"
             raise GpugeekError(f"{path}:{line}: {column} {text!r} is not {kind}") from None
-        if value < 0 or (integer and value == 0):
-            raise GpugeekError(f"{path}:{line}: {column} {text!r} must be positive")
+        if not math.isfinite(value) or value < 0 or (value == 0 and column != "spot_price_hour"
+                                                     and column.endswith("_hour")) or (
+                integer and value == 0):
+            raise GpugeekError(f"{path}:{line}: {column} {text!r} must be a positive number")
         return value
 
     for column in ("provider", "instance_type", "gpu", "region"):
@@ -187,13 +193,17 @@ def gpu_mask(catalog: pd.DataFrame, names: str | Iterable[str] | None) -> pd.Ser
     wanted = _split(names)
     if not wanted:
         return pd.Series(True, index=catalog.index)
-    families = {f.upper() for f in catalog["gpu"].unique()}
+    families = {f.upper(): f for f in catalog["gpu"].unique()}
     raw = {n.upper() for n in catalog["gpu_name"].unique()}
     mask = pd.Series(False, index=catalog.index)
     for name in wanted:
-        key = name.upper()
-        if key in families or gpus.family_of(name).upper() in families and key not in raw:
-            mask |= catalog["gpu"].str.upper() == gpus.family_of(name).upper()
+        key, family = name.upper(), gpus.family_of(name)
+        suffix = key[len(family):].lstrip("-_ ") if key.startswith(family.upper()) else None
+        variant = gpus.variant_named(family, suffix) if suffix else None
+        if key in families:
+            mask |= catalog["gpu"] == families[key]
+        elif variant is not None:  # H100-PCIe, A100-80GB, V100-32GB: one variant of a family
+            mask |= (catalog["gpu"] == family) & (catalog["variant"] == variant)
         elif key in raw:
             mask |= catalog["gpu_name"].str.upper() == key
         else:
@@ -209,8 +219,11 @@ def parse_count_filter(count: int | str | None) -> tuple[int, bool] | None:
         return None
     text = str(count).strip()
     at_least = text.endswith("+")
+    digits = text[:-1] if at_least else text
     try:
-        value = int(text.rstrip("+"))
+        if not digits.isdigit():
+            raise ValueError
+        value = int(digits)
     except ValueError:
         raise GpugeekError(f"--count {text!r} is not a whole number (8, or 8+ for at least 8)") from None
     if value < 1:
@@ -245,12 +258,9 @@ def find_offers(
     ``count`` is exact (``8``) or a minimum (``'8+'``); ``region`` is a glob (``us-*``).
     Nothing matching raises :class:`NoMatchingOffers`, whose one line names the nearest offers.
     """
-    if top is not None and top < 1:
-        raise GpugeekError(f"--top {top} must be at least 1")
-    if max_price is not None and max_price <= 0:
-        raise GpugeekError(f"--max-price {max_price} must be a positive $/h")
-    if min_gpu_mem is not None and min_gpu_mem < 0:
-        raise GpugeekError(f"--min-gpu-mem {min_gpu_mem} must be positive")
+    top = whole_number(top, "--top")
+    max_price = positive_number(max_price, "--max-price")
+    min_gpu_mem = positive_number(min_gpu_mem, "--min-gpu-mem")
     everything = load_catalog(catalog)
     price_column(pricing)  # validate early
 

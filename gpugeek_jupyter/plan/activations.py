@@ -79,7 +79,10 @@ def input_maker(model: nn.Module, example: object = None) -> InputMaker:
         vocab = first.num_embeddings
 
         def tokens(batch: int, seq: int | None, device: torch.device) -> tuple:
-            return (torch.randint(0, vocab, (batch, seq or 1), device=device),)
+            if seq is None:
+                raise GpugeekError(
+                    f"{type(model).__name__} takes token sequences — give their length, e.g. --seq 1024")
+            return (torch.randint(0, vocab, (batch, seq), device=device),)
 
         return tokens
     if isinstance(first, nn.Linear):
@@ -200,21 +203,28 @@ def measure(model: nn.Module, batch: int, seq: int | None, precision: str, grad_
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
     n_params = sum(p.numel() for p in model.parameters())
+    # Leave the user's model exactly as it was: mode, buffers (BatchNorm statistics), RNG.
     was_training = model.training
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     model.train()
     try:
-        if device.type == "cpu" and n_params > META_ABOVE_PARAMS:
-            return _measure_meta(model, make, blocks, batch, seq, precision, grad_ckpt)
-        return _measure_scaled(model, make, blocks, batch, seq, precision, grad_ckpt, device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            if device.type == "cpu" and n_params > META_ABOVE_PARAMS:
+                return _measure_meta(model, make, blocks, batch, seq, precision, grad_ckpt)
+            return _measure_scaled(model, make, blocks, batch, seq, precision, grad_ckpt, device)
     except GpugeekError:
         raise
     except Exception as exc:  # the user's forward failed on our synthetic batch
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         raise GpugeekError(
             f"running {type(model).__name__} on a test batch failed ({type(exc).__name__}: "
-            f"{exc}) — pass --example VAR with one real input batch, or use --params"
+            f"{first_line}) — pass --example VAR with one real input batch, or use --params"
         ) from None
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
 
 
 def _point(model, make, blocks, b, s, precision, grad_ckpt, device) -> Sample:
@@ -229,17 +239,25 @@ def _point(model, make, blocks, b, s, precision, grad_ckpt, device) -> Sample:
 
 
 def _measure_scaled(model, make, blocks, batch, seq, precision, grad_ckpt, device) -> Measurement:
-    if seq is None or seq <= SEQ_POINTS[-1]:
-        one = _point(model, make, blocks, 1, seq, precision, grad_ckpt, device)
-        two = _point(model, make, blocks, 2, seq, precision, grad_ckpt, device)
-        act = one.saved_bytes + (batch - 1) * (two.saved_bytes - one.saved_bytes)
-        flops = one.forward_flops + (batch - 1) * (two.forward_flops - one.forward_flops)
-        return Measurement(act, flops, "measured on batches of 1 and 2, scaled to the batch")
-    points = [_point(model, make, blocks, 1, s, precision, grad_ckpt, device) for s in SEQ_POINTS]
-    act = batch * _quadratic(SEQ_POINTS, [p.saved_bytes for p in points], seq)
-    flops = batch * _quadratic(SEQ_POINTS, [p.forward_flops for p in points], seq)
+    """Fit ``fixed + batch × per_sample(seq)``: fixed parts (e.g. autocast's weight copies) don't
+    grow with the batch, per-sample parts grow linearly in it and at most quadratically in seq.
+    Batches of 2 and 4, since BatchNorm cannot train on a batch of 1."""
+    s_fit = seq if seq is None or seq <= SEQ_POINTS[-1] else SEQ_POINTS[-1]
+    two = _point(model, make, blocks, 2, s_fit, precision, grad_ckpt, device)
+    four = _point(model, make, blocks, 4, s_fit, precision, grad_ckpt, device)
+    per_sample = [(four.saved_bytes - two.saved_bytes) / 2, (four.forward_flops - two.forward_flops) / 2]
+    fixed = [two.saved_bytes - 2 * per_sample[0], two.forward_flops - 2 * per_sample[1]]
+    if s_fit == seq:
+        return Measurement(fixed[0] + batch * per_sample[0], fixed[1] + batch * per_sample[1],
+                           "measured on batches of 2 and 4, scaled to the batch")
+    points = [_point(model, make, blocks, 2, s, precision, grad_ckpt, device)
+              for s in SEQ_POINTS[:-1]]
+    saved = [(p.saved_bytes - fixed[0]) / 2 for p in points] + [per_sample[0]]
+    flops = [(p.forward_flops - fixed[1]) / 2 for p in points] + [per_sample[1]]
+    act = fixed[0] + batch * _quadratic(SEQ_POINTS, saved, seq)
+    fwd = fixed[1] + batch * _quadratic(SEQ_POINTS, flops, seq)
     lengths = "/".join(str(s) for s in SEQ_POINTS)
-    return Measurement(act, flops, f"measured at sequence lengths {lengths}, fitted and scaled")
+    return Measurement(act, fwd, f"measured at sequence lengths {lengths}, fitted and scaled")
 
 
 def _quadratic(xs: tuple[int, ...], ys: list[float], x: float) -> float:

@@ -136,9 +136,12 @@ def from_model(model: nn.Module, precision: str = "bf16", optimizer: str = "adam
     if not isinstance(model, nn.Module):
         raise GpugeekError(f"expected a torch.nn.Module, got {type(model).__name__}")
     params = list(model.parameters())
-    if not params:
-        raise GpugeekError(f"{type(model).__name__} has no parameters to train")
+    name = type(model).__name__
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in params):
+        raise GpugeekError(f"{name} has lazy layers not yet sized — run one batch through it first")
     trainable = [p for p in params if p.requires_grad]
+    if not trainable:
+        raise GpugeekError(f"{name} has no trainable parameters — nothing to plan")
     weight_bytes = sum(p.numel() * p.element_size() for p in params)
     weight_bytes += sum(b.numel() * b.element_size() for b in model.buffers())
     grad_bytes = sum(p.numel() * p.element_size() for p in trainable)
@@ -146,6 +149,9 @@ def from_model(model: nn.Module, precision: str = "bf16", optimizer: str = "adam
     if optimizer in ("adam", "adamw"):
         optimizer_bytes += STEP_TENSOR_BYTES * len(trainable)
     measured = activations.measure(model, batch, seq, precision, grad_ckpt, example, ckpt_class)
+    if measured.forward_flops <= 0:
+        raise GpugeekError(f"counted no FLOPs in {name}'s forward pass (no matmul or convolution "
+                           "torch can count) — plan it with --params instead")
     notes = []
     if any(p.dtype != params[0].dtype for p in params):
         notes.append("the model mixes parameter dtypes; bytes are counted per tensor")

@@ -7,6 +7,7 @@ between nodes is not modelled.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..catalog import offers as catalog_offers
 from ..errors import GpugeekError
-from ..units import human_count, parse_count
+from ..units import human_count, parse_count, positive_number, whole_number
 from . import memory
 
 DEFAULT_MFU = 0.40
@@ -25,8 +26,8 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 OBJECTIVES = ("cost", "time")
 TABLE_COLUMNS = [
     "id", "provider", "instance_type", "gpu", "gpu_count", "nodes", "gpu_mem_gib",
-    "mem_per_gpu_gib", "headroom_gib", "peak_tflops", "est_hours", "price",
-    "cost", "cost_on_demand", "cost_spot", "cost_reserved",
+    "mem_per_gpu_gib", "headroom_gib", "peak_tflops", "est_hours", "est_tokens", "price",
+    "cost", "usd_per_m_tokens", "cost_on_demand", "cost_spot", "cost_reserved",
 ]
 
 
@@ -44,6 +45,7 @@ class Plan:
     mfu: float
     assumptions: list[str] = field(default_factory=list)
     top: int = 10
+    why_empty: str = ""
 
     @property
     def memory_table(self) -> pd.DataFrame:
@@ -55,9 +57,7 @@ class Plan:
 
     def summary(self) -> str:
         if self.best is None:
-            need = self.memory.per_gpu(self.memory.gpus or 1)["total"]
-            return (f"no offer fits: the run needs ~{need:.1f} GiB per GPU (estimate) — try "
-                    "--grad-ckpt, a smaller --batch, --strategy fsdp with more --gpus, or bf16")
+            return f"no offer fits: {self.why_empty}"
         b = self.best
         where = f"{int(b['nodes'])}× " if b["nodes"] > 1 else ""
         return (f"best: {where}{b['id']} ({b['gpu']}×{int(b['gpu_count'])}) — "
@@ -128,6 +128,8 @@ def plan(
     neither, the run is 20 tokens per parameter (Chinchilla-optimal). ``ckpt_class`` names the
     block class to checkpoint when the model keeps its blocks outside an ``nn.ModuleList``.
     """
+    batch, top = whole_number(batch, "--batch"), whole_number(top, "--top")
+    seq, gpus = whole_number(seq, "--seq"), whole_number(gpus, "--gpus")
     memory.check_choice(precision, memory.PRECISIONS, "--precision")
     memory.check_choice(optimizer, memory.OPTIMIZERS, "--optimizer")
     memory.check_choice(strategy, memory.STRATEGIES, "--strategy")
@@ -135,15 +137,12 @@ def plan(
     catalog_offers.price_column(pricing)
     if (params is None) == (model is None):
         raise GpugeekError("give exactly one of --params (like 7B) or --model VAR")
-    for flag, value in (("--batch", batch), ("--seq", seq), ("--gpus", gpus), ("--top", top)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise GpugeekError(f"{flag} {value!r} must be a whole number ≥ 1")
-    if not 0 < mfu <= 1:
+    mfu = positive_number(mfu, "--mfu")
+    if mfu is None or not 0 < mfu <= 1:
         raise GpugeekError(f"--mfu {mfu} must be a fraction in (0, 1]")
     if tokens is not None and hours is not None:
         raise GpugeekError("give --tokens or --hours, not both")
-    if hours is not None and not hours > 0:
-        raise GpugeekError(f"--hours {hours} must be positive")
+    hours = positive_number(hours, "--hours")
     if strategy == "fsdp" and gpus == 1:
         raise GpugeekError("--strategy fsdp needs more than one GPU — raise --gpus or use ddp")
 
@@ -158,15 +157,17 @@ def plan(
     if run_tokens is None and hours is None:
         run_tokens = CHINCHILLA_TOKENS_PER_PARAM * est.trainable_params
 
-    table = candidates(est, gpus=gpus, pricing=pricing, gpu=gpu, provider=provider,
-                       region=region, catalog=catalog, precision=precision,
-                       grad_ckpt=grad_ckpt, tokens=run_tokens, hours=hours, mfu=mfu,
-                       tokens_per_step=batch * (seq or 1) if model is not None else batch * (seq or 2048))
-    table = rank(table, objective)
+    options = dict(gpus=gpus, pricing=pricing, gpu=gpu, provider=provider, region=region,
+                   catalog=catalog, precision=precision, grad_ckpt=grad_ckpt, tokens=run_tokens,
+                   hours=hours, mfu=mfu,
+                   tokens_per_step=batch * (seq or 1) if model is not None else batch * (seq or 2048))
+    table = rank(candidates(est, **options), objective, by_hours=hours is not None)
     best = table.iloc[0] if not table.empty else None
+    why_empty = "" if best is not None else _why_empty(est, options, precision)
     return Plan(
         memory=est, table=table[TABLE_COLUMNS].reset_index(drop=True), best=best,
         pricing=pricing, objective=objective, tokens=run_tokens, hours=hours, mfu=mfu, top=top,
+        why_empty=why_empty,
         assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing),
     )
 
@@ -219,6 +220,7 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     frame["headroom_gib"] = frame["gpu_mem_gib"] - frame["mem_per_gpu_gib"]
     frame["peak_tflops"] = peak[rows]
     frame["est_hours"] = est_hours
+    frame["est_tokens"] = est_hours * tokens_per_hour
     frame["price"] = price[rows] * n
     frame["cost"] = est_hours * frame["price"].to_numpy()
     frame["cost_on_demand"] = est_hours * col["on_demand_price"][rows] * n
@@ -227,9 +229,34 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     return frame
 
 
-def rank(frame: pd.DataFrame, objective: str) -> pd.DataFrame:
-    keys = ["cost", "est_hours", "id"] if objective == "cost" else ["est_hours", "cost", "id"]
-    return frame.sort_values(keys, kind="stable")
+def rank(frame: pd.DataFrame, objective: str, by_hours: bool = False) -> pd.DataFrame:
+    """Best first. A fixed run (tokens) ranks by $ or hours; a fixed time (``--hours``) ranks by
+    $ per token trained, or by tokens trained for the time objective."""
+    frame = frame.assign(usd_per_m_tokens=frame["cost"] / frame["est_tokens"] * 1e6,
+                         _more_tokens=-frame["est_tokens"])
+    if by_hours:
+        keys = (["usd_per_m_tokens", "id"] if objective == "cost"
+                else ["_more_tokens", "usd_per_m_tokens", "id"])
+    else:
+        keys = ["cost", "est_hours", "id"] if objective == "cost" else ["est_hours", "cost", "id"]
+    return frame.sort_values(keys, kind="stable").drop(columns="_more_tokens")
+
+
+def _why_empty(est: memory.MemoryEstimate, options: dict, precision: str) -> str:
+    """Say which constraint emptied the table: the offers themselves, or memory."""
+    weightless = dataclasses.replace(est, weights_gib=0, gradients_gib=0, optimizer_gib=0,
+                                     activations_gib=0)
+    if candidates(weightless, **options).empty:
+        gpus = options["gpus"]
+        count = (f"with {gpus} GPUs (one instance of {gpus}, or 8+-GPU instances that divide "
+                 f"{gpus})" if gpus else "")
+        return (f"no priced offer {count} matches the filters with a known {precision} speed "
+                "— relax --gpus, --gpu, --provider, --region or --pricing")
+    need = est.per_gpu(est.gpus or 1)["total"]
+    fixes = ["--grad-ckpt", "a smaller --batch", "--strategy fsdp with more --gpus"]
+    if precision == "fp32":
+        fixes.append("--precision bf16")
+    return f"the run needs ~{need:.1f} GiB per GPU (estimate) — try {', '.join(fixes)}"
 
 
 def _assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens_arg, pricing):

@@ -23,7 +23,8 @@ def frontier(offers: pd.DataFrame) -> pd.DataFrame:
 def price_performance(offers: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Scatter of offers (one colour per GPU family) with the price–performance frontier line."""
     data = offers.dropna(subset=["peak_tflops", "price_per_gpu_hour"])
-    pricing = offers.attrs.get("pricing", data["pricing"].iloc[0] if "pricing" in data else "")
+    pricing = offers.attrs.get("pricing") or (
+        offers["pricing"].iloc[0] if "pricing" in offers and len(offers) else "")
     fig = go.Figure()
     for family, group in data.groupby("gpu", sort=True):
         fig.add_trace(go.Scatter(

@@ -8,7 +8,6 @@ GPUs; activation checkpointing keeps each block's input and recomputes the rest.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -168,7 +167,3 @@ def from_model(model: nn.Module, precision: str = "bf16", optimizer: str = "adam
         forward_flops_per_step=measured.forward_flops,
         notes=notes,
     )
-
-
-def is_finite_positive(value: float) -> bool:
-    return math.isfinite(value) and value > 0

@@ -5,11 +5,31 @@
 
 from __future__ import annotations
 
-from .api import Plan, offers, plan, price_performance
+from .api import (
+    Cluster,
+    ClusterStatus,
+    CostReport,
+    LaunchConfig,
+    Plan,
+    clusters,
+    cost,
+    down,
+    offers,
+    plan,
+    preempt,
+    price_performance,
+    scale,
+    status,
+    up,
+)
 from .errors import GpugeekError
 
 __version__ = "0.1.0"
-__all__ = ["GpugeekError", "Plan", "load_ipython_extension", "offers", "plan", "price_performance"]
+__all__ = [
+    "Cluster", "ClusterStatus", "CostReport", "GpugeekError", "LaunchConfig", "Plan", "clusters",
+    "cost", "down", "load_ipython_extension", "offers", "plan", "preempt", "price_performance",
+    "scale", "status", "up",
+]
 
 
 def load_ipython_extension(ipython) -> None:

@@ -2,8 +2,85 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+
 from .catalog.offers import find_offers as offers
+from .cluster.backends import LaunchConfig
+from .cluster.manage import Cluster, ClusterStatus, clusters, down, preempt, scale, status, up
+from .cluster.manage import _live, _sync
+from .meter import ledger
 from .plan.planner import Plan, plan
+from .views.cost import cost_figure
 from .views.pricing import price_performance
 
-__all__ = ["Plan", "offers", "plan", "price_performance"]
+__all__ = [
+    "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
+    "offers", "plan", "preempt", "price_performance", "scale", "status", "up",
+]
+
+
+@dataclass
+class CostReport:
+    """What a cluster has cost, from the ledger: a table ``by`` node/job/pricing and a figure."""
+
+    name: str
+    by: str
+    table: pd.DataFrame
+    figure: go.Figure
+    total_usd: float
+    spot_saved_usd: float
+    simulated: bool
+
+    def summary(self) -> str:
+        what = "simulated — what these offers would have cost" if self.simulated else "from the ledger"
+        saved = f"; spot saved ${self.spot_saved_usd:,.2f} against on-demand" if self.spot_saved_usd > 0 else ""
+        return f"{self.name}: ${self.total_usd:,.2f} ({what}){saved}"
+
+    def __repr__(self) -> str:
+        return f"{self.summary()}\n{self.table.to_string(index=False)}"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        print(self.summary())
+        display(self.table)
+        display(self.figure)
+
+
+def news() -> list[str]:
+    """Watchdog events on the active cluster no notebook has shown yet, as lines to print."""
+    from .cluster import manage, registry
+
+    name = manage.active()
+    record = (registry.live(name) or registry.latest(name)) if name else None
+    if record is None:
+        return []
+    return [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)
+            if e["kind"] in ("budget-warning", "budget-stop", "idle-stop")]
+
+
+def cost(name: str | None = None, by: str = "node") -> CostReport:
+    """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing."""
+    from .cluster import registry
+
+    record = registry.live(name) if name else None
+    record = record or (registry.latest(name) if name else _live(None))
+    if record is None:
+        from .errors import GpugeekError
+
+        raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    _sync(record)
+    now = time.time()
+    table = ledger.cost_table(record.id, by, now)
+    nodes = ledger.nodes_frame(record.id, now)
+    return CostReport(
+        name=record.name, by=by, table=table,
+        figure=cost_figure(nodes, now, title=f"{record.name}: cumulative cost by node type",
+                           simulated=record.simulated),
+        total_usd=float(nodes["usd"].sum()), spot_saved_usd=float(nodes["spot_saved_usd"].sum()),
+        simulated=record.simulated,
+    )

@@ -6,6 +6,10 @@ from ``$GPUGEEK_HOME/config.toml``::
     [catalog]
     paths = ["~/my-marketplace-offers.csv"]   # extra offers, same columns as the bundled CSV
     reserved_discount = 0.40                   # reserved = on-demand x (1 - discount), an estimate
+
+    [cluster]
+    local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
+    meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 from .errors import GpugeekError
 
 DEFAULT_RESERVED_DISCOUNT = 0.40
+DEFAULT_METER_INTERVAL_S = 2.0
 
 
 def home() -> Path:
@@ -36,6 +41,8 @@ def home() -> Path:
 class Settings:
     catalog_paths: tuple[Path, ...] = field(default_factory=tuple)
     reserved_discount: float = DEFAULT_RESERVED_DISCOUNT
+    local_usd_per_hour: float = 0.0
+    meter_interval_s: float = DEFAULT_METER_INTERVAL_S
 
 
 def settings() -> Settings:
@@ -58,7 +65,18 @@ def settings() -> Settings:
     discount = catalog.get("reserved_discount", DEFAULT_RESERVED_DISCOUNT)
     if not isinstance(discount, (int, float)) or not 0 <= discount < 1:
         raise GpugeekError(f"{path}: catalog.reserved_discount must be a fraction in [0, 1)")
+    cluster = data.get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise GpugeekError(f"{path}: [cluster] must be a table")
+    local = cluster.get("local_usd_per_hour", 0.0)
+    interval = cluster.get("meter_interval_s", DEFAULT_METER_INTERVAL_S)
+    if isinstance(local, bool) or not isinstance(local, (int, float)) or local < 0:
+        raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0")
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.1 <= interval <= 600:
+        raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds")
     return Settings(
         catalog_paths=tuple(Path(p).expanduser() for p in paths),
         reserved_discount=float(discount),
+        local_usd_per_hour=float(local),
+        meter_interval_s=float(interval),
     )

@@ -118,6 +118,115 @@ def plan(self: GpugeekMagics, line: str):
     )
 
 
+def _number(flag: str, kind: type = float) -> Callable[[str], float]:
+    """Only checks that it is a number; the API says what range is allowed, in one line."""
+    def parse(text: str) -> float:
+        try:
+            return kind(text)
+        except ValueError:
+            noun = "a whole number" if kind is int else "a number"
+            raise UsageError(f"{flag} {text!r} is not {noun}") from None
+    return parse
+
+
+@subcommand
+@magic_arguments()
+@argument("name", nargs="?", help="cluster name (default: the backend's name); a live one is re-attached")
+@argument("--backend", help="local (default), sim, aws, gcp, azure or kuberay")
+@argument("--address", help="attach to a running Ray cluster at host:port instead")
+@argument("--offer", help="offer id from `%%gpugeek offers`")
+@argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
+@argument("--gpu", help="GPU family: the cheapest matching offer")
+@argument("--count", type=_number("--count", int), help="GPUs per node with --gpu")
+@argument("--workers", type=_number("--workers", int), help="worker nodes kept up")
+@argument("--min-workers", type=_number("--min-workers", int), help="same as --workers")
+@argument("--max-workers", type=_number("--max-workers", int), help="ceiling the autoscaler may grow to")
+@argument("--pricing", default="on-demand", choices=["on-demand", "spot", "reserved"])
+@argument("--spot-fallback", action="store_true", help="replace a preempted spot node with on-demand")
+@argument("--budget", type=_number("--budget"), help="USD: warn at 80%%, stop everything at 100%%")
+@argument("--idle", type=_number("--idle"), help="minutes without a job before the cluster stops")
+@argument("--dry-run", action="store_true", help="show the config, start nothing")
+@argument("--yes", action="store_true", help="really launch on a cloud / Kubernetes (costs money)")
+@argument("--catalog", help="a CSV of your own offers")
+def up(self: GpugeekMagics, line: str):
+    """Start a Ray cluster (or re-attach to a live one by name); it becomes the active cluster."""
+    args = parse_argstring(up, line)
+    plan = self._variable(args.plan, "--plan") if args.plan else None
+    return api.up(
+        args.name, backend=args.backend, address=args.address, offer=args.offer, plan=plan,
+        gpu=args.gpu, count=args.count, workers=args.workers, min_workers=args.min_workers,
+        max_workers=args.max_workers, pricing=args.pricing, spot_fallback=args.spot_fallback,
+        budget=args.budget, idle=args.idle, dry_run=args.dry_run, yes=args.yes, catalog=args.catalog,
+    )
+
+
+@subcommand
+@magic_arguments()
+@argument("name", nargs="?", help="cluster name (default: the active one)")
+def status(self: GpugeekMagics, line: str):
+    """Nodes, GPUs, dollars spent, burn rate, budget and autostop of a cluster."""
+    return api.status(parse_argstring(status, line).name)
+
+
+@subcommand
+@magic_arguments()
+@argument("workers", type=_number("workers", int), help="worker nodes to keep")
+@argument("name", nargs="?", help="cluster name (default: the active one)")
+def scale(self: GpugeekMagics, line: str):
+    """Resize a cluster to N worker nodes."""
+    args = parse_argstring(scale, line)
+    return api.scale(args.workers, args.name)
+
+
+@subcommand
+@magic_arguments()
+@argument("name", nargs="?", help="cluster name (default: the active one)")
+@argument("--all", action="store_true", help="every live cluster")
+def down(self: GpugeekMagics, line: str):
+    """Stop a cluster: its jobs, its nodes, its processes — only those we started."""
+    args = parse_argstring(down, line)
+    if args.all and args.name:
+        raise UsageError("give a name or --all, not both")
+    names = api.down(args.name, all=args.all)
+    print(f"stopped: {', '.join(names)}" if names else "no live cluster to stop")
+
+
+@subcommand
+@magic_arguments()
+def clusters(self: GpugeekMagics, line: str):
+    """Every cluster, live and past; orphans are live clusters no notebook is attached to."""
+    parse_argstring(clusters, line)
+    return api.clusters()
+
+
+@subcommand
+@magic_arguments()
+@argument("name", nargs="?", help="cluster name (default: the active one)")
+@argument("--by", default="node", choices=["node", "node_type", "job", "pricing"])
+def cost(self: GpugeekMagics, line: str):
+    """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
+    args = parse_argstring(cost, line)
+    report = api.cost(args.name, by=args.by)
+    display(report)
+    return report.table
+
+
+@subcommand
+@magic_arguments()
+@argument("node", help="node id, or its last characters as `status` shows them")
+@argument("name", nargs="?", help="cluster name (default: the active one)")
+def preempt(self: GpugeekMagics, line: str):
+    """Rehearse a spot preemption on a sim cluster: the node vanishes."""
+    args = parse_argstring(preempt, line)
+    print(api.preempt(args.node, args.name))
+
+
+def _show_news() -> None:
+    """Budget warnings and autostops the watchdog recorded since the last ``%gpugeek`` call."""
+    for line in api.news():
+        print(line)
+
+
 @magics_class
 class GpugeekMagics(Magics):
     @line_magic
@@ -130,6 +239,7 @@ class GpugeekMagics(Magics):
         handler = SUBCOMMANDS.get(name)
         if handler is None:
             raise UsageError(f"unknown subcommand {name!r} — try: {', '.join(SUBCOMMANDS)}")
+        _show_news()
         return handler(self, rest)
 
     def _variable(self, name: str, flag: str) -> object:

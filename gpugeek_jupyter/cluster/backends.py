@@ -1,0 +1,248 @@
+"""The backends behind one interface: show a config, start, stop, scale, preempt.
+
+- ``local``: a Ray head on this machine with its real CPUs/GPUs (the default).
+- ``sim``: Ray's fake multi-node autoscaler with node types made from offers (rehearsal).
+- ``aws``/``gcp``/``azure``: Ray's cluster launcher (``ray up``/``ray down``) on a generated YAML.
+- ``kuberay``: a RayCluster manifest applied with ``kubectl``.
+- ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..config import home
+from ..errors import GpugeekError
+from ..meter.raynodes import read_nodes
+from . import head, kuberay, launcher, processes, sim
+from .registry import ClusterRecord
+from .spec import ClusterSpec
+
+READY_TIMEOUT_S = 180
+
+
+@dataclass
+class Started:
+    address: str | None
+    session_id: int | None = None
+    pids: list[int] | None = None
+    temp_dir: str | None = None
+
+
+@dataclass
+class LaunchConfig:
+    """What ``up`` would do, shown instead of doing it (``--dry-run``, or a cloud without ``--yes``)."""
+
+    backend: str
+    text: str
+    path: Path | None
+    next_step: str
+    config: dict
+
+    def __repr__(self) -> str:
+        where = f"written to {self.path}\n" if self.path else ""
+        return f"{self.text.rstrip()}\n\n{where}{self.next_step}"
+
+    def _repr_markdown_(self) -> str:
+        lang = "json" if self.text.lstrip().startswith("{") else "yaml"
+        where = f"Written to `{self.path}`. " if self.path else ""
+        return f"```{lang}\n{self.text.rstrip()}\n```\n\n{where}{self.next_step}"
+
+
+class Backend:
+    name = ""
+    owns_processes = False      # we started its processes and stop them by session id
+    launches = True             # False: an existing cluster we only attach to
+    confirm = False             # needs --yes before it spends money
+
+    def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
+        raise NotImplementedError
+
+    def start(self, record: ClusterRecord, spec: ClusterSpec) -> Started:
+        raise NotImplementedError
+
+    def wait_ready(self, record: ClusterRecord, spec: ClusterSpec, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once every node the cluster must have (head + min workers) has joined."""
+        if not record.address:
+            return
+        want = sum(t.min_workers for t in spec.node_types)
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [n for n in read_nodes(record.address) if n.alive]
+            workers = [n for n in alive if not n.is_head]
+            if alive and len(workers) >= want:
+                return
+            if time.monotonic() > deadline:
+                raise GpugeekError(f"only {len(workers)} of {want} worker nodes joined in {timeout:.0f} s "
+                                   f"— see the logs in {record.temp_dir}")
+            time.sleep(0.2)
+
+    def stop(self, record: ClusterRecord) -> None:
+        raise NotImplementedError
+
+    def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
+        raise GpugeekError(f"the {self.name} backend cannot scale — it is one machine")
+
+
+class LocalBackend(Backend):
+    name = "local"
+    owns_processes = True
+
+    def show(self, name, spec):
+        text = ("ray start --head --node-ip-address=127.0.0.1 --port=<free port> "
+                "--include-dashboard=false --temp-dir=/tmp/gg-<random>")
+        return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
+
+    def start(self, record, spec):
+        temp_dir = head.new_temp_dir()
+        started = head.start_head(temp_dir)
+        return Started(started.address, started.session_id, started.pids, temp_dir)
+
+    def stop(self, record):
+        if record.session_id:
+            processes.stop_session(record.session_id, record.created)
+        if record.temp_dir and Path(record.temp_dir).name.startswith("gg-"):
+            shutil.rmtree(record.temp_dir, ignore_errors=True)
+
+
+class SimBackend(LocalBackend):
+    name = "sim"
+
+    def show(self, name, spec):
+        config = sim.autoscaler_config(name, spec, "127.0.0.1:<port>")
+        return LaunchConfig(self.name, json.dumps(config, indent=1), None,
+                            f"{sim.cpu_note(spec)}. Run without --dry-run to start it.", config)
+
+    def start(self, record, spec):
+        temp_dir = head.new_temp_dir()
+        port = processes.free_port()
+        config = sim.config_path(temp_dir)
+        # the autoscaler's config names the GCS address, so we choose the port before starting
+        address = f"{head.HOST}:{port}"
+        sim.write_config(config, record.name, spec, address)
+        started = head.start_head(temp_dir, num_cpus=0, num_gpus=0, autoscaling_config=config,
+                                  env=sim.ENV, port=port)
+        return Started(started.address, started.session_id, started.pids, temp_dir)
+
+    def scale(self, record, spec, workers):
+        return sim.scale(record.name, spec, record.address, record.temp_dir, workers)
+
+
+class LauncherBackend(Backend):
+    """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``."""
+
+    owns_processes = False
+    confirm = True
+
+    def __init__(self, provider: str):
+        self.name = provider
+
+    def config(self, name: str, spec: ClusterSpec) -> dict:
+        config = launcher.cluster_config(name, spec)
+        launcher.validate(config)
+        return config
+
+    def show(self, name, spec):
+        config = self.config(name, spec)
+        path = launcher.write(name, config)
+        head_note = (f"The head node ({launcher.HEAD_INSTANCE[self.name]}) is not priced: the catalog "
+                     f"holds GPU offers only. ")
+        notes = " ".join(spec.notes)
+        return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), path,
+                            f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it.",
+                            config)
+
+    def start(self, record, spec):
+        launcher.check_credentials(self.name)
+        config = self.config(record.name, spec)
+        path = launcher.write(record.name, config)
+        log = home() / "launch" / f"{record.name}-{self.name}.log"
+        launcher.ray_cli("up", "-y", str(path), log=log)
+        ip = launcher.ray_cli("get-head-ip", str(path), log=log).strip().splitlines()[-1]
+        return Started(address=f"{ip}:6379", temp_dir=str(path))
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        return  # `ray up` returns once the head is up; workers join as the autoscaler brings them
+
+    def stop(self, record):
+        log = home() / "launch" / f"{record.name}-{self.name}.log"
+        launcher.ray_cli("down", "-y", str(record.temp_dir), log=log)
+
+    def scale(self, record, spec, workers):
+        spec.workers.min_workers = spec.workers.max_workers = workers
+        config = self.config(record.name, spec)
+        path = launcher.write(record.name, config)
+        log = home() / "launch" / f"{record.name}-{self.name}.log"
+        launcher.ray_cli("up", "-y", "--no-restart", str(path), log=log)
+        return spec
+
+
+class KubeRayBackend(Backend):
+    name = "kuberay"
+    confirm = True
+
+    def show(self, name, spec):
+        manifest = kuberay.manifest(name, spec)
+        folder = home() / "launch"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{name}-raycluster.yaml"
+        text = yaml.safe_dump(manifest, sort_keys=False)
+        path.write_text(text)
+        return LaunchConfig(self.name, text, path,
+                            "Add --yes to `kubectl apply` it (needs the KubeRay operator in the cluster).",
+                            manifest)
+
+    def start(self, record, spec):
+        if not launcher.kubectl_available():
+            raise GpugeekError("kubectl is not on PATH — install it and point KUBECONFIG at your cluster")
+        shown = self.show(record.name, spec)
+        self._kubectl("apply", "-f", str(shown.path))
+        return Started(address=None, temp_dir=str(shown.path))
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        return
+
+    def stop(self, record):
+        self._kubectl("delete", "-f", str(record.temp_dir))
+
+    @staticmethod
+    def _kubectl(*args: str) -> None:
+        done = subprocess.run(["kubectl", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise GpugeekError(f"kubectl {args[0]} failed: {last}")
+
+
+class AttachBackend(Backend):
+    name = "attach"
+    launches = False
+
+    def show(self, name, spec):
+        return LaunchConfig(self.name, "attach only: nothing is started", None, "", {})
+
+    def start(self, record, spec):
+        return Started(address=record.address)
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        read_nodes(record.address)     # raises one clear line if nothing answers
+
+    def stop(self, record):
+        return  # not ours
+
+
+BACKENDS: dict[str, Backend] = {
+    "local": LocalBackend(),
+    "sim": SimBackend(),
+    "aws": LauncherBackend("aws"),
+    "gcp": LauncherBackend("gcp"),
+    "azure": LauncherBackend("azure"),
+    "kuberay": KubeRayBackend(),
+    "attach": AttachBackend(),
+}

@@ -1,0 +1,70 @@
+"""Start a Ray head on this machine as a process tree of its own.
+
+``ray start --head`` runs in a new session with its own temp dir and free ports, so it survives a
+kernel restart, never collides with another Ray on the machine (a user's ``ray.init()`` included)
+and can be stopped exactly. It listens on 127.0.0.1 only: a local cluster has no token, so it
+must not be reachable from the network.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import GpugeekError
+from ..meter.raynodes import use_token_auth
+from . import processes
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class Head:
+    address: str
+    session_id: int
+    temp_dir: str
+    pids: list[int]
+
+
+def new_temp_dir() -> str:
+    """Short on purpose: Ray puts unix sockets under it and those paths must stay < 108 bytes."""
+    return tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
+
+
+def start_head(temp_dir: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
+               autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
+               port: int | None = None) -> Head:
+    port, client_port = port or processes.free_port(), processes.free_port()
+    cmd = [
+        sys.executable, "-c", "from ray.scripts.scripts import main; main()",
+        "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
+        f"--ray-client-server-port={client_port}", "--dashboard-agent-listen-port=0",
+        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+    ]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:
+        cmd.append(f"--num-gpus={num_gpus}")
+    if autoscaling_config is not None:
+        cmd.append(f"--autoscaling-config={autoscaling_config}")
+    use_token_auth()
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", **(env or {})}
+    log = Path(temp_dir) / "gpugeek-head.log"
+    since = time.time()
+    proc = processes.start_detached(cmd, full_env, log)
+    try:
+        code = proc.wait(timeout=START_TIMEOUT_S)
+    except Exception:
+        code = None
+    if code != 0:
+        processes.stop_session(proc.pid, since)
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+        raise GpugeekError(f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) "
+                           f"— full log: {log}")
+    pids = [p.pid for p in processes.session_processes(proc.pid, since)]
+    return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids)

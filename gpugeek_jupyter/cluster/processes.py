@@ -1,0 +1,108 @@
+"""The processes we own, and only those.
+
+``ray start`` and our watchdog are started in a session of their own, so every process they
+spawn (GCS, raylets, autoscaler, workers, simulated nodes) carries that session id. Stopping a
+cluster means signalling exactly the processes with that session id that were created after the
+cluster was — never ``ray stop``, which would kill every Ray on the machine, a user's own too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_detached(cmd: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start ``cmd`` as the leader of a new session, output to ``log``; it outlives the kernel."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+
+
+def session_processes(session_id: int, since: float) -> list[psutil.Process]:
+    """Live processes in ``session_id`` created at or after ``since`` (guards against pid reuse)."""
+    found = []
+    for proc in psutil.process_iter(["create_time"]):
+        try:
+            if proc.pid == os.getpid() or os.getsid(proc.pid) != session_id:
+                continue
+            if proc.info["create_time"] + 1.0 < since or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+        found.append(proc)
+    return found
+
+
+def stop_processes(procs: Sequence[psutil.Process], grace: float = 3.0) -> int:
+    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. Returns how many stopped."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return len(procs)
+
+
+def stop_session(session_id: int, since: float, grace: float = 3.0) -> int:
+    """Stop every process of ours in ``session_id``; repeat once for children spawned meanwhile."""
+    stopped = 0
+    for _ in range(3):
+        procs = session_processes(session_id, since)
+        if not procs:
+            break
+        stopped += stop_processes(procs, grace)
+    return stopped
+
+
+def kill_tree(proc: psutil.Process) -> int:
+    """SIGKILL a process and its descendants at once — how a machine vanishing looks to Ray."""
+    try:
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for member in family:
+        try:
+            member.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    return len(family)  # SIGKILL cannot be refused; its parent (not us) reaps it
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def process_started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

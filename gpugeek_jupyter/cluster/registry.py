@@ -1,0 +1,155 @@
+"""The registry of clusters: one row per ``up``, kept after ``down`` as history.
+
+A name is reusable once its cluster has stopped; at most one live cluster holds a name. The
+kernels attached to a cluster are recorded by pid (+ start time, against pid reuse), which is how
+``clusters()`` tells an orphan — alive, still billing, no notebook attached — from one in use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import store
+from . import processes
+
+
+@dataclass
+class ClusterRecord:
+    id: int
+    name: str
+    backend: str
+    simulated: bool
+    address: str | None
+    spec: dict
+    session_id: int | None
+    pids: list[int]
+    temp_dir: str | None
+    watchdog_pid: int | None
+    budget_usd: float | None
+    idle_minutes: float | None
+    idle_since: float | None
+    created: float
+    ready: float | None
+    stopping: float | None
+    stopped: float | None
+    stop_reason: str | None
+    attached: list[int] = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return self.stopped is None
+
+    @property
+    def owned(self) -> bool:
+        """We started its processes (local, sim) and so may stop them."""
+        return self.session_id is not None
+
+
+def _record(row) -> ClusterRecord:
+    data = dict(row)
+    data["simulated"] = bool(data["simulated"])
+    data["spec"] = json.loads(data["spec"])
+    data["pids"] = json.loads(data["pids"])
+    return ClusterRecord(**data)
+
+
+def create(name: str, backend: str, spec: dict, *, simulated: bool, budget_usd: float | None,
+           idle_minutes: float | None) -> ClusterRecord:
+    with store.transaction() as db:
+        if db.execute("SELECT 1 FROM clusters WHERE name=? AND stopped IS NULL", (name,)).fetchone():
+            raise ValueError(f"a live cluster is already named {name!r}")
+        cur = db.execute(
+            "INSERT INTO clusters (name, backend, simulated, spec, budget_usd, idle_minutes, created)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (name, backend, int(simulated), json.dumps(spec), budget_usd, idle_minutes, time.time()),
+        )
+        cluster_id = cur.lastrowid
+    return get(cluster_id)
+
+
+def update(cluster_id: int, **fields) -> None:
+    for key in ("spec", "pids"):
+        if key in fields:
+            fields[key] = json.dumps(fields[key])
+    columns = ", ".join(f"{key}=?" for key in fields)
+    with store.transaction() as db:
+        db.execute(f"UPDATE clusters SET {columns} WHERE id=?", (*fields.values(), cluster_id))
+
+
+def get(cluster_id: int) -> ClusterRecord:
+    rows = store.query("SELECT * FROM clusters WHERE id=?", (cluster_id,))
+    if not rows:
+        raise KeyError(cluster_id)
+    return _record(rows[0])
+
+
+def live(name: str) -> ClusterRecord | None:
+    rows = store.query("SELECT * FROM clusters WHERE name=? AND stopped IS NULL", (name,))
+    return _record(rows[0]) if rows else None
+
+
+def latest(name: str) -> ClusterRecord | None:
+    rows = store.query("SELECT * FROM clusters WHERE name=? ORDER BY id DESC LIMIT 1", (name,))
+    return _record(rows[0]) if rows else None
+
+
+def all_records(include_stopped: bool = True) -> list[ClusterRecord]:
+    sql = "SELECT * FROM clusters" + ("" if include_stopped else " WHERE stopped IS NULL")
+    return [_record(r) for r in store.query(sql + " ORDER BY id")]
+
+
+def claim_stop(cluster_id: int) -> bool:
+    """Whoever flips ``stopping`` first (kernel or watchdog) does the shutdown; the other waits."""
+    with store.transaction() as db:
+        cur = db.execute(
+            "UPDATE clusters SET stopping=? WHERE id=? AND stopping IS NULL AND stopped IS NULL",
+            (time.time(), cluster_id))
+        return cur.rowcount == 1
+
+
+def mark_stopped(cluster_id: int, reason: str, at: float | None = None) -> None:
+    with store.transaction() as db:
+        db.execute("UPDATE clusters SET stopped=?, stop_reason=? WHERE id=? AND stopped IS NULL",
+                   (at or time.time(), reason, cluster_id))
+        db.execute("DELETE FROM attachments WHERE cluster_id=?", (cluster_id,))
+
+
+def stop_started(db: Path, cluster_id: int) -> bool:
+    """Whether a stop of the cluster has begun, read from a given database (any thread)."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute("SELECT stopping, stopped FROM clusters WHERE id=?", (cluster_id,)).fetchone()
+    except sqlite3.Error:
+        return False
+    return bool(row and (row[0] or row[1]))
+
+
+# -- kernels attached ---------------------------------------------------------------------------
+
+def attach(cluster_id: int, pid: int | None = None) -> None:
+    pid = pid or os.getpid()
+    started = processes.process_started(pid) or time.time()
+    with store.transaction() as db:
+        db.execute("INSERT OR REPLACE INTO attachments (cluster_id, pid, create_time, since)"
+                   " VALUES (?,?,?,?)", (cluster_id, pid, started, time.time()))
+
+
+def detach(cluster_id: int, pid: int | None = None) -> None:
+    with store.transaction() as db:
+        db.execute("DELETE FROM attachments WHERE cluster_id=? AND pid=?",
+                   (cluster_id, pid or os.getpid()))
+
+
+def attached_kernels(cluster_id: int) -> list[int]:
+    """Pids of processes attached to the cluster that are still the same processes."""
+    alive = []
+    for row in store.query("SELECT pid, create_time FROM attachments WHERE cluster_id=?", (cluster_id,)):
+        started = processes.process_started(row["pid"])
+        if started is not None and abs(started - row["create_time"]) < 1.0 and processes.alive(row["pid"]):
+            alive.append(row["pid"])
+    return alive

@@ -1,0 +1,229 @@
+"""The ledger: node lifetimes and jobs, each with its price, and the sums every $ shown comes from.
+
+A node row is written when Ray first reports the node (start time from Ray) and closed once:
+by Ray's own end time, by a preemption, or when we stop the cluster. Its price is fixed when it
+is written — the offer's $/h under the pricing model the node was bought with — so a later
+catalog change never rewrites what a past run cost. Cost = Σ $/h × hours alive.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import store
+from ..errors import GpugeekError
+from .raynodes import RayNode
+
+BY = ("node", "job", "pricing", "node_type")
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """What one node of a node type costs: the offer, how it was bought, and $/h."""
+
+    offer_id: str | None
+    pricing: str                      # on-demand | spot | reserved | local | unpriced
+    usd_per_hour: float
+    on_demand_usd_per_hour: float | None = None
+
+
+UNPRICED = NodePrice(offer_id=None, pricing="unpriced", usd_per_hour=0.0)
+
+
+def sync_nodes(cluster_id: int, nodes: Iterable[RayNode], prices: Mapping[str, NodePrice]) -> int:
+    """Record nodes Ray reports for the first time and close those Ray reports dead.
+
+    ``prices`` maps an autoscaler node type to its price; ``"head"`` prices a head node that has
+    no node type. Returns how many rows changed. Safe to call from several processes at once.
+    """
+    changed = 0
+    with store.transaction() as db:
+        for node in nodes:
+            price = prices.get(node.node_type) or (prices.get("head") if node.is_head else None)
+            price = price or UNPRICED
+            node_type = node.node_type or ("head" if node.is_head else "unknown")
+            cur = db.execute(
+                "INSERT OR IGNORE INTO nodes (cluster_id, node_id, node_type, offer_id, pricing,"
+                " usd_per_hour, on_demand_usd_per_hour, gpus, started) VALUES (?,?,?,?,?,?,?,?,?)",
+                (cluster_id, node.node_id, node_type, price.offer_id, price.pricing,
+                 price.usd_per_hour, price.on_demand_usd_per_hour, node.gpus, node.started),
+            )
+            changed += cur.rowcount
+            if not node.alive and node.ended is not None:
+                cur = db.execute(
+                    "UPDATE nodes SET ended=?, end_reason=? WHERE cluster_id=? AND node_id=?"
+                    " AND ended IS NULL",
+                    (max(node.ended, node.started), node.death_reason or "removed",
+                     cluster_id, node.node_id),
+                )
+                changed += cur.rowcount
+    return changed
+
+
+def end_node(cluster_id: int, node_id: str, at: float, reason: str) -> None:
+    with store.transaction() as db:
+        db.execute(
+            "UPDATE nodes SET ended=MAX(?, started), end_reason=? WHERE cluster_id=? AND node_id=?"
+            " AND ended IS NULL",
+            (at, reason, cluster_id, node_id),
+        )
+
+
+def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
+    """The cluster stopped: every node still open ends now."""
+    with store.transaction() as db:
+        db.execute(
+            "UPDATE nodes SET ended=MAX(?, started), end_reason=? WHERE cluster_id=? AND ended IS NULL",
+            (at, reason, cluster_id),
+        )
+
+
+def open_nodes(cluster_id: int) -> list[dict]:
+    return [dict(r) for r in store.query(
+        "SELECT * FROM nodes WHERE cluster_id=? AND ended IS NULL ORDER BY started", (cluster_id,))]
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+
+def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None) -> None:
+    with store.transaction() as db:
+        db.execute(
+            "INSERT INTO jobs (cluster_id, job_id, name, started) VALUES (?,?,?,?)",
+            (cluster_id, job_id, name, at or time.time()),
+        )
+
+
+def job_ended(cluster_id: int, job_id: str, status: str = "finished", at: float | None = None) -> None:
+    with store.transaction() as db:
+        db.execute(
+            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND job_id=? AND ended IS NULL",
+            (at or time.time(), status, cluster_id, job_id),
+        )
+
+
+def stop_running_jobs(cluster_id: int, status: str, at: float | None = None) -> int:
+    with store.transaction() as db:
+        cur = db.execute(
+            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND ended IS NULL",
+            (at or time.time(), status, cluster_id),
+        )
+        return cur.rowcount
+
+
+def running_jobs(cluster_id: int) -> int:
+    return store.query(
+        "SELECT COUNT(*) FROM jobs WHERE cluster_id=? AND ended IS NULL", (cluster_id,))[0][0]
+
+
+def last_job_end(cluster_id: int) -> float | None:
+    return store.query("SELECT MAX(ended) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
+
+
+def idle_since(cluster_id: int, nodes: Iterable[RayNode], since: float | None, now: float | None = None) -> float | None:
+    """When the cluster became idle — no job running, every node idle by Ray's own account —
+    or None while anything runs. ``since`` is the previous answer: Ray reports how long a node
+    had been idle when it last changed state, so idleness is carried forward between looks."""
+    now = time.time() if now is None else now
+    alive = [n for n in nodes if n.alive]
+    if running_jobs(cluster_id) or not alive or any(n.idle_s is None for n in alive):
+        return None
+    if since is None:
+        since = now - min(n.idle_s for n in alive)
+    last_job = last_job_end(cluster_id)
+    return max(since, last_job) if last_job else since
+
+
+# -- events -------------------------------------------------------------------------------------
+
+def event(cluster_id: int, kind: str, message: str, at: float | None = None) -> None:
+    with store.transaction() as db:
+        db.execute(
+            "INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
+            (cluster_id, at or time.time(), kind, message),
+        )
+
+
+def events(cluster_id: int, kind: str | None = None) -> list[dict]:
+    sql = "SELECT * FROM events WHERE cluster_id=?" + (" AND kind=?" if kind else "") + " ORDER BY at"
+    return [dict(r) for r in store.query(sql, (cluster_id, kind) if kind else (cluster_id,))]
+
+
+def take_unshown_events(cluster_id: int) -> list[dict]:
+    """Events no notebook has shown yet (budget warnings, autostops), marked shown."""
+    with store.transaction() as db:
+        rows = [dict(r) for r in db.execute(
+            "SELECT * FROM events WHERE cluster_id=? AND shown=0 ORDER BY at", (cluster_id,))]
+        db.execute("UPDATE events SET shown=1 WHERE cluster_id=? AND shown=0", (cluster_id,))
+    return rows
+
+
+# -- the arithmetic -----------------------------------------------------------------------------
+
+def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
+    """One row per node: lifetime (open nodes run to ``now``), hours, $ and what spot saved."""
+    now = time.time() if now is None else now
+    rows = [dict(r) for r in store.query(
+        "SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id", (cluster_id,))]
+    frame = pd.DataFrame(rows, columns=[
+        "cluster_id", "node_id", "node_type", "offer_id", "pricing", "usd_per_hour",
+        "on_demand_usd_per_hour", "gpus", "started", "ended", "end_reason"])
+    until = frame["ended"].fillna(now).astype(float)
+    frame["alive"] = frame["ended"].isna()
+    frame["hours"] = (until - frame["started"].astype(float)).clip(lower=0) / 3600.0
+    frame["usd"] = frame["hours"] * frame["usd_per_hour"].astype(float)
+    on_demand = frame["on_demand_usd_per_hour"].astype(float).fillna(frame["usd_per_hour"].astype(float))
+    frame["on_demand_usd"] = frame["hours"] * on_demand
+    frame["spot_saved_usd"] = (frame["on_demand_usd"] - frame["usd"]).where(frame["pricing"] == "spot", 0.0)
+    return frame
+
+
+def spend(cluster_id: int, now: float | None = None) -> float:
+    """Dollars so far: Σ $/h × hours over every node, open ones up to ``now``."""
+    return float(nodes_frame(cluster_id, now)["usd"].sum())
+
+
+def burn_rate(cluster_id: int) -> float:
+    """$/h of the nodes alive now."""
+    return float(store.query(
+        "SELECT COALESCE(SUM(usd_per_hour), 0) FROM nodes WHERE cluster_id=? AND ended IS NULL",
+        (cluster_id,))[0][0])
+
+
+def cost_table(cluster_id: int, by: str = "node", now: float | None = None) -> pd.DataFrame:
+    """Dollars grouped ``by`` node, node_type, pricing or job."""
+    if by not in BY:
+        raise GpugeekError(f"--by {by!r}: use one of {', '.join(BY)}")
+    nodes = nodes_frame(cluster_id, now)
+    if by == "node":
+        return nodes[["node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "started",
+                      "ended", "hours", "usd", "spot_saved_usd", "end_reason"]].assign(
+            started=lambda f: pd.to_datetime(f["started"], unit="s"),
+            ended=lambda f: pd.to_datetime(f["ended"], unit="s"),
+        ).reset_index(drop=True)
+    if by in ("pricing", "node_type"):
+        grouped = nodes.groupby(by, as_index=False).agg(
+            nodes=("node_id", "count"), hours=("hours", "sum"), usd=("usd", "sum"),
+            on_demand_usd=("on_demand_usd", "sum"), spot_saved_usd=("spot_saved_usd", "sum"))
+        return grouped.sort_values("usd", ascending=False).reset_index(drop=True)
+    return _by_job(cluster_id, nodes, now)
+
+
+def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataFrame:
+    """A job is charged the whole cluster's burn while it ran: Σ $/h × overlap(node, job)."""
+    now = time.time() if now is None else now
+    jobs = [dict(r) for r in store.query(
+        "SELECT * FROM jobs WHERE cluster_id=? ORDER BY started", (cluster_id,))]
+    out = []
+    start = nodes["started"].astype(float).to_numpy()
+    end = nodes["ended"].fillna(now).astype(float).to_numpy()
+    rate = nodes["usd_per_hour"].astype(float).to_numpy()
+    for job in jobs:
+        j0, j1 = job["started"], job["ended"] or now
+        overlap = (pd.Series(end).clip(upper=j1) - pd.Series(start).clip(lower=j0)).clip(lower=0)
+        out.append({"job_id": job["job_id"], "name": job["name"], "status": job["status"],
+                    "hours": (j1 - j0) / 3600.0, "usd": float((overlap.to_numpy() * rate).sum() / 3600.0)})
+    return pd.DataFrame(out, columns=["job_id", "name", "status", "hours", "usd"])

@@ -1,0 +1,92 @@
+"""Ray's own node table, read straight from the cluster's GCS.
+
+Ray records when each node joined (``start_time_ms``), when it died (``end_time_ms``), which
+autoscaler node type it is and whether it is idle. That is the record we price, so node
+lifetimes in the ledger are Ray's, not our guesses. Reading it needs no driver connection and no
+dashboard; it is the one place this project touches Ray's private ``GcsClient``, so a Ray upgrade
+that moves it breaks exactly this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import GpugeekError
+
+
+class ClusterUnreachable(GpugeekError):
+    """The cluster's GCS did not answer."""
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    node_type: str            # the autoscaler node type; "" for a head started by hand
+    alive: bool
+    is_head: bool
+    started: float            # seconds since the epoch, as Ray recorded
+    ended: float | None
+    idle_s: float | None      # how long Ray has seen it idle; None while it runs work
+    raylet_socket: str
+    resources: dict[str, float] = field(default_factory=dict)
+    death_reason: str = ""
+
+    @property
+    def gpus(self) -> float:
+        return self.resources.get("GPU", 0.0)
+
+
+def use_token_auth() -> None:
+    """Speak Ray's token authentication from this process, as Ray's own CLI does.
+
+    Our clusters run with ``RAY_AUTH_MODE=token`` and Ray's standard token file
+    (``~/.ray/auth_token``, made on first use), because a head on this machine is otherwise open
+    to anyone who can reach its ports.
+    """
+    import os
+
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray from before token authentication: nothing to do
+        return
+
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        auth.generate_and_save_token()
+    if os.environ.get(auth.AUTH_MODE_ENV_VAR) != "token":
+        os.environ[auth.AUTH_MODE_ENV_VAR] = "token"
+        Config.initialize("")
+
+
+def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:
+    """Every node the cluster at ``address`` (host:port of its GCS) has known, dead ones too."""
+    from ray._raylet import GcsClient
+
+    use_token_auth()
+    try:
+        client = GcsClient(address=address)
+        table = client.get_all_node_info(timeout=timeout)
+    except Exception as exc:  # grpc errors come through as several Ray exception types
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+    return [_node(info) for info in table.values()]
+
+
+def _node(info) -> RayNode:
+    from ray.core.generated import gcs_pb2
+
+    resources = dict(info.resources_total)
+    alive = info.state == gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE
+    snapshot = info.state_snapshot
+    idle = snapshot.state == gcs_pb2.NodeSnapshot.State.IDLE
+    return RayNode(
+        node_id=info.node_id.hex(),
+        node_type=info.node_type_name,
+        alive=alive,
+        is_head="node:__internal_head__" in resources or info.is_head_node,
+        started=info.start_time_ms / 1000.0,
+        ended=info.end_time_ms / 1000.0 if (not alive and info.end_time_ms) else None,
+        idle_s=snapshot.idle_duration_ms / 1000.0 if (alive and idle) else None,
+        raylet_socket=info.raylet_socket_name,
+        resources=resources,
+        death_reason=info.death_info.reason_message if not alive else "",
+    )

@@ -1,0 +1,138 @@
+"""The one SQLite database in ``$GPUGEEK_HOME``: clusters, nodes, jobs, events, attachments.
+
+It is the only place state lives, so a restarted kernel, the watchdog process and the server
+extension all read the same truth. Every write is one transaction (``with transaction():``):
+a process killed mid-write leaves the database as it was before that write began. WAL mode
+lets readers go on while the watchdog writes; ``synchronous=FULL`` makes a committed write
+survive a crash of the machine, not just of the process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .config import home
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clusters (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    name          TEXT NOT NULL,
+    backend       TEXT NOT NULL,
+    simulated     INTEGER NOT NULL DEFAULT 0,
+    address       TEXT,
+    spec          TEXT NOT NULL,          -- JSON: node types with their offers and $/h
+    session_id    INTEGER,                -- the process session every Ray process we own is in
+    pids          TEXT NOT NULL DEFAULT '[]',
+    temp_dir      TEXT,
+    watchdog_pid  INTEGER,
+    budget_usd    REAL,
+    idle_minutes  REAL,
+    idle_since    REAL,                   -- no job and every node idle since (the watchdog's view)
+    created       REAL NOT NULL,
+    ready         REAL,
+    stopping      REAL,
+    stopped       REAL,
+    stop_reason   TEXT
+);
+CREATE INDEX IF NOT EXISTS clusters_by_name ON clusters(name, stopped);
+
+CREATE TABLE IF NOT EXISTS nodes (
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    node_id       TEXT NOT NULL,
+    node_type     TEXT NOT NULL,
+    offer_id      TEXT,
+    pricing       TEXT NOT NULL,
+    usd_per_hour  REAL NOT NULL,
+    on_demand_usd_per_hour REAL,
+    gpus          REAL NOT NULL DEFAULT 0,
+    started       REAL NOT NULL,
+    ended         REAL,
+    end_reason    TEXT,
+    PRIMARY KEY (cluster_id, node_id)
+);
+
+CREATE TABLE IF NOT EXISTS jobs (
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    job_id        TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    started       REAL NOT NULL,
+    ended         REAL,
+    status        TEXT NOT NULL DEFAULT 'running',
+    PRIMARY KEY (cluster_id, job_id)
+);
+
+CREATE TABLE IF NOT EXISTS events (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    at            REAL NOT NULL,
+    kind          TEXT NOT NULL,
+    message       TEXT NOT NULL,
+    shown         INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE IF NOT EXISTS attachments (
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    pid           INTEGER NOT NULL,
+    create_time   REAL NOT NULL,
+    since         REAL NOT NULL,
+    PRIMARY KEY (cluster_id, pid)
+);
+"""
+
+_local = threading.local()
+
+
+def path() -> Path:
+    return home() / "state.db"
+
+
+def connect() -> sqlite3.Connection:
+    """A connection for this thread to this ``$GPUGEEK_HOME``'s database, schema in place."""
+    db = path()
+    cache = getattr(_local, "connections", None)
+    if cache is None:
+        cache = _local.connections = {}
+    conn = cache.get(db)
+    if conn is not None and db.exists():
+        return conn
+    conn = sqlite3.connect(db, timeout=30, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    with _transaction(conn):
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    db.chmod(0o600)
+    cache[db] = conn
+    return conn
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
+def transaction() -> Iterator[sqlite3.Connection]:
+    """All writes inside commit together or not at all (``BEGIN IMMEDIATE`` … ``COMMIT``)."""
+    with _transaction(connect()) as conn:
+        yield conn
+
+
+def query(sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:
+    return connect().execute(sql, params).fetchall()

@@ -1,0 +1,223 @@
+"""Real Ray clusters: local and simulated multi-node, started, metered, capped and stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.meter import ledger
+
+pytestmark = pytest.mark.slow
+
+
+def _settings(home, **cluster):
+    home.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"{key} = {value}\n" for key, value in cluster.items())
+    (home / "config.toml").write_text(f"[cluster]\n{body}")
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _leftovers(record, grace: float = 5.0) -> list:
+    """Processes of the cluster still alive ``grace`` seconds after it was marked stopped."""
+    def alive():
+        return processes.session_processes(record.session_id, record.created) + (
+            [record.watchdog_pid] if processes.alive(record.watchdog_pid) else [])
+    deadline = time.monotonic() + grace
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive()
+
+
+def _ray_nodes(address):
+    """Ray's own node table, read independently of the ledger."""
+    from ray._raylet import GcsClient
+
+    return list(GcsClient(address=address).get_all_node_info(timeout=5).values())
+
+
+def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
+    import ray
+
+    cluster = ipython.run_line_magic("gpugeek", "up s1 --backend sim --gpu A100 --count 8 --workers 2 --budget 5")
+    assert isinstance(cluster, gg.Cluster)
+    assert ray.cluster_resources()["GPU"] == 16
+    workers = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+    assert len(workers) == 2
+    assert all(n["Resources"]["GPU"] == 8 and n["Resources"]["accelerator_type:A100"] == 1 for n in workers)
+    assert "simulated" in repr(gg.status()) and "16 GPUs declared" in repr(gg.status())
+
+    # scale to one node: Ray's autoscaler removes the other and the ledger closes it
+    gg.scale(1)
+    _wait(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,
+          "the autoscaler to remove a node")
+    time.sleep(2)
+    record = registry.live("s1")
+    table = {info.node_id.hex(): info for info in _ray_nodes(record.address)}
+    t_down = time.time()
+    ipython.run_line_magic("gpugeek", "down s1")
+    t_done = time.time()
+
+    price = gg.offers(gpu="A100", count=8).iloc[0]["on_demand_price"]   # the catalog, not the ledger
+    nodes = ledger.nodes_frame(record.id).set_index("node_id")
+    expected = 0.0
+    for node_id, info in table.items():
+        if not info.resources_total.get("GPU"):
+            continue                                           # the head is not billed
+        start = info.start_time_ms / 1000
+        end = info.end_time_ms / 1000 if info.end_time_ms else nodes.loc[node_id, "ended"]
+        if not info.end_time_ms:
+            assert t_down <= end <= t_done, "open nodes end when the cluster is stopped"
+        expected += price * (end - start) / 3600
+    report = gg.cost("s1")
+    assert report.simulated and "simulated" in report.summary()
+    assert report.total_usd == pytest.approx(expected, rel=0.01)
+    print(f"\nsim cost: ledger ${report.total_usd:.5f} vs Σ lifetime × price ${expected:.5f}")
+    assert len(report.table) == 3 and report.table["end_reason"].notna().all()
+    assert not _leftovers(registry.get(record.id))
+
+
+def test_preempted_spot_node_is_replaced_on_demand(ipython, capsys):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    gg.up("p1", backend="sim", gpu="A100", count=8, workers=2, pricing="spot", spot_fallback=True)
+    victim = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU"))
+
+    @ray.remote(num_cpus=1)
+    def train_step():
+        time.sleep(120)
+
+    running = train_step.options(scheduling_strategy=NodeAffinitySchedulingStrategy(victim, soft=False)).remote()
+    _wait(lambda: ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"], 30,
+          "the task to start on the node")
+    ipython.run_line_magic("gpugeek", f"preempt {victim[-6:]}")
+    assert "an on-demand replacement is on its way" in capsys.readouterr().out
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(running, timeout=60)                       # the work on that node died with it
+
+    def replaced():
+        nodes = gg.status("p1").nodes
+        return set(nodes["pricing"]) >= {"spot", "on-demand"} and len(nodes) == 3
+    _wait(replaced, 60, "an on-demand replacement")
+    record = registry.live("p1")
+    gg.down("p1")
+    by_node = ledger.nodes_frame(record.id).set_index("node_id")
+    assert by_node.loc[victim, "end_reason"] == "preempted"
+    assert by_node.loc[victim, "pricing"] == "spot"
+    on_demand = by_node[by_node["pricing"] == "on-demand"]
+    assert len(on_demand) == 1 and on_demand["started"].iloc[0] > by_node.loc[victim, "ended"]
+    by_pricing = gg.cost("p1", by="pricing").table.set_index("pricing")
+    assert by_pricing.loc["spot", "nodes"] == 2 and by_pricing.loc["on-demand", "nodes"] == 1
+    assert by_pricing.loc["spot", "spot_saved_usd"] > 0
+    kinds = [e["kind"] for e in ledger.events(record.id)]
+    assert kinds.index("preempted") < kinds.index("spot-fallback")
+    assert not _leftovers(registry.get(record.id))
+
+
+KERNEL = """
+import json, sys, time
+import gpugeek_jupyter as gg
+cluster = gg.up("b1", budget=float(sys.argv[1]))
+print(json.dumps({"id": cluster.record.id}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
+    # $36,000/h is $10/s: a few seconds cost dollars
+    _settings(gpugeek_home, local_usd_per_hour=36000, meter_interval_s=0.5)
+    budget = 300.0
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(budget)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    try:
+        cluster_id = json.loads(kernel.stdout.readline())["id"]
+        assert not gg.clusters().set_index("name").loc["b1", "orphan"]
+    finally:
+        os.kill(kernel.pid, signal.SIGKILL)
+        kernel.wait()
+    assert gg.clusters().set_index("name").loc["b1", "orphan"], "a live cluster with no kernel is an orphan"
+    _wait(lambda: registry.get(cluster_id).stopped, 90, "the watchdog to stop the cluster")
+    record = registry.get(cluster_id)
+    assert record.stop_reason == "budget cap reached"
+    spent = ledger.spend(cluster_id)
+    burn = 36000.0
+    interval_usd = burn * 0.5 / 3600
+    print(f"\nbudget ${budget:.0f}: spent ${spent:.2f} (one interval = ${interval_usd:.2f})")
+    assert spent <= budget + interval_usd
+    assert spent >= budget - 2 * interval_usd, "it ran up to the cap, not far short of it"
+    kinds = [e["kind"] for e in ledger.events(cluster_id)]
+    assert kinds.index("budget-warning") < kinds.index("budget-stop")
+    assert not _leftovers(record)
+
+
+def test_idle_cluster_stops_itself_but_not_while_a_job_runs(gpugeek_home):
+    _settings(gpugeek_home, meter_interval_s=0.5)
+    gg.up("i1", idle=0.1)                                  # six seconds
+    record = registry.live("i1")
+    ledger.job_started(record.id, "j1", "training")
+    time.sleep(10)
+    assert registry.get(record.id).stopped is None, "a running job keeps the cluster up"
+    ledger.job_ended(record.id, "j1")
+    _wait(lambda: registry.get(record.id).stopped, 40, "the idle autostop")
+    assert registry.get(record.id).stop_reason == "idle 0.1 min"
+    assert not _leftovers(registry.get(record.id))
+    with pytest.raises(gg.GpugeekError, match="stopped \\(idle 0.1 min\\)"):
+        gg.status()
+
+
+def test_local_cluster_outlives_a_kernel_restart_and_is_reattached_by_name(gpugeek_home):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+
+    def run(code):
+        out = []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                out.append("ERROR " + msg["content"]["evalue"])
+        reply = kc.execute_interactive(code, output_hook=hook, timeout=180)
+        text = "".join(out)
+        assert reply["content"]["status"] == "ok", text
+        return text
+
+    try:
+        out = run("%load_ext gpugeek_jupyter\nimport time, ray\nt = time.time()\n"
+                  "c = %gpugeek up r1\nprint('READY', round(time.time() - t, 2), c.address)")
+        ready, address = out.split("READY ")[1].split()
+        record = registry.live("r1")
+        assert record.address == address
+        km.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=60)
+        assert gg.clusters().set_index("name").loc["r1", "orphan"]
+        out = run("%load_ext gpugeek_jupyter\nimport ray\nc = %gpugeek up r1\n"
+                  "print('CPUS', ray.cluster_resources()['CPU'], c.address)")
+        assert "re-attached to local cluster 'r1'" in out and address in out
+        assert not gg.clusters().set_index("name").loc["r1", "orphan"]
+        run("%gpugeek down r1")
+        print(f"\nlocal up → ready {ready} s")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    record = registry.get(record.id)
+    assert record.stop_reason == "down"
+    assert not _leftovers(record)

@@ -1,0 +1,83 @@
+"""The registry and ledger database: atomic writes, even when the writer is killed mid-write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+from gpugeek_jupyter import store
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter.ledger import NodePrice
+from gpugeek_jupyter.meter.raynodes import RayNode
+
+WRITER = """
+import sys, time
+from gpugeek_jupyter import store
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+record = registry.create("w", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+print(record.id, flush=True)
+i = 0
+while True:   # each transaction writes a job and its event: both or neither
+    with store.transaction() as db:
+        db.execute("INSERT INTO jobs (cluster_id, job_id, name, started) VALUES (?,?,?,?)",
+                   (record.id, f"j{i}", "x" * 5000, time.time()))
+        db.execute("INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
+                   (record.id, time.time(), "job", "y" * 5000))
+    i += 1
+"""
+
+
+def test_a_writer_killed_mid_write_loses_nothing_committed(gpugeek_home):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    cluster_id = int(proc.stdout.readline())
+    time.sleep(1.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with sqlite3.connect(store.path()) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    jobs = store.query("SELECT COUNT(*) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
+    events = store.query("SELECT COUNT(*) FROM events WHERE cluster_id=?", (cluster_id,))[0][0]
+    assert jobs > 10 and jobs == events, (jobs, events)
+    assert registry.get(cluster_id).name == "w"
+
+
+def test_state_dir_and_database_are_private(gpugeek_home):
+    store.connect()
+    assert (gpugeek_home.stat().st_mode & 0o777) == 0o700
+    assert (store.path().stat().st_mode & 0o777) == 0o600
+
+
+def _node(node_id, started, ended=None, gpus=8.0, node_type="a100x8-spot"):
+    return RayNode(node_id=node_id, node_type=node_type, alive=ended is None, is_head=False,
+                   started=started, ended=ended, idle_s=None, raylet_socket="",
+                   resources={"GPU": gpus})
+
+
+def test_ledger_prices_lifetimes_jobs_and_spot_savings():
+    record = registry.create("l", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
+    prices = {"a100x8-spot": NodePrice("o", "spot", 3.0, 30.0),
+              "a100x8-on-demand": NodePrice("o", "on-demand", 30.0, 30.0)}
+    t0 = 1_000_000.0
+    ledger.sync_nodes(record.id, [_node("a", t0), _node("b", t0)], prices)
+    ledger.end_node(record.id, "a", t0 + 1800, "preempted")                 # half an hour of spot
+    ledger.sync_nodes(record.id, [_node("a", t0, ended=t0 + 1900)], prices)  # Ray's later verdict loses
+    ledger.sync_nodes(record.id, [_node("c", t0 + 1800, node_type="a100x8-on-demand")], prices)
+    ledger.job_started(record.id, "j1", "train", at=t0 + 1800)
+    ledger.job_ended(record.id, "j1", at=t0 + 3600)
+    now = t0 + 3600
+    nodes = ledger.nodes_frame(record.id, now).set_index("node_id")
+    assert nodes.loc["a", "end_reason"] == "preempted" and nodes.loc["a", "usd"] == 1.5
+    assert nodes.loc["b", "usd"] == 3.0 and nodes.loc["c", "usd"] == 15.0
+    assert ledger.spend(record.id, now) == 19.5
+    assert ledger.burn_rate(record.id) == 33.0                  # b (spot) + c (on-demand) alive
+    by_pricing = ledger.cost_table(record.id, "pricing", now).set_index("pricing")
+    assert by_pricing.loc["spot", "spot_saved_usd"] == (30 - 3) * 1.5
+    by_job = ledger.cost_table(record.id, "job", now)
+    assert by_job.loc[0, "usd"] == 3.0 * 0.5 + 30.0 * 0.5        # b and c during the job's half hour

@@ -39,11 +39,11 @@ def new_temp_dir() -> str:
 def start_head(temp_dir: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
                port: int | None = None) -> Head:
-    port, client_port = port or processes.free_port(), processes.free_port()
+    port = port or processes.free_port()
     cmd = [
         sys.executable, "-c", "from ray.scripts.scripts import main; main()",
         "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
-        f"--ray-client-server-port={client_port}", "--dashboard-agent-listen-port=0",
+        f"--ray-client-server-port={processes.free_port()}", "--dashboard-agent-listen-port=0",
         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]
     if num_cpus is not None:
@@ -52,11 +52,15 @@ def start_head(temp_dir: str, *, num_cpus: int | None = None, num_gpus: int | No
         cmd.append(f"--num-gpus={num_gpus}")
     if autoscaling_config is not None:
         cmd.append(f"--autoscaling-config={autoscaling_config}")
+    else:
+        cmd.append("--no-monitor")  # no autoscaler on a one-machine cluster: one process fewer
     use_token_auth()
     full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", **(env or {})}
     log = Path(temp_dir) / "gpugeek-head.log"
     since = time.time()
     proc = processes.start_detached(cmd, full_env, log)
+    import ray  # noqa: F401  - the kernel needs it to connect; load it while the head starts
+
     try:
         code = proc.wait(timeout=START_TIMEOUT_S)
     except Exception:

@@ -67,8 +67,10 @@ def cost(name: str | None = None, by: str = "node") -> CostReport:
     """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing."""
     from .cluster import registry
 
-    record = registry.live(name) if name else None
-    record = record or (registry.latest(name) if name else _live(None))
+    from .cluster import manage
+
+    name = name or manage.active()
+    record = (registry.live(name) or registry.latest(name)) if name else _live(None)
     if record is None:
         from .errors import GpugeekError
 

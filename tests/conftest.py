@@ -26,26 +26,33 @@ def ipython():
     return shell
 
 
-RAY_MARKERS = ("raylet", "gcs_server", "ray::", "gpugeek_jupyter.cluster.watchdog", "/tmp/gg-",
-               "ray/autoscaler", "ray/dashboard", "log_monitor.py", "ray.util.client.server")
+def our_processes(base, since: float, stop: bool = False) -> list[str]:
+    """Processes still alive in a session that a test's cluster registry says we started.
 
-
-def ray_processes(since: float, stop: bool = False) -> list[str]:
-    """Ray (or watchdog) processes started after ``since``: what a test may leave behind."""
+    Every test keeps its registry under pytest's base temp dir, so the sessions recorded there
+    (Ray heads, simulated nodes, watchdogs) are exactly ours — other Ray on the machine is left alone.
+    """
     import os
+    import sqlite3
 
     import psutil
 
-    found = []
-    procs = []
+    sessions = set()
+    for db in base.rglob("state.db"):
+        with sqlite3.connect(db) as conn:
+            for sid, watchdog in conn.execute("SELECT session_id, watchdog_pid FROM clusters"):
+                sessions.update(x for x in (sid, watchdog) if x)
+    found, procs = [], []
     for proc in psutil.process_iter(["pid", "create_time", "cmdline", "status"]):
         info = proc.info
-        if info["pid"] == os.getpid() or info["create_time"] < since or info["status"] == psutil.STATUS_ZOMBIE:
+        try:
+            if (info["pid"] == os.getpid() or info["create_time"] < since
+                    or info["status"] == psutil.STATUS_ZOMBIE or os.getsid(info["pid"]) not in sessions):
+                continue
+        except OSError:
             continue
-        line = " ".join(info["cmdline"] or [])
-        if any(marker in line for marker in RAY_MARKERS):
-            found.append(f"{info['pid']} {line[:120]}")
-            procs.append(proc)
+        found.append(f"{info['pid']} {' '.join(info['cmdline'] or [])[:120]}")
+        procs.append(proc)
     if stop:  # a failed run must not leave its mess on the machine either
         for proc in procs:
             proc.kill()
@@ -53,21 +60,22 @@ def ray_processes(since: float, stop: bool = False) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_ray_process_left_behind():
+def no_ray_process_left_behind(tmp_path_factory):
     """The suite starts real Ray clusters; it must stop every process it started (asserted)."""
     import time
 
     start = time.time()
+    base = tmp_path_factory.getbasetemp()
     yield
     if "ray" in sys.modules:
         import ray
 
         ray.shutdown()
     deadline = time.time() + 15
-    left = ray_processes(start)
+    left = our_processes(base, start)
     while left and time.time() < deadline:
         time.sleep(0.5)
-        left = ray_processes(start)
+        left = our_processes(base, start)
     if left:
-        ray_processes(start, stop=True)
+        our_processes(base, start, stop=True)
     assert not left, f"processes left behind: {left}"

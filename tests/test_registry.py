@@ -81,3 +81,16 @@ def test_ledger_prices_lifetimes_jobs_and_spot_savings():
     assert by_pricing.loc["spot", "spot_saved_usd"] == (30 - 3) * 1.5
     by_job = ledger.cost_table(record.id, "job", now)
     assert by_job.loc[0, "usd"] == 3.0 * 0.5 + 30.0 * 0.5        # b and c during the job's half hour
+
+
+def test_overlapping_jobs_share_the_cluster_cost():
+    record = registry.create("j", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
+    t0 = 2_000_000.0
+    ledger.sync_nodes(record.id, [_node("a", t0, node_type="x")], {"x": NodePrice("o", "on-demand", 10.0)})
+    ledger.job_started(record.id, "j1", "one", at=t0)
+    ledger.job_started(record.id, "j2", "two", at=t0 + 1800)
+    ledger.job_ended(record.id, "j1", at=t0 + 3600)
+    ledger.job_ended(record.id, "j2", at=t0 + 3600)
+    by_job = ledger.cost_table(record.id, "job", t0 + 3600).set_index("job_id")
+    assert by_job.loc["j1", "usd"] == 5.0 + 2.5 and by_job.loc["j2", "usd"] == 2.5
+    assert by_job["usd"].sum() == ledger.spend(record.id, t0 + 3600)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -21,7 +22,7 @@ import yaml
 from ..config import home
 from ..errors import GpugeekError
 from ..meter.raynodes import read_nodes
-from . import head, kuberay, launcher, processes, sim
+from . import head, kuberay, launcher, processes, registry, sim
 from .registry import ClusterRecord
 from .spec import ClusterSpec
 
@@ -65,6 +66,9 @@ class Backend:
     def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
         raise NotImplementedError
 
+    def preflight(self, spec: ClusterSpec) -> None:
+        """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
+
     def start(self, record: ClusterRecord, spec: ClusterSpec) -> Started:
         raise NotImplementedError
 
@@ -84,7 +88,7 @@ class Backend:
                                    f"— see the logs in {record.temp_dir}")
             time.sleep(0.2)
 
-    def stop(self, record: ClusterRecord) -> None:
+    def stop(self, record: ClusterRecord, grace: float = 3.0) -> None:
         raise NotImplementedError
 
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
@@ -102,12 +106,12 @@ class LocalBackend(Backend):
 
     def start(self, record, spec):
         temp_dir = head.new_temp_dir()
-        started = head.start_head(temp_dir)
+        started = head.start_head(temp_dir, record.marker)
         return Started(started.address, started.session_id, started.pids, temp_dir)
 
-    def stop(self, record):
+    def stop(self, record, grace=3.0):
         if record.session_id:
-            processes.stop_session(record.session_id, record.created)
+            processes.stop_session(record.session_id, record.created, record.marker, grace)
         if record.temp_dir and Path(record.temp_dir).name.startswith("gg-"):
             shutil.rmtree(record.temp_dir, ignore_errors=True)
 
@@ -127,7 +131,7 @@ class SimBackend(LocalBackend):
         # the autoscaler's config names the GCS address, so we choose the port before starting
         address = f"{head.HOST}:{port}"
         sim.write_config(config, record.name, spec, address)
-        started = head.start_head(temp_dir, num_cpus=0, num_gpus=0, autoscaling_config=config,
+        started = head.start_head(temp_dir, record.marker, num_cpus=0, num_gpus=0, autoscaling_config=config,
                                   env=sim.ENV, port=port)
         return Started(started.address, started.session_id, started.pids, temp_dir)
 
@@ -159,21 +163,33 @@ class LauncherBackend(Backend):
                             f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it.",
                             config)
 
-    def start(self, record, spec):
+    def preflight(self, spec):
         launcher.check_credentials(self.name)
+
+    def start(self, record, spec):
         config = self.config(record.name, spec)
         path = launcher.write(record.name, config)
+        # recorded before `ray up`, so a failure half-way can still be taken down
+        registry.update(record.id, temp_dir=str(path))
         log = home() / "launch" / f"{record.name}-{self.name}.log"
         launcher.ray_cli("up", "-y", str(path), log=log)
-        ip = launcher.ray_cli("get-head-ip", str(path), log=log).strip().splitlines()[-1]
-        return Started(address=f"{ip}:6379", temp_dir=str(path))
+        # the head's GCS port is closed to the internet; Ray's own SSH port-forward reaches it
+        port = processes.free_port()
+        tunnel = processes.start_detached(
+            [*launcher.RAY, "dashboard", str(path), f"--port={port}", "--remote-port=6379"],
+            {**os.environ, processes.MARKER: record.marker}, log)
+        return Started(address=f"127.0.0.1:{port}", session_id=tunnel.pid, pids=[tunnel.pid],
+                       temp_dir=str(path))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         return  # `ray up` returns once the head is up; workers join as the autoscaler brings them
 
-    def stop(self, record):
+    def stop(self, record, grace=3.0):
         log = home() / "launch" / f"{record.name}-{self.name}.log"
-        launcher.ray_cli("down", "-y", str(record.temp_dir), log=log)
+        if record.temp_dir:
+            launcher.ray_cli("down", "-y", str(record.temp_dir), log=log)
+        if record.session_id:
+            processes.stop_session(record.session_id, record.created, record.marker, grace)
 
     def scale(self, record, spec, workers):
         spec.workers.min_workers = spec.workers.max_workers = workers
@@ -199,18 +215,22 @@ class KubeRayBackend(Backend):
                             "Add --yes to `kubectl apply` it (needs the KubeRay operator in the cluster).",
                             manifest)
 
-    def start(self, record, spec):
+    def preflight(self, spec):
         if not launcher.kubectl_available():
             raise GpugeekError("kubectl is not on PATH — install it and point KUBECONFIG at your cluster")
+
+    def start(self, record, spec):
         shown = self.show(record.name, spec)
+        registry.update(record.id, temp_dir=str(shown.path))
         self._kubectl("apply", "-f", str(shown.path))
         return Started(address=None, temp_dir=str(shown.path))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         return
 
-    def stop(self, record):
-        self._kubectl("delete", "-f", str(record.temp_dir))
+    def stop(self, record, grace=3.0):
+        if record.temp_dir:
+            self._kubectl("delete", "-f", str(record.temp_dir))
 
     @staticmethod
     def _kubectl(*args: str) -> None:
@@ -230,10 +250,13 @@ class AttachBackend(Backend):
     def start(self, record, spec):
         return Started(address=record.address)
 
+    def preflight(self, spec):
+        return
+
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         read_nodes(record.address)     # raises one clear line if nothing answers
 
-    def stop(self, record):
+    def stop(self, record, grace=3.0):
         return  # not ours
 
 

@@ -2,8 +2,8 @@
 
 ``ray start --head`` runs in a new session with its own temp dir and free ports, so it survives a
 kernel restart, never collides with another Ray on the machine (a user's ``ray.init()`` included)
-and can be stopped exactly. It listens on 127.0.0.1 only: a local cluster has no token, so it
-must not be reachable from the network.
+and can be stopped exactly. Ray's GCS listens on every interface, so our heads run with Ray's
+token authentication on (``RAY_AUTH_MODE=token``): nobody without the token can reach them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def new_temp_dir() -> str:
     return tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
 
 
-def start_head(temp_dir: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
+def start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
                port: int | None = None) -> Head:
     port = port or processes.free_port()
@@ -55,20 +55,22 @@ def start_head(temp_dir: str, *, num_cpus: int | None = None, num_gpus: int | No
     else:
         cmd.append("--no-monitor")  # no autoscaler on a one-machine cluster: one process fewer
     use_token_auth()
-    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", **(env or {})}
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+                processes.MARKER: marker, **(env or {})}
     log = Path(temp_dir) / "gpugeek-head.log"
     since = time.time()
     proc = processes.start_detached(cmd, full_env, log)
-    import ray  # noqa: F401  - the kernel needs it to connect; load it while the head starts
-
     try:
+        import ray  # noqa: F401  - the kernel needs it to connect; load it while the head starts
+
         code = proc.wait(timeout=START_TIMEOUT_S)
-    except Exception:
-        code = None
+    except BaseException:  # a timeout, or Ctrl-C in the notebook: leave nothing running
+        processes.stop_session(proc.pid, since, marker)
+        raise
     if code != 0:
-        processes.stop_session(proc.pid, since)
+        processes.stop_session(proc.pid, since, marker)
         tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
         raise GpugeekError(f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) "
                            f"— full log: {log}")
-    pids = [p.pid for p in processes.session_processes(proc.pid, since)]
+    pids = [p.pid for p in processes.session_processes(proc.pid, since, marker)]
     return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids)

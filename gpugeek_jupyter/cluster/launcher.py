@@ -140,17 +140,17 @@ def write(name: str, config: dict) -> Path:
 
 # -- credentials: checked, never read out ---------------------------------------------------------
 
-def check_credentials(provider: str) -> None:
-    """One clear line when nothing in the provider's standard chain could authenticate ``ray up``."""
-    need = {"aws": "boto3", "gcp": "googleapiclient", "azure": "azure.identity"}[provider]
-    hint = {"aws": "boto3", "gcp": "google-api-python-client", "azure": "azure-identity azure-mgmt-compute azure-mgmt-network azure-mgmt-resource"}[provider]
-    if not _importable(need):
-        raise GpugeekError(f"`ray up` on {provider} needs the {provider} SDK — pip install {hint}")
-    if provider == "aws":
-        import boto3
+AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
 
-        if boto3.Session().get_credentials() is None:
-            raise GpugeekError("no AWS credentials found (env, ~/.aws, instance role) — run `aws configure` "
+
+def check_credentials(provider: str) -> None:
+    """One clear line when nothing in the provider's standard chain could authenticate ``ray up``,
+    or when the SDK ``ray up`` needs for it is missing. Nothing is read out or printed."""
+    if provider == "aws":
+        files = [Path(p).expanduser() for p in ("~/.aws/credentials", "~/.aws/config")]
+        if not (any(os.environ.get(v) for v in AWS_ENV) or any(f.exists() for f in files)):
+            raise GpugeekError("no AWS credentials found (AWS_* variables, ~/.aws) — run `aws configure` "
                                "or set AWS_PROFILE")
     elif provider == "gcp":
         adc = Path("~/.config/gcloud/application_default_credentials.json").expanduser()
@@ -164,6 +164,11 @@ def check_credentials(provider: str) -> None:
         if not (os.environ.get("AZURE_CLIENT_ID") or profile.exists()):
             raise GpugeekError("no Azure credentials found — run `az login` or set AZURE_CLIENT_ID/"
                                "AZURE_TENANT_ID/AZURE_CLIENT_SECRET")
+    need = {"aws": "boto3", "gcp": "googleapiclient", "azure": "azure.identity"}[provider]
+    hint = {"aws": "boto3", "gcp": "google-api-python-client",
+            "azure": "azure-identity azure-mgmt-compute azure-mgmt-network azure-mgmt-resource"}[provider]
+    if not _importable(need):
+        raise GpugeekError(f"`ray up` on {provider} needs the {provider} SDK — pip install {hint}")
 
 
 def _importable(module: str) -> bool:
@@ -175,9 +180,12 @@ def _importable(module: str) -> bool:
         return False
 
 
+RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]  # this env's `ray` CLI
+
+
 def ray_cli(*args: str, log: Path, timeout: float | None = None) -> str:
     """Run the ``ray`` CLI of this environment; its output goes to ``log``; one line if it fails."""
-    cmd = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", *args]
+    cmd = [*RAY, *args]
     with open(log, "ab") as out:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=out, timeout=timeout)
         out.write(done.stdout)

@@ -52,7 +52,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     global _active
     backend = _backend_name(backend, address)
     name = name or backend
-    if not NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise GpugeekError(f"cluster name {name!r}: use letters, digits, '-', '_' or '.' (at most 40)")
     _check_numbers(workers=workers, min_workers=min_workers, max_workers=max_workers, budget=budget, idle=idle)
 
@@ -61,6 +61,13 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         if backend != existing.backend and (address or backend != "local"):
             raise GpugeekError(f"cluster {name!r} is a live {existing.backend} cluster — "
                                f"`%gpugeek down {name}` first, or pick another name")
+        ignored = [flag for flag, value in (
+            ("--address", address), ("--offer", offer), ("--plan", plan), ("--gpu", gpu),
+            ("--workers", workers), ("--min-workers", min_workers), ("--max-workers", max_workers),
+            ("--budget", budget), ("--idle", idle)) if value is not None]
+        if ignored:
+            print(f"{', '.join(ignored)} ignored: {name!r} is already running with its own settings "
+                  f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
         return _reattach(existing)
 
     spec = _spec(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
@@ -70,11 +77,20 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     if backend == "attach" and (budget or idle):
         raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "
                            "stop — start one with --backend local/sim/aws/… instead")
+    if backend == "kuberay" and (budget or idle):
+        raise GpugeekError("--budget and --idle are not enforced on KubeRay yet (no route to meter its "
+                           "head) — use the autoscaler's idle timeout in the manifest, or a cloud backend")
     if dry_run or (impl.confirm and not yes):
         return impl.show(name, spec)
+    impl.preflight(spec)
+    if backend == "attach":
+        _check_listening(address)
 
-    record = registry.create(name, backend, spec.to_json(), simulated=spec.simulated,
-                             budget_usd=budget, idle_minutes=idle)
+    try:
+        record = registry.create(name, backend, spec.to_json(), simulated=spec.simulated,
+                                 budget_usd=budget, idle_minutes=idle)
+    except ValueError as exc:
+        raise GpugeekError(f"{exc} — pick another name") from None
     if address:
         registry.update(record.id, address=address)
         record.address = address
@@ -117,7 +133,8 @@ def _check_numbers(**values) -> None:
         flag = "--" + flag.replace("_", "-")
         if flag == "--min-workers" and value == 0:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value <= 0:
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value <= 0
+                or value == float("inf")):
             what = "at least 1" if "workers" in flag else "a positive number"
             extra = " (`%gpugeek down` stops a cluster)" if "workers" in flag else ""
             raise GpugeekError(f"{flag} {value!r}: must be {what}{extra}")
@@ -141,8 +158,8 @@ def _spec(backend: str, *, offer, plan, gpu, count, workers, min_workers, max_wo
         raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up); give one")
     row, plan_nodes = resolve_offer(offer=offer, plan=plan, gpu=gpu, count=count, pricing=pricing,
                                     provider=backend if backend in CLOUD_PROVIDERS else None, catalog=catalog)
-    keep = workers or min_workers or plan_nodes or 1
-    most = max_workers or keep
+    keep = workers if workers is not None else (min_workers if min_workers is not None else plan_nodes or 1)
+    most = max_workers or max(keep, 1)
     if most < keep:
         raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
     spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
@@ -160,9 +177,24 @@ def _abandon(record: ClusterRecord, exc: BaseException) -> None:
     """``up`` failed part-way: stop whatever did start and close the record."""
     reason = f"failed to start: {exc}" if isinstance(exc, GpugeekError) else f"failed to start ({type(exc).__name__})"
     try:
-        shutdown(registry.get(record.id), reason)
+        shutdown(registry.get(record.id), reason, sync=False)
     except Exception:
         registry.mark_stopped(record.id, reason)
+
+
+def _check_listening(address: str | None) -> None:
+    """Fail in seconds, in one line, when nothing listens at ``host:port``."""
+    import socket
+
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit():
+        raise GpugeekError(f"--address {address!r}: give host:port of the cluster's GCS (like 10.0.0.5:6379)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except OSError as exc:
+        raise GpugeekError(f"nothing answers at {address} ({exc.strerror or exc}) — is the Ray head "
+                           f"running, and is this its GCS port?") from None
 
 
 def _reattach(record: ClusterRecord) -> Cluster:
@@ -190,7 +222,7 @@ def _reachable(record: ClusterRecord) -> bool:
 
 def _start_watchdog(record: ClusterRecord) -> None:
     log_dir = Path(record.temp_dir) if record.temp_dir and Path(record.temp_dir).is_dir() else home()
-    env = {**os.environ, "GPUGEEK_HOME": str(home())}
+    env = {**os.environ, "GPUGEEK_HOME": str(home()), processes.MARKER: record.marker}
     proc = processes.start_detached(
         [sys.executable, "-m", "gpugeek_jupyter.cluster.watchdog", str(record.id)], env,
         log_dir / "gpugeek-watchdog.log")
@@ -199,32 +231,43 @@ def _start_watchdog(record: ClusterRecord) -> None:
 
 # -- down -----------------------------------------------------------------------------------------
 
-def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False) -> bool:
-    """Stop the cluster's jobs and nodes and close its ledger. Exactly once, whoever calls it."""
+def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False, sync: bool = True,
+             grace: float = 3.0) -> bool:
+    """Stop the cluster's jobs and nodes and close its ledger. Exactly once, whoever calls it.
+
+    Nodes are billed until their processes are gone (the time is taken after the stop). If the
+    stop itself fails (``ray down`` errors, say) the cluster is *not* marked stopped — it may still
+    be billing — the claim is released and the error raised.
+    """
     if not registry.claim_stop(record.id):
         _wait_stopped(record.id)
         return False
-    at = time.time()
-    ledger.stop_running_jobs(record.id, f"stopped: {reason}", at)
-    _sync(record)
-    if record.watchdog_pid and not from_watchdog and processes.alive(record.watchdog_pid):
-        procs = [p for p in processes.session_processes(record.watchdog_pid, record.created)
-                 if p.pid == record.watchdog_pid]
-        processes.stop_processes(procs, grace=2)
-    impl = BACKENDS[record.backend]
+    ledger.stop_running_jobs(record.id, f"stopped: {reason}")
+    if sync:
+        _sync(record)
+    if record.watchdog_pid and not from_watchdog:
+        processes.stop_processes(
+            [p for p in processes.session_processes(record.watchdog_pid, record.created, record.marker)
+             if p.pid == record.watchdog_pid], grace=2)
     _disconnect_if(record)
-    at = time.time()
     try:
-        impl.stop(record)
-    finally:
-        ledger.end_all_nodes(record.id, at, reason)
-        registry.mark_stopped(record.id, reason)
+        BACKENDS[record.backend].stop(record, grace=grace)
+    except BaseException as exc:
+        registry.release_stop(record.id)
+        ledger.event(record.id, "stop-failed", f"stopping failed ({exc}) — the cluster may still be running")
+        raise
+    at = time.time()
+    ledger.end_all_nodes(record.id, at, reason)
+    registry.mark_stopped(record.id, reason, at)
     return True
 
 
 def _wait_stopped(cluster_id: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while registry.get(cluster_id).stopped is None and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        record = registry.get(cluster_id)
+        if record.stopped is not None or record.stopping is None:  # done, or the other side gave up
+            return
         time.sleep(0.2)
 
 
@@ -235,6 +278,9 @@ def down(name: str | None = None, *, all: bool = False) -> list[str]:
     done = []
     for record in records:
         shutdown(record, "detached" if record.backend == "attach" else "down")
+        if registry.get(record.id).stopped is None:
+            raise GpugeekError(f"cluster {record.name!r} is still stopping elsewhere — check `%gpugeek status "
+                               f"{record.name}` in a minute")
         done.append(record.name)
         if record.name == _active:
             _active = None
@@ -259,7 +305,7 @@ def preempt(node: str, name: str | None = None) -> str:
         raise GpugeekError("preempt rehearses losing a spot node, on the sim backend only")
     spec = ClusterSpec.from_json(record.spec)
     gone, spec = sim.preempt(record.id, record.name, spec, record.address, record.session_id,
-                             record.created, record.temp_dir, node)
+                             record.created, record.marker, record.temp_dir, node)
     registry.update(record.id, spec=spec.to_json())
     what = "an on-demand replacement is on its way" if spec.spot_fallback else "no fallback: the autoscaler retries spot"
     return f"preempted node {gone.node_id[-6:]} ({gone.node_type}); {what}"
@@ -362,6 +408,7 @@ class Cluster:
         """Make this kernel a Ray driver of the cluster (local, sim, attach)."""
         record = self.record
         if not record.address or record.backend in ("aws", "gcp", "azure", "kuberay"):
+            registry.attach(record.id)     # this notebook looks after it, even without a driver
             return
         import ray
 
@@ -489,9 +536,12 @@ def _state(record: ClusterRecord) -> str:
         return f"stopped ({record.stop_reason}) {_duration(time.time() - record.stopped)} ago"
     if record.stopping:
         return "stopping"
+    state = "running"
     if not registry.attached_kernels(record.id):
-        return "running — orphan: no notebook attached"
-    return "running"
+        state += " — orphan: no notebook attached"
+    if record.watchdog_pid and not processes.alive(record.watchdog_pid):
+        state += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
+    return state
 
 
 def _idle_for(record: ClusterRecord) -> float | None:

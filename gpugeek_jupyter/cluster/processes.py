@@ -3,7 +3,9 @@
 ``ray start`` and our watchdog are started in a session of their own, so every process they
 spawn (GCS, raylets, autoscaler, workers, simulated nodes) carries that session id. Stopping a
 cluster means signalling exactly the processes with that session id that were created after the
-cluster was — never ``ray stop``, which would kill every Ray on the machine, a user's own too.
+cluster was, in a session whose processes carry the cluster's marker in their environment
+(``GPUGEEK_CLUSTER``) — so a reused pid can never make us stop a stranger. Never
+``ray stop``, which would kill every Ray on the machine, a user's own too.
 """
 
 from __future__ import annotations
@@ -34,19 +36,29 @@ def start_detached(cmd: Sequence[str], env: dict[str, str], log: Path) -> subpro
         )
 
 
-def session_processes(session_id: int, since: float) -> list[psutil.Process]:
-    """Live processes in ``session_id`` created at or after ``since`` (guards against pid reuse)."""
-    found = []
+MARKER = "GPUGEEK_CLUSTER"
+
+
+def session_processes(session_id: int, since: float, marker: str | None = None) -> list[psutil.Process]:
+    """Live processes in ``session_id`` created at or after ``since``.
+
+    With ``marker``, the session counts as ours only if some process in it carries the marker
+    (not every Ray process keeps its parent's environment, but the ones we start do), so a pid
+    reused by a stranger's session never matches.
+    """
+    found, marked = [], marker is None
     for proc in psutil.process_iter(["create_time"]):
         try:
             if proc.pid == os.getpid() or os.getsid(proc.pid) != session_id:
                 continue
             if proc.info["create_time"] + 1.0 < since or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
+            if not marked and proc.environ().get(MARKER) == marker:
+                marked = True
         except (ProcessLookupError, psutil.Error, OSError):
             continue
         found.append(proc)
-    return found
+    return found if marked else []
 
 
 def stop_processes(procs: Sequence[psutil.Process], grace: float = 3.0) -> int:
@@ -66,11 +78,11 @@ def stop_processes(procs: Sequence[psutil.Process], grace: float = 3.0) -> int:
     return len(procs)
 
 
-def stop_session(session_id: int, since: float, grace: float = 3.0) -> int:
-    """Stop every process of ours in ``session_id``; repeat once for children spawned meanwhile."""
+def stop_session(session_id: int, since: float, marker: str | None, grace: float = 3.0) -> int:
+    """Stop every process of ours in ``session_id``; repeat for children spawned meanwhile."""
     stopped = 0
     for _ in range(3):
-        procs = session_processes(session_id, since)
+        procs = session_processes(session_id, since, marker)
         if not procs:
             break
         stopped += stop_processes(procs, grace)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import store
+from ..config import home
 from . import processes
 
 
@@ -43,6 +44,11 @@ class ClusterRecord:
     @property
     def live(self) -> bool:
         return self.stopped is None
+
+    @property
+    def marker(self) -> str:
+        """Set in the environment of every process we start for this cluster."""
+        return f"{home()}#{self.id}"
 
     @property
     def owned(self) -> bool:
@@ -103,13 +109,25 @@ def all_records(include_stopped: bool = True) -> list[ClusterRecord]:
     return [_record(r) for r in store.query(sql + " ORDER BY id")]
 
 
+STALE_STOP_S = 120
+
+
 def claim_stop(cluster_id: int) -> bool:
-    """Whoever flips ``stopping`` first (kernel or watchdog) does the shutdown; the other waits."""
+    """Whoever flips ``stopping`` first (kernel or watchdog) does the shutdown; the other waits.
+
+    A claim older than two minutes is stale — its holder died mid-stop — and may be taken over.
+    """
+    now = time.time()
     with store.transaction() as db:
         cur = db.execute(
-            "UPDATE clusters SET stopping=? WHERE id=? AND stopping IS NULL AND stopped IS NULL",
-            (time.time(), cluster_id))
+            "UPDATE clusters SET stopping=? WHERE id=? AND stopped IS NULL"
+            " AND (stopping IS NULL OR stopping < ?)", (now, cluster_id, now - STALE_STOP_S))
         return cur.rowcount == 1
+
+
+def release_stop(cluster_id: int) -> None:
+    with store.transaction() as db:
+        db.execute("UPDATE clusters SET stopping=NULL WHERE id=? AND stopped IS NULL", (cluster_id,))
 
 
 def mark_stopped(cluster_id: int, reason: str, at: float | None = None) -> None:

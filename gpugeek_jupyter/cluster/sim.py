@@ -93,14 +93,14 @@ def find_node(address: str, node: str) -> RayNode:
 
 
 def preempt(cluster_id: int, name: str, spec: ClusterSpec, address: str, session_id: int,
-            since: float, temp_dir: str, node: str) -> tuple[RayNode, ClusterSpec]:
+            since: float, marker: str, temp_dir: str, node: str) -> tuple[RayNode, ClusterSpec]:
     """Take a node away as a spot preemption does: its machine vanishes (SIGKILL, no drain).
 
     The ledger closes the node at this instant. With spot fallback, the autoscaler is told to
     keep one fewer spot node and one more on-demand node, and brings the replacement up.
     """
     target = find_node(address, node)
-    raylets = [p for p in processes.session_processes(session_id, since)
+    raylets = [p for p in processes.session_processes(session_id, since, marker)
                if f"--raylet_socket_name={target.raylet_socket}" in " ".join(_cmdline(p))]
     if not raylets:
         raise GpugeekError(f"node {target.node_id[-6:]} is not a process of this cluster")

@@ -6,15 +6,17 @@ billing past its budget. Every interval it copies Ray's node table into the ledg
 and acts:
 
 - spend ≥ 80 % of the budget → a warning event (shown by the next ``%gpugeek`` call and status);
-- spend would pass the budget before the next check → stop jobs, shut the cluster down;
+- spend would pass the budget before the next look (one loop period plus the time a stop takes)
+  → stop jobs, shut the cluster down;
 - no job and every node idle (Ray's own idle clock) for ``idle`` minutes → shut it down;
-- the head no longer answers → close the ledger (the nodes are gone) and stop what is left.
+- a head we started on this machine has died → close the ledger and stop what is left.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import traceback
 
 from ..config import settings
 from ..meter import ledger
@@ -23,59 +25,117 @@ from . import processes, registry
 from .manage import BUDGET_WARN_AT, shutdown
 from .spec import ClusterSpec
 
-UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head counts as gone
+UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
+STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)
+BUDGET_STOP_GRACE_S = 0.5
+
+
+class Watch:
+    """The state one watchdog carries between looks."""
+
+    def __init__(self, cluster_id: int, interval: float):
+        self.cluster_id = cluster_id
+        self.interval = interval
+        self.warned = bool(ledger.events(cluster_id, "budget-warning"))
+        self.misses = 0
+        self.unmetered_said = False
+        self.idle_seen: dict[str, float] = {}
+        self.period = interval
+
+    def look(self) -> str | None:
+        """One pass; returns why the cluster stopped, or None to keep watching."""
+        record = registry.get(self.cluster_id)
+        if record.stopped:
+            return record.stop_reason
+        if record.stopping:
+            return None                     # someone else is stopping it; watch until it is done
+        nodes = self._read(record)
+        if isinstance(nodes, str):
+            return nodes
+        if nodes is not None:
+            ledger.sync_nodes(self.cluster_id, nodes, ClusterSpec.from_json(record.spec).prices())
+        now = time.time()
+        if record.budget_usd:
+            stopped = self._budget(record, now)
+            if stopped:
+                return stopped
+        if nodes is not None:
+            since = self._idle_since(record, nodes, now)
+            if record.idle_minutes and since is not None and now - since >= record.idle_minutes * 60:
+                ledger.event(self.cluster_id, "idle-stop",
+                             f"idle for {record.idle_minutes:g} min with no job — shutting the cluster down")
+                if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True):
+                    return "idle"
+        return None
+
+    def _read(self, record):
+        try:
+            nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
+            self.misses = 0
+            return nodes
+        except ClusterUnreachable:
+            self.misses += 1
+        ours_here = record.backend in ("local", "sim")
+        head_gone = ours_here and not processes.session_processes(
+            record.session_id, record.created, record.marker)
+        if head_gone or (ours_here and self.misses >= UNREACHABLE_LIMIT):
+            if shutdown(record, "lost: the head stopped answering", from_watchdog=True):
+                return "lost"
+        elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
+            # a cloud head we cannot reach may still be running: keep billing its open nodes, and
+            # keep enforcing the budget on that (never stop it just for being unreachable)
+            ledger.event(self.cluster_id, "unmetered",
+                         f"cannot reach the head at {record.address}; metering on the last known nodes")
+            self.unmetered_said = True
+        return None
+
+    def _budget(self, record, now: float) -> str | None:
+        budget = record.budget_usd
+        spent = ledger.spend(self.cluster_id, now)
+        burn = ledger.burn_rate(self.cluster_id)
+        if not self.warned and spent >= BUDGET_WARN_AT * budget:
+            ledger.event(self.cluster_id, "budget-warning",
+                         f"{spent / budget:.0%} of the ${budget:,.2f} budget spent (${spent:,.2f}; "
+                         f"burning ${burn:,.2f}/h)")
+            self.warned = True
+        ahead = burn * (self.period + STOP_ALLOWANCE_S) / 3600.0
+        if spent + ahead >= budget:
+            ledger.event(self.cluster_id, "budget-stop",
+                         f"budget ${budget:,.2f} reached (${spent:,.2f} spent, ${burn:,.2f}/h) — stopping "
+                         f"jobs and shutting the cluster down")
+            if shutdown(record, "budget cap reached", from_watchdog=True, grace=BUDGET_STOP_GRACE_S):
+                return "budget"
+        return None
+
+    def _idle_since(self, record, nodes, now: float) -> float | None:
+        """Ray reports how long a node had been idle when its state last changed; a node whose
+        idle time went *down* since the last look did work in between, so the clock restarts."""
+        alive = {n.node_id: n.idle_s for n in nodes if n.alive}
+        worked = any(node_id not in self.idle_seen or idle is None or idle < self.idle_seen[node_id]
+                     for node_id, idle in alive.items())
+        self.idle_seen = {k: v for k, v in alive.items() if v is not None}
+        since = ledger.idle_since(self.cluster_id, nodes, None if worked else record.idle_since, now)
+        if since != record.idle_since:
+            registry.update(self.cluster_id, idle_since=since)
+        return since
 
 
 def run(cluster_id: int, interval: float | None = None) -> str:
-    """Watch until the cluster stops; returns why it stopped."""
+    """Watch until the cluster stops; returns why it stopped. An error in one look is logged and
+    the next look goes on: a watchdog that dies quietly would leave a budget unenforced."""
     interval = interval or settings().meter_interval_s
-    record = registry.get(cluster_id)
-    prices = ClusterSpec.from_json(record.spec).prices()
-    warned = bool(ledger.events(cluster_id, "budget-warning"))
-    misses = 0
+    watch = Watch(cluster_id, interval)
     while True:
-        record = registry.get(cluster_id)
-        if record.stopped or record.stopping:
-            return record.stop_reason or "stopping"
-        prices = ClusterSpec.from_json(record.spec).prices()  # scale/preempt may change node types
+        started = time.monotonic()
         try:
-            nodes = read_nodes(record.address, timeout=max(1.0, interval))
-            misses = 0
-        except ClusterUnreachable:
-            misses += 1
-            nodes = None
-            head_gone = record.session_id and not processes.session_processes(record.session_id, record.created)
-            if misses >= UNREACHABLE_LIMIT or head_gone:
-                shutdown(record, "lost: the head stopped answering", from_watchdog=True)
-                return "lost"
-        if nodes is not None:
-            ledger.sync_nodes(cluster_id, nodes, prices)
-        now = time.time()
-        if record.budget_usd:
-            spent = ledger.spend(cluster_id, now)
-            burn = ledger.burn_rate(cluster_id)
-            if not warned and spent >= BUDGET_WARN_AT * record.budget_usd:
-                ledger.event(cluster_id, "budget-warning",
-                             f"{spent / record.budget_usd:.0%} of the ${record.budget_usd:,.2f} budget spent "
-                             f"(${spent:,.2f}; burning ${burn:,.2f}/h)")
-                warned = True
-            if spent + burn * interval / 3600.0 >= record.budget_usd:
-                ledger.event(cluster_id, "budget-stop",
-                             f"budget ${record.budget_usd:,.2f} reached (${spent:,.2f} spent) — stopping jobs "
-                             f"and shutting the cluster down")
-                shutdown(record, "budget cap reached", from_watchdog=True)
-                return "budget"
-        if nodes is not None:
-            since = ledger.idle_since(cluster_id, nodes, record.idle_since, now)
-            if since != record.idle_since:
-                registry.update(cluster_id, idle_since=since)
-        if record.idle_minutes and nodes is not None:
-            if since is not None and now - since >= record.idle_minutes * 60:
-                ledger.event(cluster_id, "idle-stop",
-                             f"idle for {record.idle_minutes:g} min with no job — shutting the cluster down")
-                shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True)
-                return "idle"
+            reason = watch.look()
+        except Exception:  # noqa: BLE001 - keep watching; the log says what went wrong
+            traceback.print_exc()
+            reason = None
+        if reason:
+            return reason
         time.sleep(interval)
+        watch.period = max(interval, time.monotonic() - started)
 
 
 def main(argv: list[str]) -> int:

@@ -213,17 +213,25 @@ def cost_table(cluster_id: int, by: str = "node", now: float | None = None) -> p
 
 
 def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataFrame:
-    """A job is charged the whole cluster's burn while it ran: Σ $/h × overlap(node, job)."""
+    """Jobs share the cluster's burn while they run: at each instant the $/h of the nodes alive is
+    split evenly among the jobs running, so the jobs never add up to more than the cluster cost."""
     now = time.time() if now is None else now
     jobs = [dict(r) for r in store.query(
         "SELECT * FROM jobs WHERE cluster_id=? ORDER BY started", (cluster_id,))]
-    out = []
-    start = nodes["started"].astype(float).to_numpy()
-    end = nodes["ended"].fillna(now).astype(float).to_numpy()
+    spans = [(j["started"], j["ended"] or now) for j in jobs]
+    n_start = nodes["started"].astype(float).to_numpy()
+    n_end = nodes["ended"].fillna(now).astype(float).to_numpy()
     rate = nodes["usd_per_hour"].astype(float).to_numpy()
-    for job in jobs:
-        j0, j1 = job["started"], job["ended"] or now
-        overlap = (pd.Series(end).clip(upper=j1) - pd.Series(start).clip(lower=j0)).clip(lower=0)
-        out.append({"job_id": job["job_id"], "name": job["name"], "status": job["status"],
-                    "hours": (j1 - j0) / 3600.0, "usd": float((overlap.to_numpy() * rate).sum() / 3600.0)})
+    cuts = sorted({t for span in spans for t in span} | set(n_start) | set(n_end))
+    usd = [0.0] * len(jobs)
+    for a, b in zip(cuts, cuts[1:]):
+        mid = (a + b) / 2
+        running = [i for i, (j0, j1) in enumerate(spans) if j0 <= mid < j1]
+        if not running:
+            continue
+        burn = rate[(n_start <= mid) & (mid < n_end)].sum()
+        for i in running:
+            usd[i] += burn * (b - a) / 3600.0 / len(running)
+    out = [{"job_id": j["job_id"], "name": j["name"], "status": j["status"],
+            "hours": (j1 - j0) / 3600.0, "usd": u} for j, (j0, j1), u in zip(jobs, spans, usd)]
     return pd.DataFrame(out, columns=["job_id", "name", "status", "hours", "usd"])

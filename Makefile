@@ -38,6 +38,7 @@ test-fast: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py
+	$(PY) benchmarks/bench_cluster.py
 
 clean:
 	rm -rf $(VENV) build dist artifacts .pytest_cache

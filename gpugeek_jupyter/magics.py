@@ -207,7 +207,8 @@ def cost(self: GpugeekMagics, line: str):
     """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
     args = parse_argstring(cost, line)
     report = api.cost(args.name, by=args.by)
-    display(report)
+    print(report.summary())
+    display(report.figure)
     return report.table
 
 

@@ -89,18 +89,34 @@ def stop_session(session_id: int, since: float, marker: str | None, grace: float
     return stopped
 
 
-def kill_tree(proc: psutil.Process) -> int:
-    """SIGKILL a process and its descendants at once — how a machine vanishing looks to Ray."""
+def preempt_tree(proc: psutil.Process, grace: float = 2.0) -> int:
+    """Shut a process tree down the way a reclaimed VM goes: SIGTERM, then SIGKILL."""
     try:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return 0
     for member in family:
         try:
-            member.send_signal(signal.SIGKILL)
+            member.send_signal(signal.SIGTERM)
         except psutil.Error:
             pass
-    return len(family)  # SIGKILL cannot be refused; its parent (not us) reaps it
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_running(m) for m in family):
+        time.sleep(0.05)
+    for member in family:
+        if _running(member):
+            try:
+                member.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+    return len(family)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def alive(pid: int | None) -> bool:

@@ -94,7 +94,10 @@ def find_node(address: str, node: str) -> RayNode:
 
 def preempt(cluster_id: int, name: str, spec: ClusterSpec, address: str, session_id: int,
             since: float, marker: str, temp_dir: str, node: str) -> tuple[RayNode, ClusterSpec]:
-    """Take a node away as a spot preemption does: its machine vanishes (SIGKILL, no drain).
+    """Take a node away as a spot preemption does: the machine is shut down under the node.
+
+    The cloud's shutdown signals the node's processes (SIGTERM; SIGKILL for whatever is left
+    a moment later); the work on it is lost.
 
     The ledger closes the node at this instant. With spot fallback, the autoscaler is told to
     keep one fewer spot node and one more on-demand node, and brings the replacement up.
@@ -119,7 +122,7 @@ def preempt(cluster_id: int, name: str, spec: ClusterSpec, address: str, session
         ledger.event(cluster_id, "spot-fallback",
                      f"replacing it with an on-demand {fallback.name} node at ${fallback.usd_per_hour:.2f}/h")
     for raylet in raylets:
-        processes.kill_tree(raylet)
+        processes.preempt_tree(raylet)
     return target, spec
 
 

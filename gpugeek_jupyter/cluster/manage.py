@@ -94,6 +94,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     if address:
         registry.update(record.id, address=address)
         record.address = address
+    what = f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
+    print(f"starting {backend} cluster {name!r}{what}…", flush=True)
     try:
         started = impl.start(record, spec)
         registry.update(record.id, address=started.address, session_id=started.session_id,
@@ -199,7 +201,9 @@ def _check_listening(address: str | None) -> None:
 
 def _reattach(record: ClusterRecord) -> Cluster:
     global _active
-    if not _reachable(record):
+    if record.backend in ("local", "sim") and not _reachable(record):
+        # only a head of ours on this machine is known gone when it does not answer; a cloud head
+        # behind a dropped tunnel may still be running (and billing), so it is never closed here
         shutdown(record, "lost: its head no longer answers")
         raise GpugeekError(f"cluster {record.name!r} had stopped (its head no longer answers) — "
                            f"run `up` again to start a new one")

@@ -149,7 +149,10 @@ def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(budget)], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     try:
-        cluster_id = json.loads(kernel.stdout.readline())["id"]
+        line = kernel.stdout.readline()
+        while line and not line.startswith("{"):      # `up` says what it starts first
+            line = kernel.stdout.readline()
+        cluster_id = json.loads(line)["id"]
         assert not gg.clusters().set_index("name").loc["b1", "orphan"]
     finally:
         os.kill(kernel.pid, signal.SIGKILL)

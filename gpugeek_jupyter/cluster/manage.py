@@ -111,7 +111,11 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     record = registry.get(record.id)
     _sync(record)
     cluster = Cluster(name)
-    cluster.connect()
+    try:
+        cluster.connect()
+    except Exception as exc:  # the cluster is up, registered and watched; only this kernel failed
+        raise GpugeekError(f"cluster {name!r} is up but this kernel could not connect to it ({exc}) — "
+                           f"`%gpugeek up {name}` retries, `%gpugeek down {name}` stops it") from None
     _active = name
     return cluster
 
@@ -421,6 +425,9 @@ class Cluster:
             if _connected and _connected[0] == record.address:
                 registry.attach(record.id)
                 return
+            if _connected is None:
+                print("note: this kernel's own Ray connection is closed; it now drives "
+                      f"{record.name!r}")
             ray.shutdown()
             _connected = None
         # simulated nodes share one log folder, so every node's log monitor would repeat every

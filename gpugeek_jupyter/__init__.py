@@ -18,6 +18,8 @@ from .api import (
     plan,
     preempt,
     price_performance,
+    reset,
+    run,
     scale,
     status,
     up,
@@ -28,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster", "ClusterStatus", "CostReport", "GpugeekError", "LaunchConfig", "Plan", "clusters",
     "cost", "down", "load_ipython_extension", "offers", "plan", "preempt", "price_performance",
-    "scale", "status", "up",
+    "reset", "run", "scale", "status", "up",
 ]
 
 

@@ -13,14 +13,55 @@ from .cluster.backends import LaunchConfig
 from .cluster.manage import Cluster, ClusterStatus, clusters, down, preempt, scale, status, up
 from .cluster.manage import _live, _sync
 from .meter import ledger
-from .plan.planner import Plan, plan
+from .plan.planner import Plan
+from .plan.planner import plan as _plan
+from .run import jobs  # loaded before `run` below is bound: the function, not the subpackage, is gg.run
 from .views.cost import cost_figure
 from .views.pricing import price_performance
 
 __all__ = [
     "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
-    "offers", "plan", "preempt", "price_performance", "scale", "status", "up",
+    "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
 ]
+
+_last_plan: Plan | None = None
+
+
+def plan(*args, **kwargs) -> Plan:
+    """Size a training run and pick the cheapest offer that fits (see ``plan.planner.plan``)."""
+    global _last_plan
+    _last_plan = _plan(*args, **kwargs)
+    return _last_plan
+
+
+plan.__doc__ = _plan.__doc__
+
+
+def last_plan() -> Plan | None:
+    """The plan made last in this kernel (an out-of-memory diagnosis compares against it)."""
+    return _last_plan
+
+
+def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
+        grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
+        strategy: str = "ddp", checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
+        max_failures: int = 0, push: dict | None = None, pull: list[str] | None = None,
+        all_ranks: bool = False, name: str | None = None):
+    """Run ``source`` on every worker of the warm group of the active cluster.
+
+    Returns a ``Result``: ``.value`` (rank 0's last expression), ``.pulled`` (``pull`` names
+    from rank 0), ``.seconds``. The group persists between calls with the same options.
+    """
+    return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
+                    grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
+                    checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
+                    max_failures=max_failures, push=push, pull=pull, all_ranks=all_ranks, name=name,
+                    plan=_last_plan)
+
+
+def reset() -> bool:
+    """Stop the worker group; the next ``run`` builds a fresh one."""
+    return jobs.reset()
 
 
 @dataclass

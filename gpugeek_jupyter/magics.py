@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
@@ -222,6 +222,53 @@ def preempt(self: GpugeekMagics, line: str):
     print(api.preempt(args.node, args.name))
 
 
+CELL_SUBCOMMANDS = {"run"}
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+@subcommand
+@magic_arguments()
+@argument("--workers", type=_number("--workers", int), default=2, help="workers (one rank each)")
+@argument("--gpus-per-worker", type=_number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)")
+@argument("--amp", default="off", choices=["bf16", "fp16", "off"], help="mixed precision for gg.autocast()")
+@argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",
+          help="activation checkpointing of repeated blocks (or of CLASS)")
+@argument("--accumulate", type=_number("--accumulate", int), default=1, help="micro-batches per step")
+@argument("--clip", type=_number("--clip"), help="clip gradients to this norm")
+@argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+@argument("--checkpoint-every", type=_number("--checkpoint-every", int), help="save every N steps")
+@argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)")
+@argument("--max-failures", type=_number("--max-failures", int), default=0,
+          help="rebuild and re-run (resuming) after up to K dead workers")
+@argument("--push", help="notebook variables to send, comma-separated")
+@argument("--pull", help="variables to bring back from rank 0, comma-separated")
+@argument("--all-ranks", action="store_true", help="show every rank's output, prefixed")
+@argument("--name", help="job name (ledger, checkpoints)")
+def run(self: GpugeekMagics, line: str, cell: str = ""):
+    """Run the cell on every worker of a warm DDP group (`%%gpugeek run`)."""
+    args = parse_argstring(run, line)
+    push = {n: self._variable(n, "--push") for n in _names(args.push)}
+    result = api.run(
+        cell, workers=args.workers, gpus_per_worker=args.gpus_per_worker, amp=args.amp,
+        grad_ckpt=args.grad_ckpt, accumulate=args.accumulate, clip=args.clip,
+        strategy=args.strategy, checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir, max_failures=args.max_failures, push=push or None,
+        pull=_names(args.pull) or None, all_ranks=args.all_ranks, name=args.name)
+    self.shell.user_ns.update(result.pulled)
+    return result.shown()
+
+
+@subcommand
+@magic_arguments()
+def reset(self: GpugeekMagics, line: str):
+    """Stop the worker group (and its namespace); the next run builds a new one."""
+    parse_argstring(reset, line)
+    print("worker group stopped" if api.reset() else "no worker group to stop")
+
+
 def _show_news() -> None:
     """Budget warnings and autostops the watchdog recorded since the last ``%gpugeek`` call."""
     for line in api.news():
@@ -230,9 +277,10 @@ def _show_news() -> None:
 
 @magics_class
 class GpugeekMagics(Magics):
-    @line_magic
-    def gpugeek(self, line: str):
-        """%gpugeek SUBCOMMAND [options] — `%gpugeek help` lists the subcommands."""
+    @line_cell_magic
+    def gpugeek(self, line: str, cell: str | None = None):
+        """%gpugeek SUBCOMMAND [options] — `%gpugeek help` lists the subcommands;
+        `%%gpugeek run [options]` runs the cell on the worker group."""
         name, _, rest = line.strip().partition(" ")
         if name in ("", "help", "-h", "--help"):
             print(self._help())
@@ -240,8 +288,11 @@ class GpugeekMagics(Magics):
         handler = SUBCOMMANDS.get(name)
         if handler is None:
             raise UsageError(f"unknown subcommand {name!r} — try: {', '.join(SUBCOMMANDS)}")
+        if (cell is not None) != (name in CELL_SUBCOMMANDS):
+            how = f"%%gpugeek {name} at the top of a cell" if name in CELL_SUBCOMMANDS else f"%gpugeek {name}"
+            raise UsageError(f"{name} is used as {how}")
         _show_news()
-        return handler(self, rest)
+        return handler(self, rest, cell) if cell is not None else handler(self, rest)
 
     def _variable(self, name: str, flag: str) -> object:
         namespace = self.shell.user_ns

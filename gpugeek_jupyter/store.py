@@ -1,4 +1,4 @@
-"""The one SQLite database in ``$GPUGEEK_HOME``: clusters, nodes, jobs, events, attachments.
+"""The one SQLite database in ``$GPUGEEK_HOME``: clusters, nodes, jobs, events, samples, attachments.
 
 It is the only place state lives, so a restarted kernel, the watchdog process and the server
 extension all read the same truth. Every write is one transaction (``with transaction():``):
@@ -75,6 +75,16 @@ CREATE TABLE IF NOT EXISTS events (
     message       TEXT NOT NULL,
     shown         INTEGER NOT NULL DEFAULT 0
 );
+
+CREATE TABLE IF NOT EXISTS samples (
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    job_id        TEXT NOT NULL,
+    rank          INTEGER NOT NULL,
+    at            REAL NOT NULL,
+    step          INTEGER,
+    metrics       TEXT NOT NULL           -- JSON: loss, samples_per_s, tokens_per_s, memory, GPU %
+);
+CREATE INDEX IF NOT EXISTS samples_by_job ON samples(cluster_id, job_id, at);
 
 CREATE TABLE IF NOT EXISTS attachments (
     cluster_id    INTEGER NOT NULL REFERENCES clusters(id),

@@ -137,6 +137,28 @@ def idle_since(cluster_id: int, nodes: Iterable[RayNode], since: float | None, n
     return max(since, last_job) if last_job else since
 
 
+def record_samples(cluster_id: int, job_id: str, samples: Iterable[dict]) -> int:
+    """Workers' reports (≤ 1 Hz each): step, loss, samples/s, tokens/s, memory, GPU %."""
+    import json
+
+    rows = [(cluster_id, job_id, int(s.get("rank", 0)), float(s.get("t", time.time())), s.get("step"),
+             json.dumps({k: v for k, v in s.items() if k not in ("rank", "t", "step")})) for s in samples]
+    if rows:
+        with store.transaction() as db:
+            db.executemany("INSERT INTO samples (cluster_id, job_id, rank, at, step, metrics)"
+                           " VALUES (?,?,?,?,?,?)", rows)
+    return len(rows)
+
+
+def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
+    import json
+
+    sql = "SELECT * FROM samples WHERE cluster_id=?" + (" AND job_id=?" if job_id else "") + " ORDER BY at"
+    rows = store.query(sql, (cluster_id, job_id) if job_id else (cluster_id,))
+    return pd.DataFrame([{"job_id": r["job_id"], "rank": r["rank"], "at": r["at"], "step": r["step"],
+                          **json.loads(r["metrics"])} for r in rows])
+
+
 # -- events -------------------------------------------------------------------------------------
 
 def event(cluster_id: int, kind: str, message: str, at: float | None = None) -> None:

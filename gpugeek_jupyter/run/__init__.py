@@ -1,0 +1,1 @@
+"""run: notebook cells as distributed PyTorch jobs on a warm Ray worker group."""

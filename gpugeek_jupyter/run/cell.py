@@ -1,0 +1,42 @@
+"""A notebook cell as code a worker can run: compiled under a name tracebacks can point into.
+
+The cell is registered in ``linecache`` under ``<cell N>`` on the worker, so a remote traceback
+shows the user's own lines; frames of this package are dropped from what the user sees. If the
+cell ends in an expression its value is returned, as a notebook would display it.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import traceback
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cell:
+    source: str
+    filename: str
+
+    def compile(self):
+        """(body, last expression or None), both code objects."""
+        tree = ast.parse(self.source, self.filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, self.filename, "exec")
+        return body, (compile(last, self.filename, "eval") if last is not None else None)
+
+    def register(self) -> None:
+        lines = self.source.splitlines(keepends=True)
+        linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
+
+
+def user_traceback(exc: BaseException, filename_prefix: str = "<cell") -> str:
+    """The traceback from the first frame of the user's cell on, ending in the exception line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if f.filename.startswith(filename_prefix)), None)
+    kept = frames[first:] if first is not None else frames[-1:]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(kept),
+             *traceback.format_exception_only(type(exc), exc)]
+    return "".join(lines)

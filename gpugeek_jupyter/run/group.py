@@ -1,0 +1,239 @@
+"""The warm worker group, seen from the notebook: build it once, send it cells, stream back.
+
+N ``Worker`` actors are placed with a Ray placement group (one bundle per worker: its GPUs, or a
+CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up between cells
+until its size or options change, a rank fails in a way that leaves it unusable, or
+``reset()``. Running a cell is one actor call per worker plus a drain of rank 0's output every
+so often while it runs; errors, interrupts and dead workers are handled here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+from ..errors import GpugeekError
+from .helper import RunOptions
+from .worker import Worker
+
+READY_TIMEOUT_S = 120
+CANCEL_WAIT_S = 2.0
+DRAIN_EVERY_S = (0.05, 0.5)      # first drain soon, then back off
+
+
+class RemoteError(GpugeekError):
+    """An exception in the user's cell on a worker: its traceback, labelled with the rank."""
+
+    def __init__(self, rank: int, traceback_text: str, extra: str = ""):
+        super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
+        self.rank, self.traceback_text, self.extra = rank, traceback_text, extra
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"\x1b[0;31mgpugeek: the cell failed on rank {self.rank}\x1b[0m",
+                 *self.traceback_text.rstrip().splitlines()]
+        return lines + (self.extra.splitlines() if self.extra else [])
+
+
+class Interrupted(GpugeekError):
+    """The stop button: every worker was interrupted."""
+
+
+class WorkerDied(Exception):
+    def __init__(self, rank: int, why: str):
+        super().__init__(f"worker {rank} died ({why})")
+        self.rank = rank
+
+
+@dataclass
+class Result:
+    """What a cell gave back: rank 0's last value, the pulled variables, the wall time."""
+
+    value: dict | None = None
+    pulled: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def shown(self):
+        """The value as the notebook should display it (None: nothing to display)."""
+        if not self.value:
+            return None
+        if "pickle" in self.value:
+            from ray import cloudpickle
+
+            try:
+                return cloudpickle.loads(self.value["pickle"])
+            except Exception:  # noqa: BLE001 - a class the notebook does not have
+                return _Text("<a value of a type this notebook cannot load>")
+        return _Text(self.value["repr"])
+
+
+class _Text:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class WorkerGroup:
+    def __init__(self, options: RunOptions, address: str):
+        self.options, self.address = options, address
+        self.workers: list = []
+        self.pg = None
+        self.info: list[dict] = []
+        self.cells = 0
+        self.broken = False
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n, gpus = self.options.workers, self.options.gpus_per_worker
+        bundle = {"GPU": gpus} if gpus else {"CPU": 1}
+        self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
+        ready = self.pg.ready()
+        done, _ = ray.wait([ready], timeout=READY_TIMEOUT_S)
+        if not done:
+            have = ray.cluster_resources()
+            self.stop()
+            what = f"{gpus:g} GPU" if gpus else "1 CPU"
+            raise GpugeekError(
+                f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
+                f"{have.get('CPU', 0):g} CPUs) — use fewer --workers, or `%gpugeek scale` the cluster")
+        actor = ray.remote(Worker)
+        self.workers = [
+            actor.options(max_concurrency=2, num_cpus=0 if gpus else 1, num_gpus=gpus or 0,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              self.pg, placement_group_bundle_index=i)).remote()
+            for i in range(n)]
+        master, port = ray.get(self.workers[0].node_address.remote())
+        self.info = ray.get([w.setup.remote(i, n, master, port, self.options)
+                             for i, w in enumerate(self.workers)], timeout=READY_TIMEOUT_S)
+
+    def stop(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for worker in self.workers:
+            try:
+                ray.kill(worker)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.workers = []
+        if self.pg is not None:
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001
+                pass
+            self.pg = None
+
+    @property
+    def notes(self) -> list[str]:
+        return sorted({i["note"] for i in self.info if i.get("note")})
+
+    # -- a cell ---------------------------------------------------------------------------------
+
+    def run(self, source: str, *, push: dict | None = None, pull: list[str] | None = None,
+            all_ranks: bool = False, on_samples=None) -> Result:
+        import ray
+        from ray import cloudpickle
+
+        self.cells += 1
+        filename = f"<cell {self.cells}>"
+        pushed = ray.put(cloudpickle.dumps(push)) if push else None
+        start = time.perf_counter()
+        refs = {w.execute.remote(source, filename, pushed, pull or [], rank == 0): rank
+                for rank, w in enumerate(self.workers)}
+        printer = _Printer(all_ranks)
+        results: dict[int, dict] = {}
+        pending = dict(refs)
+        drain_at, drain_gap = start + DRAIN_EVERY_S[0], DRAIN_EVERY_S[0]
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=len(pending),
+                                   timeout=max(0.0, drain_at - time.perf_counter()))
+                for ref in done:
+                    rank = pending.pop(ref)
+                    try:
+                        results[rank] = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        self.broken = True
+                        raise WorkerDied(rank, type(exc).__name__) from None
+                    printer.show(rank, results[rank]["output"])
+                    if on_samples and results[rank]["samples"]:
+                        on_samples(results[rank]["samples"])
+                    if not results[rank]["ok"] and not results[rank].get("interrupted"):
+                        self._cancel(pending)
+                        raise RemoteError(rank, results[rank]["error"])
+                if pending and time.perf_counter() >= drain_at:
+                    self._drain(printer, all_ranks, pending.values(), on_samples)
+                    drain_gap = min(drain_gap * 2, DRAIN_EVERY_S[1])
+                    drain_at = time.perf_counter() + drain_gap
+        except KeyboardInterrupt:
+            self._cancel(pending, everyone=True)
+            raise Interrupted(f"interrupted on all {len(self.workers)} workers"
+                              + ("; the group is ready for the next cell" if not self.broken
+                                 else "; the group will be rebuilt for the next cell")) from None
+        if any(r.get("interrupted") for r in results.values()):
+            raise Interrupted("interrupted")
+        first = results[0]
+        return Result(value=first.get("value"),
+                      pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
+                      seconds=time.perf_counter() - start)
+
+    def _drain(self, printer, all_ranks: bool, running, on_samples) -> None:
+        import ray
+
+        ranks = sorted(running) if all_ranks else [r for r in running if r == 0]
+        if not ranks:
+            return
+        try:
+            drained = ray.get([self.workers[r].drain.remote() for r in ranks], timeout=5)
+        except Exception:  # noqa: BLE001 - a dying worker shows up through its execute ref
+            return
+        for rank, part in zip(ranks, drained):
+            printer.show(rank, part["output"])
+            if on_samples and part["samples"]:
+                on_samples(part["samples"])
+
+    def _cancel(self, pending: dict, everyone: bool = False) -> None:
+        """Interrupt the ranks still running; a rank stuck in a collective breaks the group."""
+        import ray
+
+        ranks = list(pending.values())
+        for rank in ranks:
+            self.workers[rank].interrupt.remote()
+        done, stuck = ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
+        if stuck:
+            self.broken = True
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001
+                self.broken = True
+
+
+class _Printer:
+    """Worker output into the cell: rank 0 as is, or every rank with a ``[rank N]`` prefix."""
+
+    def __init__(self, all_ranks: bool):
+        self.all_ranks = all_ranks
+        self.at_line_start: dict[int, bool] = {}
+
+    def show(self, rank: int, text: str) -> None:
+        if not text or (rank != 0 and not self.all_ranks):
+            return
+        if self.all_ranks:
+            out = []
+            for piece in text.splitlines(keepends=True):
+                if self.at_line_start.get(rank, True):
+                    out.append(f"[rank {rank}] ")
+                out.append(piece)
+                self.at_line_start[rank] = piece.endswith("\n")
+            text = "".join(out)
+        sys.stdout.write(text)
+        sys.stdout.flush()

@@ -1,0 +1,351 @@
+"""``gg`` on the workers: the few calls that turn a single-process training loop into DDP/FSDP
+with mixed precision, gradient checkpointing, accumulation, clipping and checkpoint/resume::
+
+    model, optimizer, loader = gg.prepare(model, optimizer, loader)
+    for batch in gg.steps(loader, epochs=2):
+        with gg.autocast():
+            loss = model(batch).loss
+        gg.backward(loss)                 # scale, accumulate, no_sync, clip, step, zero_grad
+        gg.log(loss=loss.item())
+
+Every switch comes from ``%%gpugeek run`` flags, so the cell's code stays the same whether it runs
+in bf16 or fp32, on one worker or eight. The library does the work: DDP / FSDP2
+(``fully_shard``), ``torch.amp``, torch's activation-checkpoint wrapper, ``DistributedSampler``
+and ``torch.distributed.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+REPORT_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``%%gpugeek run`` asks of the workers; a change of any of these builds a new group."""
+
+    workers: int = 2
+    gpus_per_worker: float = 0.0
+    amp: str = "off"                  # bf16 | fp16 | off
+    grad_ckpt: str | bool = False     # True: nn.ModuleList children; a string: that block class
+    accumulate: int = 1
+    clip: float | None = None
+    strategy: str = "ddp"             # ddp | fsdp
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+
+
+class Helper:
+    """One per worker; lives in the worker's namespace as ``gg`` for the life of the group."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, options: RunOptions,
+                 report: Callable[[dict], None]):
+        self.rank, self.world_size, self.device, self.options = rank, world_size, device, options
+        self._report = report
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler = torch.amp.GradScaler(device.type) if options.amp == "fp16" else None
+        self.step = 0                  # optimizer steps taken (what checkpoints count)
+        self.micro = 0                 # micro-batches seen since the last optimizer step
+        self._resumed_from: int | None = None
+        self._last_report = 0.0
+        self._metrics: dict = {}
+        self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
+
+    # -- prepare --------------------------------------------------------------------------------
+
+    def prepare(self, *objects):
+        """Return ``objects`` in order, each made ready for this worker and the group."""
+        out = []
+        for obj in objects:
+            if isinstance(obj, nn.Module):
+                obj = self._prepare_model(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                obj = self._prepare_optimizer(obj)
+            elif isinstance(obj, torch.utils.data.DataLoader):
+                obj = self._prepare_loader(obj)
+            out.append(obj)
+        if self.model is not None and self.optimizer is not None and self.options.strategy == "fsdp":
+            self.optimizer = self._rebuild_optimizer(self.optimizer)
+            out = [self.optimizer if isinstance(o, torch.optim.Optimizer) else o for o in out]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if self.options.grad_ckpt:
+            self._checkpoint_blocks(model)
+        if self.options.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            from ..plan.activations import repeated_blocks
+
+            for block in repeated_blocks(model):
+                fully_shard(block)
+            fully_shard(model)
+        elif self.world_size > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        self.model = model
+        return model
+
+    def _checkpoint_blocks(self, model: nn.Module) -> None:
+        """Recompute the repeated blocks' activations in backward instead of keeping them."""
+        if hasattr(model, "gradient_checkpointing_enable") and self.options.grad_ckpt is True:
+            model.gradient_checkpointing_enable()      # a Hugging Face model's own switch
+            return
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
+
+        from ..plan.activations import repeated_blocks
+
+        name = self.options.grad_ckpt if isinstance(self.options.grad_ckpt, str) else None
+        blocks = set(map(id, repeated_blocks(model, name)))
+        if not blocks:
+            what = f"no module of class {name}" if name else "no nn.ModuleList of blocks"
+            raise ValueError(f"--grad-ckpt: {what} in {type(model).__name__} — name the block class: "
+                             f"--grad-ckpt BlockClass")
+        apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=functools.partial(
+                checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda module: id(module) in blocks)
+
+    def _prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        self.optimizer = optimizer
+        return optimizer
+
+    def _rebuild_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """FSDP2 replaces parameters with sharded ones: the optimizer must hold the new ones
+        (same class and settings; per-group settings are not carried over)."""
+        return type(optimizer)(self.model.parameters(), **optimizer.defaults)
+
+    def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
+        from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+        if isinstance(loader.sampler, DistributedSampler) or self.world_size == 1:
+            return loader
+        sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size, rank=self.rank,
+                                     shuffle=isinstance(loader.sampler, RandomSampler), seed=0)
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+                          collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                          drop_last=loader.drop_last, pin_memory=loader.pin_memory)
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.options.amp == "off":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.options.amp == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> bool:
+        """Backward for one micro-batch; on the K-th, clip and step. True when a step was taken."""
+        k = self.options.accumulate
+        self.micro += 1
+        last = self.micro >= k
+        scaled = loss / k
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        with self._sync(last):
+            scaled.backward()
+        if not last:
+            return False
+        self.micro = 0
+        optimizer = self._optimizer()
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if self.options.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.options.clip)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.options.checkpoint_every and self.step % self.options.checkpoint_every == 0:
+            self.save_checkpoint()
+        return True
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients are all-reduced on the last micro-batch only (DDP ``no_sync``; FSDP2 flag)."""
+        model = self.model
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
+        if not last and isinstance(model, nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("gg.backward needs the optimizer: pass it to gg.prepare(model, optimizer, …)")
+        return self.optimizer
+
+    def steps(self, loader, epochs: int = 1, max_steps: int | None = None) -> Iterator:
+        """Batches for ``epochs`` (or up to ``max_steps`` optimizer steps), resuming after the
+        last checkpoint: batches of steps already taken are skipped, not trained twice."""
+        self.load_checkpoint()
+        skip = self.step * self.options.accumulate
+        seen = 0
+        for epoch in range(epochs):
+            sampler = getattr(loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            for batch in loader:
+                seen += 1
+                if seen <= skip:
+                    continue
+                if max_steps is not None and self.step >= max_steps:
+                    return
+                yield batch
+                self._count(batch)
+        self.flush()
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def _count(self, batch) -> None:
+        t0, samples, tokens = self._window
+        first = batch[0] if isinstance(batch, (tuple, list)) else batch
+        n = len(first) if hasattr(first, "__len__") else 1
+        tok = first.numel() if isinstance(first, torch.Tensor) and first.dtype in (torch.int64, torch.int32) else 0
+        self._window = (t0, samples + n, tokens + tok)
+        self._maybe_report()
+
+    def log(self, **metrics) -> None:
+        """Record metrics (loss=…, lr=…); sent to the notebook at most once a second."""
+        self._metrics.update({k: float(v) for k, v in metrics.items()})
+        self._maybe_report()
+
+    def _maybe_report(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last_report < REPORT_EVERY_S:
+            return
+        t0, samples, tokens = self._window
+        elapsed = max(now - t0, 1e-9)
+        sample = {"t": time.time(), "rank": self.rank, "step": self.step, **self._metrics,
+                  "samples_per_s": samples / elapsed, "memory_bytes": _memory_bytes(self.device)}
+        if tokens:
+            sample["tokens_per_s"] = tokens / elapsed
+        util = _gpu_utilisation(self.device)
+        if util is not None:
+            sample["gpu_util"] = util
+        self._report(sample)
+        self._last_report = now
+        self._window = (now, 0, 0)
+
+    def flush(self) -> None:
+        """Send what was logged since the last report (the end of a loop)."""
+        if self._metrics or self._window[1]:
+            self._maybe_report(force=True)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _checkpoint_root(self) -> Path | None:
+        return Path(self.options.checkpoint_dir) if self.options.checkpoint_dir else None
+
+    def save_checkpoint(self) -> Path | None:
+        """Model, optimizer (sharded with FSDP), scaler, step and RNG, with ``torch.distributed.checkpoint``."""
+        root = self._checkpoint_root()
+        if root is None or self.model is None:
+            return None
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = root / f"step-{self.step:08d}"
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
+            get_state_dict(self.model, [])[0], {})
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        extra = {"step": self.step, "rng": torch.get_rng_state(),
+                 "scaler": self.scaler.state_dict() if self.scaler else None}
+        if self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        torch.save(extra, path / f"extra-rank{self.rank}.pt")
+        _barrier()
+        if self.rank == 0:
+            (path / "COMPLETE").write_text(str(self.step))
+        _barrier()
+        return path
+
+    def latest_checkpoint(self) -> Path | None:
+        root = self._checkpoint_root()
+        if root is None or not root.exists():
+            return None
+        done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").exists())
+        return done[-1] if done else None
+
+    def load_checkpoint(self) -> int | None:
+        """Resume from the newest complete checkpoint, once per group; returns its step."""
+        if self._resumed_from is not None or self.model is None:
+            return self._resumed_from or None
+        path = self.latest_checkpoint()
+        self._resumed_from = 0
+        if path is None:
+            return None
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
+            get_state_dict(self.model, [])[0], {})
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer or [], model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        extra = torch.load(path / f"extra-rank{self.rank}.pt", weights_only=False)
+        self.step = int(extra["step"])
+        torch.set_rng_state(extra["rng"])
+        if self.scaler is not None and extra.get("scaler"):
+            self.scaler.load_state_dict(extra["scaler"])
+        if "cuda_rng" in extra and self.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
+        self._resumed_from = self.step
+        if self.rank == 0:
+            print(f"resumed from {path.name} (step {self.step})", flush=True)
+        return self.step
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import psutil
+
+    return int(psutil.Process(os.getpid()).memory_info().rss)
+
+
+_nvml = None
+
+
+def _gpu_utilisation(device: torch.device) -> float | None:
+    """NVML's utilisation of this worker's GPU, in %; None without one."""
+    global _nvml
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        if _nvml is None:
+            pynvml.nvmlInit()
+            _nvml = pynvml
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:
+        return None

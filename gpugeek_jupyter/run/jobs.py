@@ -1,0 +1,155 @@
+"""``run``: a cell as a job on the active cluster's warm worker group.
+
+Each run is a ledger job (so ``cost --by job`` and idle autostop see it), its workers' reports
+are stored as samples, and a worker that dies is survived up to ``max_failures`` times: the group
+is rebuilt and the cell runs again, resuming from its last checkpoint (``gg.steps`` skips the
+steps already taken). The rebuilt workers start with an empty namespace — only ``push``ed
+variables come back — so a cell meant to survive failures defines what it trains.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+from ..cluster import manage, registry
+from ..config import home
+from ..errors import GpugeekError
+from ..meter import ledger
+from .group import RemoteError, WorkerDied, WorkerGroup
+from .helper import RunOptions
+
+_group: WorkerGroup | None = None
+AMP = ("bf16", "fp16", "off")
+STRATEGIES = ("ddp", "fsdp")
+
+
+def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
+            grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
+            strategy: str = "ddp", checkpoint_every: int | None = None,
+            checkpoint_dir: str | None = None, name: str | None = None) -> RunOptions:
+    """Check the flags in one place, one line per mistake."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise GpugeekError(f"--workers {workers!r}: must be at least 1")
+    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 8):
+        raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: must be more than 0 and at most 8 "
+                           f"(a fraction shares a GPU)")
+    if amp not in AMP:
+        raise GpugeekError(f"--amp {amp!r}: use one of {', '.join(AMP)}")
+    if strategy not in STRATEGIES:
+        raise GpugeekError(f"--strategy {strategy!r}: use ddp or fsdp")
+    if not isinstance(accumulate, int) or accumulate < 1:
+        raise GpugeekError(f"--accumulate {accumulate!r}: must be a whole number ≥ 1")
+    if clip is not None and not clip > 0:
+        raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
+    if checkpoint_every and not checkpoint_dir:
+        checkpoint_dir = str(home() / "checkpoints" / (name or "job"))
+    return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
+                      grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
+                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+
+
+def _cluster():
+    """The active cluster, or the local default started now (and said so)."""
+    name = manage.active()
+    record = registry.live(name) if name else None
+    if record is None:
+        live = registry.all_records(include_stopped=False)
+        record = next((r for r in live if r.backend in ("local", "sim", "attach")), None)
+        if record is None:
+            print("no cluster yet: starting the local one (`%gpugeek up` chooses another)", flush=True)
+            manage.up()
+            record = registry.live("local")
+        else:
+            manage.Cluster(record.name).connect()
+    return record
+
+
+def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
+    """The warm group for these options on the active cluster, built if needed."""
+    global _group
+    record = _cluster()
+    if _group is not None and (_group.broken or _group.options != opts or _group.address != record.address):
+        _group.stop()
+        _group = None
+    if _group is None:
+        group = WorkerGroup(opts, record.address)
+        group.start()
+        _group = group
+        for note in group.notes:
+            print(f"note: {note}", flush=True)
+    return _group, record
+
+
+def reset() -> bool:
+    """Stop the worker group (its namespace goes with it); the next run builds a new one."""
+    global _group
+    if _group is None:
+        return False
+    _group.stop()
+    _group = None
+    return True
+
+
+def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
+        all_ranks: bool = False, name: str | None = None, max_failures: int = 0, plan=None, **flags):
+    """Run ``source`` on every worker; returns (rank 0's last value, pulled variables)."""
+    opts = options(name=name, **flags)
+    if not isinstance(max_failures, int) or max_failures < 0:
+        raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
+    group, record = group_for(opts)
+    job_id = uuid.uuid4().hex[:12]
+    ledger.job_started(record.id, job_id, name or f"cell {group.cells + 1}")
+    status = "failed"
+    failures = 0
+    try:
+        while True:
+            try:
+                result = group.run(source, push=push, pull=pull, all_ranks=all_ranks,
+                                   on_samples=lambda s: ledger.record_samples(record.id, job_id, s))
+                status = "finished"
+                return result
+            except WorkerDied as died:
+                failures += 1
+                if failures > max_failures:
+                    raise GpugeekError(f"{died} — the group will be rebuilt for the next cell; "
+                                       f"--max-failures K re-runs the cell (resuming from checkpoints)") from None
+                print(f"{died}; rebuilding the group and running the cell again "
+                      f"(failure {failures} of {max_failures} allowed)", flush=True)
+                group, record = group_for(replace(opts))
+            except RemoteError as error:
+                if _is_oom(error):
+                    error.extra = oom_diagnosis(error, opts, plan)
+                raise
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except GpugeekError as error:
+        status = "interrupted" if type(error).__name__ == "Interrupted" else "failed"
+        raise
+    finally:
+        ledger.job_ended(record.id, job_id, status)
+
+
+def _is_oom(error: RemoteError) -> bool:
+    return "OutOfMemoryError" in error.traceback_text or "out of memory" in error.traceback_text
+
+
+def oom_diagnosis(error: RemoteError, opts: RunOptions, plan=None) -> str:
+    """A CUDA out-of-memory error, explained: what was asked, what the plan said, what to change."""
+    lines = ["", "gpugeek: out of GPU memory. " + error.traceback_text.strip().splitlines()[-1][:300]]
+    if plan is not None:
+        lines.append(f"the last plan estimated {plan.memory.per_gpu(opts.workers)['total']:.1f} GiB per GPU "
+                     f"for {opts.workers} worker(s)")
+    fixes = []
+    if not opts.grad_ckpt:
+        fixes.append("--grad-ckpt (recompute activations in backward)")
+    fixes.append("a smaller batch with --accumulate K (same effective batch)")
+    if opts.amp != "bf16":
+        fixes.append("--amp bf16 (half-size activations)")
+    if opts.strategy != "fsdp":
+        fixes.append("--strategy fsdp (shard weights, gradients and optimizer state)")
+    lines.append("try: " + "; ".join(fixes))
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""One worker of the group: a Ray actor holding a ``torch.distributed`` rank and a namespace.
+
+The process group is initialised once, when the group is built; every cell after that is just
+source sent to the actor and run with ``exec`` in the namespace, which persists between cells.
+The actor has two threads (``max_concurrency=2``): one runs the cell, the other answers
+``drain`` (output and metrics so far) and ``interrupt``, which raises ``KeyboardInterrupt`` in
+the running cell between two bytecodes — the only way found to stop a cell and keep the actor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from datetime import timedelta
+
+
+from .cell import Cell, user_traceback
+from .helper import Helper, RunOptions
+
+MAX_VALUE_BYTES = 20 * 2**20
+
+
+class _Stream:
+    """Stands in for sys.stdout/stderr while a cell runs; the notebook drains it."""
+
+    def __init__(self, sink: list[str], lock: threading.Lock):
+        self._sink, self._lock = sink, lock
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._sink.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class Worker:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._output: list[str] = []
+        self._samples: list[dict] = []
+        self._thread: int | None = None
+        self.ns: dict = {}
+        self.rank = -1
+
+    def node_address(self) -> tuple[str, int]:
+        """This node's address and a free port on it: rank 0 hosts the rendezvous."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, rank: int, world_size: int, master: str, port: int, options: RunOptions,
+              timeout_s: float = 300.0) -> dict:
+        import ray
+        import torch
+        import torch.distributed as dist
+
+        gpu_ids = ray.get_gpu_ids()
+        note = None
+        if gpu_ids and torch.cuda.is_available():
+            device = torch.device("cuda", 0)          # Ray sets CUDA_VISIBLE_DEVICES per worker
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            device, backend = torch.device("cpu"), "gloo"
+            if gpu_ids:
+                note = "the cluster's GPUs are declared, not real (simulated nodes): running on CPU with gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        self.rank = rank
+        helper = Helper(rank, world_size, device, options, self._samples.append)
+        self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
+                   "device": device, "torch": torch}
+        return {"rank": rank, "device": str(device), "backend": backend, "note": note,
+                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def execute(self, source: str, filename: str, pushed: bytes | None, pull: list[str],
+                want_value: bool) -> dict:
+        """Run one cell; never raises — the result says what happened."""
+        from ray import cloudpickle
+
+        cell = Cell(source, filename)
+        cell.register()
+        result: dict = {"ok": True}
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = _Stream(self._output, self._lock)
+        self._thread = threading.get_ident()
+        try:
+            if pushed:
+                self.ns.update(cloudpickle.loads(pushed))
+            body, last = cell.compile()
+            exec(body, self.ns)
+            value = eval(last, self.ns) if last is not None else None
+            self.ns["gg"].flush()
+            if want_value and value is not None:
+                result["value"] = _portable(value)
+            if pull:
+                missing = [name for name in pull if name not in self.ns]
+                if missing:
+                    raise NameError(f"--pull: no variable {', '.join(missing)} on rank {self.rank}")
+                result["pulled"] = cloudpickle.dumps({name: _cpu(self.ns[name]) for name in pull})
+        except KeyboardInterrupt:
+            result = {"ok": False, "interrupted": True}
+        except BaseException as exc:  # noqa: BLE001 - the user's error, sent back as text
+            result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
+                      "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}
+        finally:
+            self._thread = None
+            sys.stdout, sys.stderr = stdout, stderr
+        result.update(self.drain())
+        return result
+
+    def drain(self) -> dict:
+        with self._lock:
+            output = "".join(self._output)
+            self._output.clear()
+            samples = list(self._samples)
+            self._samples.clear()
+        return {"output": output, "samples": samples}
+
+    def interrupt(self) -> bool:
+        """Raise KeyboardInterrupt in the running cell (lands between two bytecodes)."""
+        thread = self._thread
+        if thread is None:
+            return False
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(KeyboardInterrupt))
+        return True
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _cpu(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, torch.nn.Module):   # a copy: the worker keeps training its own
+        import copy
+
+        return copy.deepcopy(getattr(value, "module", value)).to("cpu")
+    return value
+
+
+def _portable(value) -> dict:
+    """The cell's value as the notebook can show it: pickled if small and picklable, else repr."""
+    from ray import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(_cpu(value))
+        if len(data) <= MAX_VALUE_BYTES:
+            return {"pickle": data}
+    except Exception:  # noqa: BLE001 - fall back to its text
+        pass
+    return {"repr": repr(value)}

@@ -167,7 +167,9 @@ class WorkerGroup:
                     if on_samples and results[rank]["samples"]:
                         on_samples(results[rank]["samples"])
                     if not results[rank]["ok"] and not results[rank].get("interrupted"):
-                        self._cancel(pending)
+                        dead = self._cancel(pending)
+                        if dead is not None:        # the error was a peer dying under this rank
+                            raise WorkerDied(dead, "its process ended")
                         raise RemoteError(rank, results[rank]["error"])
                 if pending and time.perf_counter() >= drain_at:
                     self._drain(printer, all_ranks, pending.values(), on_samples)
@@ -200,21 +202,28 @@ class WorkerGroup:
             if on_samples and part["samples"]:
                 on_samples(part["samples"])
 
-    def _cancel(self, pending: dict, everyone: bool = False) -> None:
-        """Interrupt the ranks still running; a rank stuck in a collective breaks the group."""
+    def _cancel(self, pending: dict, everyone: bool = False) -> int | None:
+        """Interrupt the ranks still running; a rank stuck in a collective breaks the group.
+        Returns the rank of a worker found dead, if any."""
         import ray
 
-        ranks = list(pending.values())
-        for rank in ranks:
+        if not pending:
+            return None
+        for rank in pending.values():
             self.workers[rank].interrupt.remote()
         done, stuck = ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
         if stuck:
             self.broken = True
+        dead = None
         for ref in done:
             try:
                 ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.broken = True
+                dead = pending[ref]
             except Exception:  # noqa: BLE001
                 self.broken = True
+        return dead
 
 
 class _Printer:

@@ -1,0 +1,239 @@
+"""`%%gpugeek run` on a real 2-worker group (CPU, gloo) of a real local Ray cluster."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.run.group import Interrupted, RemoteError
+
+pytestmark = pytest.mark.slow
+
+MODEL = """
+import copy, torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+class Net(nn.Module):
+    def __init__(self, width=32, depth=4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("run-home")
+
+
+@pytest.fixture(autouse=True)
+def gpugeek_home(home, monkeypatch):
+    """One state dir (and one local cluster) for the whole module."""
+    monkeypatch.setenv("GPUGEEK_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster(home):
+    import os
+
+    old = os.environ.get("GPUGEEK_HOME")
+    os.environ["GPUGEEK_HOME"] = str(home)
+    gg.up("runs")
+    yield
+    gg.reset()
+    gg.down("runs")
+    if old is not None:
+        os.environ["GPUGEEK_HOME"] = old
+
+
+def test_a_model_defined_in_one_cell_trains_in_the_next_with_equal_ddp_gradients(ipython):
+    ipython.run_cell_magic("gpugeek", "run --workers 2", MODEL + """
+torch.manual_seed(rank)                      # different start per rank: DDP broadcasts rank 0's
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = gg.prepare(model, optimizer)
+""")
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --pull same_start,same_grads,losses", """
+import torch.distributed as dist
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+starts = [torch.zeros_like(flat) for _ in range(world_size)]
+dist.all_gather(starts, flat)
+same_start = all(torch.equal(starts[0], s) for s in starts)
+x = torch.randn(8, 16, 32, generator=torch.Generator().manual_seed(100 + rank))   # different data per rank
+loss = model(x).pow(2).mean()
+loss.backward()                              # DDP all-reduces the gradients
+grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+everyone = [torch.zeros_like(grads) for _ in range(world_size)]
+dist.all_gather(everyone, grads)
+same_grads = all(torch.allclose(everyone[0], g) for g in everyone)
+optimizer.zero_grad()
+losses = []
+for step in range(5):
+    loss = model(x).pow(2).mean()
+    gg.backward(loss)
+    losses.append(loss.item())
+""")
+    ns = ipython.user_ns
+    assert ns["same_start"] and ns["same_grads"]
+    assert ns["losses"][-1] < ns["losses"][0], "the model from the previous cell trains"
+
+
+def test_bf16_autocast_is_on_with_amp_bf16(ipython):
+    value = ipython.run_cell_magic("gpugeek", "run --workers 2 --amp bf16", """
+layer = torch.nn.Linear(4, 4)
+with gg.autocast():
+    out = layer(torch.randn(2, 4))
+str(out.dtype)
+""")
+    assert value == "torch.bfloat16"
+
+
+def test_accumulating_k_micro_batches_equals_one_k_times_batch(ipython):
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --accumulate 4 --pull max_diff,steps", MODEL + """
+torch.manual_seed(0)
+base = Net(width=16, depth=2)
+data = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))      # same on every rank
+reference = copy.deepcopy(base)
+reference(data).pow(2).mean().backward()                                    # one 32-sample batch
+expected = [p.detach() - 1.0 * p.grad for p in reference.parameters()]     # SGD lr=1 step
+model = copy.deepcopy(base)
+optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+model, optimizer = gg.prepare(model, optimizer)
+steps = [gg.backward(model(chunk).pow(2).mean()) for chunk in data.split(8)]   # 4 micro-batches
+max_diff = max((p.detach() - e).abs().max().item() for p, e in zip(model.parameters(), expected))
+""")
+    assert ipython.user_ns["steps"] == [False, False, False, True], "one optimizer step per 4 micro-batches"
+    assert ipython.user_ns["max_diff"] < 1e-5
+
+
+SAVED = MODEL + """
+def saved_bytes_and_loss():
+    torch.manual_seed(0)
+    net = gg.prepare(Net(width=64, depth=6))
+    x = torch.randn(16, 32, 64, generator=torch.Generator().manual_seed(2))
+    total = 0
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = net(x).pow(2).mean()
+    loss.backward()
+    return total, loss.item()
+measured = saved_bytes_and_loss()
+"""
+
+
+def test_grad_ckpt_saves_fewer_bytes_for_backward_and_gives_the_same_loss(ipython):
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --pull measured", SAVED)
+    plain_bytes, plain_loss = ipython.user_ns["measured"]
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --grad-ckpt --pull measured", SAVED)
+    ckpt_bytes, ckpt_loss = ipython.user_ns["measured"]
+    print(f"\nsaved for backward: {plain_bytes / 2**20:.2f} MiB plain, {ckpt_bytes / 2**20:.2f} MiB with --grad-ckpt")
+    assert ckpt_bytes < 0.5 * plain_bytes
+    assert ckpt_loss == pytest.approx(plain_loss, rel=1e-6)
+
+
+def test_push_and_pull(ipython):
+    ipython.user_ns["scale_by"] = 3
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --push scale_by --pull result", "result = scale_by * (rank + 1)")
+    assert ipython.user_ns["result"] == 3, "pull brings back rank 0's value"
+
+
+def test_an_error_on_rank_1_shows_its_cell_line(ipython, capsys):
+    with pytest.raises(RemoteError) as info:
+        gg.run("x = 1\ny = 2\nif rank == 1:\n    raise ValueError('bad batch')\n", workers=2)
+    lines = info.value._render_traceback_()
+    text = "\n".join(lines)
+    assert "failed on rank 1" in lines[0]
+    assert 'File "<cell' in text and "line 4" in text and "raise ValueError('bad batch')" in text
+    assert "ValueError: bad batch" in lines[-1]
+    assert "gpugeek_jupyter" not in text, "our frames stay out of the user's traceback"
+    assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
+
+
+def test_interrupt_stops_every_worker_and_keeps_the_group(ipython):
+    gg.run("import time", workers=2)
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    start = time.monotonic()
+    with pytest.raises(Interrupted, match="interrupted on all 2 workers; the group is ready"):
+        gg.run("for _ in range(600):\n    time.sleep(0.05)\n", workers=2)
+    assert time.monotonic() - start < 1.0 + 2.0
+    assert gg.run("world_size", workers=2).shown() == 2
+
+
+def test_output_streams_and_all_ranks_are_prefixed(ipython, capsys):
+    gg.run("print('from', rank)", workers=2)
+    assert capsys.readouterr().out == "from 0\n"
+    gg.run("print('from', rank)", workers=2, all_ranks=True)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == ["[rank 0] from 0", "[rank 1] from 1"]
+
+
+def test_each_run_is_a_ledger_job_with_samples(ipython):
+    record = registry.live("runs")
+    before = len(ledger.cost_table(record.id, "job"))
+    gg.run("""
+import torch
+m = torch.nn.Linear(4, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+m, o = gg.prepare(m, o)
+for batch in gg.steps([torch.randn(8, 4) for _ in range(30)]):
+    loss = m(batch).pow(2).mean()
+    gg.backward(loss)
+    gg.log(loss=loss.item())
+""", workers=2, name="logged")
+    jobs = ledger.cost_table(record.id, "job")
+    assert len(jobs) == before + 1 and jobs.iloc[-1]["name"] == "logged" and jobs.iloc[-1]["status"] == "finished"
+    job_id = jobs.iloc[-1]["job_id"]
+    samples = ledger.samples_frame(record.id, job_id)
+    assert not samples.empty and {"loss", "samples_per_s", "memory_bytes"} <= set(samples.columns)
+    assert samples["step"].max() == 30
+
+
+RESUMABLE = """
+import os, signal, time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = gg.prepare(model, optimizer)
+data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(40)]
+for batch in gg.steps(data):
+    gg.backward(model(batch).pow(2).mean())
+    if rank == 1 and gg.step == 12 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)       # a worker dies mid-training
+final_step = gg.step
+"""
+
+
+def test_a_killed_worker_resumes_from_its_checkpoint_five_times(ipython, tmp_path, capsys):
+    for attempt in range(5):
+        ckpt = tmp_path / f"ckpt-{attempt}"
+        ipython.user_ns["marker"] = str(tmp_path / f"killed-{attempt}")
+        ipython.run_cell_magic(
+            "gpugeek", f"run --workers 2 --checkpoint-every 5 --checkpoint-dir {ckpt} --max-failures 1 "
+                       f"--push marker --pull final_step", RESUMABLE)
+        out = capsys.readouterr().out
+        assert "died" in out and "resumed from step-00000010 (step 10)" in out, out
+        assert ipython.user_ns["final_step"] == 40
+    gg.reset()

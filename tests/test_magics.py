@@ -63,3 +63,20 @@ def test_help_lists_subcommands(ipython, capsys):
     ipython.run_line_magic("gpugeek", "")
     out = capsys.readouterr().out
     assert "offers" in out and "plan" in out
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ("%%gpugeek run --workers 0\nx = 1", "--workers 0: must be at least 1"),
+    ("%%gpugeek run --amp fp8\nx = 1", "argument --amp: invalid choice: 'fp8'"),
+    ("%%gpugeek run --accumulate two\nx = 1", "--accumulate 'two' is not a whole number"),
+    ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
+    ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0: must be more than 0"),
+    ("%gpugeek run", "run is used as %%gpugeek run at the top of a cell"),
+    ("%%gpugeek status\nx = 1", "status is used as %gpugeek status"),
+])
+def test_bad_run_input_is_one_line(ipython, capsys, cell, expected):
+    result = ipython.run_cell(cell)
+    out = capsys.readouterr()
+    lines = (out.out + out.err).strip().splitlines()
+    assert result.error_in_exec is not None or result.error_before_exec is not None or lines
+    assert len(lines) == 1 and expected in lines[0], lines

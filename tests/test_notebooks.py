@@ -37,3 +37,14 @@ def test_clusters_and_cost_notebook(tmp_path):
     assert "spot saved $" in text
     assert "InstanceMarketOptions" in text and "ray.io/v1" in text
     assert "stopped: rehearsal" in text
+
+
+@pytest.mark.slow
+def test_distributed_training_notebook(tmp_path):
+    import re
+
+    text = _run("03-distributed-training.ipynb", tmp_path)
+    assert "2 workers on cpu" in text
+    first, last = map(float, re.search(r"loss (\d+\.\d+) → (\d+\.\d+) after", text).groups())
+    assert last < first, "the model trained"
+    assert "tiny-gpt" in text, "the cells are jobs in the ledger"

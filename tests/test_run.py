@@ -237,3 +237,25 @@ def test_a_killed_worker_resumes_from_its_checkpoint_five_times(ipython, tmp_pat
         assert "died" in out and "resumed from step-00000010 (step 10)" in out, out
         assert ipython.user_ns["final_step"] == 40
     gg.reset()
+
+
+def test_fsdp_trains_and_checkpoints_sharded(ipython, tmp_path):
+    ipython.run_cell_magic("gpugeek", f"run --workers 2 --strategy fsdp --checkpoint-every 2 "
+                                      f"--checkpoint-dir {tmp_path} --pull losses,sharded", MODEL + """
+from torch.distributed.tensor import DTensor
+torch.manual_seed(0)
+model = Net(width=16, depth=2)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+model, optimizer = gg.prepare(model, optimizer)
+sharded = all(isinstance(p, DTensor) for p in model.parameters())
+x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
+losses = []
+for _ in gg.steps(range(6)):
+    loss = model(x).pow(2).mean()
+    gg.backward(loss)
+    losses.append(loss.item())
+""")
+    assert ipython.user_ns["sharded"], "FSDP2 shards every parameter"
+    assert ipython.user_ns["losses"][-1] < ipython.user_ns["losses"][0]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
+    gg.reset()

@@ -130,7 +130,11 @@ class Helper:
     def _rebuild_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """FSDP2 replaces parameters with sharded ones: the optimizer must hold the new ones
         (same class and settings; per-group settings are not carried over)."""
-        return type(optimizer)(self.model.parameters(), **optimizer.defaults)
+        import inspect
+
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return type(optimizer)(self.model.parameters(), **settings)
 
     def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
         from torch.utils.data import DataLoader, DistributedSampler, RandomSampler

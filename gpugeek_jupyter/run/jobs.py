@@ -72,6 +72,9 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
     global _group
     record = _cluster()
     if _group is not None and (_group.broken or _group.options != opts or _group.address != record.address):
+        if _group.options != opts and not _group.broken and _group.address == record.address:
+            print("note: new options — a new worker group; variables defined on the old one are gone",
+                  flush=True)
         _group.stop()
         _group = None
     if _group is None:

@@ -39,6 +39,8 @@ test-fast: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_cluster.py
+	$(PY) benchmarks/bench_run.py --quick
+	$(PY) benchmarks/gpu_gpt2.py
 
 clean:
 	rm -rf $(VENV) build dist artifacts .pytest_cache

@@ -64,6 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     started       REAL NOT NULL,
     ended         REAL,
     status        TEXT NOT NULL DEFAULT 'running',
+    workers       INTEGER,
+    nodes         INTEGER,
     PRIMARY KEY (cluster_id, job_id)
 );
 
@@ -120,10 +122,23 @@ def connect() -> sqlite3.Connection:
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        _add_missing_columns(conn)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     db.chmod(0o600)
     cache[db] = conn
     return conn
+
+
+ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"}}
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """A database made by an earlier version gains the columns added since (never loses any)."""
+    for table, columns in ADDED_COLUMNS.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        for name, kind in columns.items():
+            if name not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 @contextmanager

@@ -259,3 +259,8 @@ for _ in gg.steps(range(6)):
     assert ipython.user_ns["losses"][-1] < ipython.user_ns["losses"][0]
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
     gg.reset()
+
+
+def test_changing_training_flags_keeps_the_workers_variables(ipython):
+    gg.run("kept = 42 + rank", workers=2)
+    assert gg.run("kept", workers=2, amp="bf16", accumulate=2, clip=1.0).shown() == 42

@@ -89,11 +89,12 @@ def open_nodes(cluster_id: int) -> list[dict]:
 
 # -- jobs ---------------------------------------------------------------------------------------
 
-def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None) -> None:
+def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None,
+                workers: int | None = None, nodes: int | None = None) -> None:
     with store.transaction() as db:
         db.execute(
-            "INSERT INTO jobs (cluster_id, job_id, name, started) VALUES (?,?,?,?)",
-            (cluster_id, job_id, name, at or time.time()),
+            "INSERT INTO jobs (cluster_id, job_id, name, started, workers, nodes) VALUES (?,?,?,?,?,?)",
+            (cluster_id, job_id, name, at or time.time(), workers, nodes),
         )
 
 
@@ -254,6 +255,7 @@ def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataF
         burn = rate[(n_start <= mid) & (mid < n_end)].sum()
         for i in running:
             usd[i] += burn * (b - a) / 3600.0 / len(running)
-    out = [{"job_id": j["job_id"], "name": j["name"], "status": j["status"],
-            "hours": (j1 - j0) / 3600.0, "usd": u} for j, (j0, j1), u in zip(jobs, spans, usd)]
-    return pd.DataFrame(out, columns=["job_id", "name", "status", "hours", "usd"])
+    out = [{"job_id": j["job_id"], "name": j["name"], "status": j["status"], "workers": j.get("workers"),
+            "nodes": j.get("nodes"), "hours": (j1 - j0) / 3600.0, "usd": u}
+           for j, (j0, j1), u in zip(jobs, spans, usd)]
+    return pd.DataFrame(out, columns=["job_id", "name", "status", "workers", "nodes", "hours", "usd"])

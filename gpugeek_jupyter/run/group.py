@@ -90,7 +90,6 @@ class WorkerGroup:
     def start(self) -> None:
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         n, gpus = self.options.workers, self.options.gpus_per_worker
         bundle = {"GPU": gpus} if gpus else {"CPU": 1}
@@ -104,6 +103,18 @@ class WorkerGroup:
             raise GpugeekError(
                 f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
                 f"{have.get('CPU', 0):g} CPUs) — use fewer --workers, or `%gpugeek scale` the cluster")
+        try:
+            self._start_actors(n, gpus)
+        except BaseException as exc:  # a setup timeout, a port taken meanwhile, Ctrl-C: free it all
+            self.stop()
+            if isinstance(exc, GpugeekError) or not isinstance(exc, Exception):
+                raise
+            raise GpugeekError(f"the worker group did not start ({type(exc).__name__}: {exc})") from None
+
+    def _start_actors(self, n: int, gpus: float) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         actor = ray.remote(Worker)
         self.workers = [
             actor.options(max_concurrency=2, num_cpus=0 if gpus else 1, num_gpus=gpus or 0,
@@ -137,8 +148,8 @@ class WorkerGroup:
 
     # -- a cell ---------------------------------------------------------------------------------
 
-    def run(self, source: str, *, push: dict | None = None, pull: list[str] | None = None,
-            all_ranks: bool = False, on_samples=None) -> Result:
+    def run(self, source: str, options: RunOptions, *, push: dict | None = None,
+            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None) -> Result:
         import ray
         from ray import cloudpickle
 
@@ -146,7 +157,8 @@ class WorkerGroup:
         filename = f"<cell {self.cells}>"
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
-        refs = {w.execute.remote(source, filename, pushed, pull or [], rank == 0): rank
+        cell_id = self.cells
+        refs = {w.execute.remote(source, filename, pushed, pull or [], rank == 0, options, cell_id): rank
                 for rank, w in enumerate(self.workers)}
         printer = _Printer(all_ranks)
         results: dict[int, dict] = {}
@@ -176,10 +188,14 @@ class WorkerGroup:
                     drain_gap = min(drain_gap * 2, DRAIN_EVERY_S[1])
                     drain_at = time.perf_counter() + drain_gap
         except KeyboardInterrupt:
-            self._cancel(pending, everyone=True)
+            self._cancel(pending)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
                               + ("; the group is ready for the next cell" if not self.broken
-                                 else "; the group will be rebuilt for the next cell")) from None
+                                 else "; a rank was stuck, so the group was stopped — its variables are gone, "
+                                      "the next cell starts a new one")) from None
+        finally:
+            if pending and not self.broken:   # left the loop another way: nothing may keep running
+                self._cancel(pending)
         if any(r.get("interrupted") for r in results.values()):
             raise Interrupted("interrupted")
         first = results[0]
@@ -209,11 +225,15 @@ class WorkerGroup:
 
         if not pending:
             return None
+        cell_id = self.cells
         for rank in pending.values():
-            self.workers[rank].interrupt.remote()
+            self.workers[rank].interrupt.remote(cell_id)
         done, stuck = ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
-        if stuck:
+        if stuck:   # blocked in a collective: only stopping the workers frees them (and their GPUs)
             self.broken = True
+            self.stop()
+            pending.clear()
+            return None
         dead = None
         for ref in done:
             try:

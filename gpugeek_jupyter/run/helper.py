@@ -33,7 +33,8 @@ REPORT_EVERY_S = 1.0
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What ``%%gpugeek run`` asks of the workers; a change of any of these builds a new group."""
+    """What ``%%gpugeek run`` asks of the workers. Only ``workers`` and ``gpus_per_worker`` shape
+    the group; the rest are read by ``gg`` at each call, so changing them keeps the namespace."""
 
     workers: int = 2
     gpus_per_worker: float = 0.0
@@ -55,13 +56,23 @@ class Helper:
         self._report = report
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self.scaler = torch.amp.GradScaler(device.type) if options.amp == "fp16" else None
+        self.scaler = None
         self.step = 0                  # optimizer steps taken (what checkpoints count)
         self.micro = 0                 # micro-batches seen since the last optimizer step
         self._resumed_from: int | None = None
         self._last_report = 0.0
         self._metrics: dict = {}
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
+        self._sharded = False          # the model was just sharded: the optimizer must follow
+        self.configure(options)
+
+    def configure(self, options: RunOptions) -> None:
+        """This cell's flags (the group keeps its namespace across flag changes)."""
+        self.options = options
+        if options.amp == "fp16" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        elif options.amp != "fp16":
+            self.scaler = None
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -76,12 +87,14 @@ class Helper:
             elif isinstance(obj, torch.utils.data.DataLoader):
                 obj = self._prepare_loader(obj)
             out.append(obj)
-        if self.model is not None and self.optimizer is not None and self.options.strategy == "fsdp":
+        if self._sharded and self.optimizer is not None:
             self.optimizer = self._rebuild_optimizer(self.optimizer)
+            self._sharded = False
             out = [self.optimizer if isinstance(o, torch.optim.Optimizer) else o for o in out]
         return out[0] if len(out) == 1 else tuple(out)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
+        self.step, self.micro, self._resumed_from = 0, 0, None     # a new model starts counting
         model = model.to(self.device)
         if self.options.grad_ckpt:
             self._checkpoint_blocks(model)
@@ -93,6 +106,7 @@ class Helper:
             for block in repeated_blocks(model):
                 fully_shard(block)
             fully_shard(model)
+            self._sharded = True
         elif self.world_size > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -102,7 +116,8 @@ class Helper:
     def _checkpoint_blocks(self, model: nn.Module) -> None:
         """Recompute the repeated blocks' activations in backward instead of keeping them."""
         if hasattr(model, "gradient_checkpointing_enable") and self.options.grad_ckpt is True:
-            model.gradient_checkpointing_enable()      # a Hugging Face model's own switch
+            # a Hugging Face model's own switch; the non-reentrant variant works under DDP's no_sync
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             return
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl,
@@ -137,15 +152,24 @@ class Helper:
         return type(optimizer)(self.model.parameters(), **settings)
 
     def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
-        from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+        from torch.utils.data import SequentialSampler
 
         if isinstance(loader.sampler, DistributedSampler) or self.world_size == 1:
             return loader
+        if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None or not isinstance(
+                loader.sampler, (RandomSampler, SequentialSampler)):
+            raise ValueError("gg.prepare shards a DataLoader built with batch_size and shuffle; for an "
+                             "iterable dataset or a custom sampler, shard by rank/world_size yourself")
         sampler = DistributedSampler(loader.dataset, num_replicas=self.world_size, rank=self.rank,
                                      shuffle=isinstance(loader.sampler, RandomSampler), seed=0)
+        extra = {}
+        if loader.num_workers:
+            extra = dict(persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor)
         return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
                           collate_fn=loader.collate_fn, num_workers=loader.num_workers,
-                          drop_last=loader.drop_last, pin_memory=loader.pin_memory)
+                          drop_last=loader.drop_last, pin_memory=loader.pin_memory,
+                          worker_init_fn=loader.worker_init_fn, generator=loader.generator, **extra)
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -202,8 +226,8 @@ class Helper:
     def steps(self, loader, epochs: int = 1, max_steps: int | None = None) -> Iterator:
         """Batches for ``epochs`` (or up to ``max_steps`` optimizer steps), resuming after the
         last checkpoint: batches of steps already taken are skipped, not trained twice."""
-        self.load_checkpoint()
-        skip = self.step * self.options.accumulate
+        resumed = self.load_checkpoint()
+        skip = (resumed or 0) * self.options.accumulate     # batches of steps a checkpoint holds
         seen = 0
         for epoch in range(epochs):
             sampler = getattr(loader, "sampler", None)
@@ -217,12 +241,17 @@ class Helper:
                     return
                 yield batch
                 self._count(batch)
+        if self.micro and self.optimizer is not None:   # a partial accumulation is not carried over
+            self.optimizer.zero_grad(set_to_none=True)
+            self.micro = 0
         self.flush()
 
     # -- reports --------------------------------------------------------------------------------
 
     def _count(self, batch) -> None:
         t0, samples, tokens = self._window
+        if isinstance(batch, dict):
+            batch = next((v for v in batch.values() if isinstance(v, torch.Tensor)), batch)
         first = batch[0] if isinstance(batch, (tuple, list)) else batch
         n = len(first) if hasattr(first, "__len__") else 1
         tok = first.numel() if isinstance(first, torch.Tensor) and first.dtype in (torch.int64, torch.int32) else 0
@@ -294,8 +323,12 @@ class Helper:
     def load_checkpoint(self) -> int | None:
         """Resume from the newest complete checkpoint, once per group; returns its step."""
         if self._resumed_from is not None or self.model is None:
-            return self._resumed_from or None
+            return None
         path = self.latest_checkpoint()
+        if dist.is_initialized() and dist.get_world_size() > 1:   # rank 0 decides for everyone
+            chosen = [str(path) if path else None]
+            dist.broadcast_object_list(chosen, src=0)
+            path = Path(chosen[0]) if chosen[0] else None
         self._resumed_from = 0
         if path is None:
             return None
@@ -348,8 +381,9 @@ def _gpu_utilisation(device: torch.device) -> float | None:
         if _nvml is None:
             pynvml.nvmlInit()
             _nvml = pynvml
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        # NVML numbers GPUs physically, ignoring CUDA_VISIBLE_DEVICES: find ours by its UUID
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception:
         return None

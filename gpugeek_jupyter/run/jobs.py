@@ -9,6 +9,7 @@ variables come back — so a cell meant to survive failures defines what it trai
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import replace
 
@@ -44,8 +45,8 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
         raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
     if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
         raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
-    if checkpoint_every and not checkpoint_dir:
-        checkpoint_dir = str(home() / "checkpoints" / (name or "job"))
+    if amp == "fp16" and strategy == "fsdp":
+        raise GpugeekError("--amp fp16 with --strategy fsdp needs a sharded gradient scaler — use --amp bf16")
     return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
                       grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                       checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
@@ -67,14 +68,20 @@ def _cluster():
     return record
 
 
+def _shape(opts: RunOptions) -> tuple:
+    """What a group is built for; every other flag is read per cell and keeps the namespace."""
+    return opts.workers, opts.gpus_per_worker
+
+
 def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
-    """The warm group for these options on the active cluster, built if needed."""
+    """The warm group of this size on the active cluster, built if needed."""
     global _group
     record = _cluster()
-    if _group is not None and (_group.broken or _group.options != opts or _group.address != record.address):
-        if _group.options != opts and not _group.broken and _group.address == record.address:
-            print("note: new options — a new worker group; variables defined on the old one are gone",
-                  flush=True)
+    changed = _group is not None and _shape(_group.options) != _shape(opts)
+    if _group is not None and (_group.broken or changed or _group.address != record.address):
+        if changed and not _group.broken and _group.address == record.address:
+            print("note: a different number of workers or GPUs — a new worker group; variables "
+                  "defined on the old one are gone", flush=True)
         _group.stop()
         _group = None
     if _group is None:
@@ -102,26 +109,33 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     opts = options(name=name, **flags)
     if not isinstance(max_failures, int) or max_failures < 0:
         raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
+    if opts.checkpoint_every and not opts.checkpoint_dir:
+        # per job name, else per cell text: re-running the same cell resumes, another cell does not
+        key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]
+        opts = replace(opts, checkpoint_dir=str(home() / "checkpoints" / key))
     group, record = group_for(opts)
     job_id = uuid.uuid4().hex[:12]
-    ledger.job_started(record.id, job_id, name or f"cell {group.cells + 1}")
+    cluster_id = record.id
+    ledger.job_started(cluster_id, job_id, name or f"cell {group.cells + 1}",
+                       workers=opts.workers, nodes=len({i["node_id"] for i in group.info}))
     status = "failed"
     failures = 0
     try:
         while True:
             try:
-                result = group.run(source, push=push, pull=pull, all_ranks=all_ranks,
-                                   on_samples=lambda s: ledger.record_samples(record.id, job_id, s))
+                result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
+                                   on_samples=lambda s: ledger.record_samples(cluster_id, job_id, s))
                 status = "finished"
                 return result
             except WorkerDied as died:
                 failures += 1
                 if failures > max_failures:
-                    raise GpugeekError(f"{died} — the group will be rebuilt for the next cell; "
+                    reset()      # the survivors may be stuck waiting for the dead one
+                    raise GpugeekError(f"{died} — the group was stopped (its variables are gone); "
                                        f"--max-failures K re-runs the cell (resuming from checkpoints)") from None
                 print(f"{died}; rebuilding the group and running the cell again "
                       f"(failure {failures} of {max_failures} allowed)", flush=True)
-                group, record = group_for(replace(opts))
+                group, _ = group_for(opts)
             except RemoteError as error:
                 if _is_oom(error):
                     error.extra = oom_diagnosis(error, opts, plan)
@@ -133,7 +147,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         status = "interrupted" if type(error).__name__ == "Interrupted" else "failed"
         raise
     finally:
-        ledger.job_ended(record.id, job_id, status)
+        ledger.job_ended(cluster_id, job_id, status)
 
 
 def _is_oom(error: RemoteError) -> bool:

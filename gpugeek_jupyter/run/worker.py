@@ -46,6 +46,8 @@ class Worker:
         self._output: list[str] = []
         self._samples: list[dict] = []
         self._thread: int | None = None
+        self._cell: int | None = None      # which cell ``_thread`` runs: a late interrupt misses
+        self._switch = threading.Lock()
         self.ns: dict = {}
         self.rank = -1
 
@@ -72,6 +74,9 @@ class Worker:
             device = torch.device("cuda", 0)          # Ray sets CUDA_VISIBLE_DEVICES per worker
             torch.cuda.set_device(device)
             backend = "nccl"
+            if 0 < options.gpus_per_worker < 1:       # NCCL wants one GPU per rank
+                backend = "gloo"
+                note = "workers share GPUs (--gpus-per-worker < 1): gloo instead of NCCL"
         else:
             device, backend = torch.device("cpu"), "gloo"
             if gpu_ids:
@@ -86,7 +91,7 @@ class Worker:
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def execute(self, source: str, filename: str, pushed: bytes | None, pull: list[str],
-                want_value: bool) -> dict:
+                want_value: bool, options: RunOptions, cell_id: int) -> dict:
         """Run one cell; never raises — the result says what happened."""
         from ray import cloudpickle
 
@@ -95,8 +100,10 @@ class Worker:
         result: dict = {"ok": True}
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = _Stream(self._output, self._lock)
-        self._thread = threading.get_ident()
+        with self._switch:
+            self._thread, self._cell = threading.get_ident(), cell_id
         try:
+            self.ns["gg"].configure(options)
             if pushed:
                 self.ns.update(cloudpickle.loads(pushed))
             body, last = cell.compile()
@@ -116,10 +123,21 @@ class Worker:
             result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
                       "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}
         finally:
-            self._thread = None
+            self._stop_interrupts()
             sys.stdout, sys.stderr = stdout, stderr
         result.update(self.drain())
         return result
+
+    def _stop_interrupts(self) -> None:
+        """No interrupt may land after the cell: close the door, then clear any pending one."""
+        while True:
+            try:
+                with self._switch:
+                    self._thread = self._cell = None
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+                return
+            except KeyboardInterrupt:  # it landed while we were closing: close again
+                continue
 
     def drain(self) -> dict:
         with self._lock:
@@ -129,13 +147,14 @@ class Worker:
             self._samples.clear()
         return {"output": output, "samples": samples}
 
-    def interrupt(self) -> bool:
-        """Raise KeyboardInterrupt in the running cell (lands between two bytecodes)."""
-        thread = self._thread
-        if thread is None:
-            return False
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(KeyboardInterrupt))
-        return True
+    def interrupt(self, cell_id: int) -> bool:
+        """Raise KeyboardInterrupt in cell ``cell_id`` if it still runs (lands between bytecodes)."""
+        with self._switch:
+            if self._thread is None or self._cell != cell_id:
+                return False
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread),
+                                                       ctypes.py_object(KeyboardInterrupt))
+            return True
 
     def pid(self) -> int:
         return os.getpid()

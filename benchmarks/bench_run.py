@@ -6,8 +6,9 @@ All on CPU with 2 workers (gloo), side by side in one run:
 
 - P1: a trivial 20-step DDP cell on the warm group vs `TorchTrainer(...).fit()` of the same loop
       (Ray Train builds a new worker group per fit). Median wall time per cell.
-- P2: steps/s of a DDP training loop inside `%%gpugeek run` vs the same loop in plain
-      `torch.distributed` processes (`torch.multiprocessing.spawn`), timed inside the loop.
+- P2: steps/s of a DDP training loop inside `%%gpugeek run` (through `gg.prepare`/`gg.backward`)
+      vs the same loop in plain `torch.distributed` processes (`torch.multiprocessing.spawn`, one
+      thread each, as a 1-CPU Ray worker has), timed inside the loop.
 - P3: cold start — `up` + the first cell (fresh process) vs bare `ray.init()` + two actors that
       initialise a process group and run the same cell.
 - P5: the cost of reporting: the P2 loop with `gg.steps` + `gg.log(loss=…)` every step vs the same
@@ -28,13 +29,10 @@ import time
 STEPS20 = """
 import torch
 if "ddp20" not in globals():
-    ddp20 = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-    opt20 = torch.optim.SGD(ddp20.parameters(), lr=0.01)
+    layer = torch.nn.Linear(8, 1)
+    ddp20, opt20 = gg.prepare(layer, torch.optim.SGD(layer.parameters(), lr=0.01))
 for _ in range(20):
-    loss = ddp20(torch.randn(16, 8)).pow(2).mean()
-    loss.backward()
-    opt20.step()
-    opt20.zero_grad()
+    gg.backward(ddp20(torch.randn(16, 8)).pow(2).mean())
 """
 
 LOOP = """
@@ -52,6 +50,12 @@ for x in batches:
     opt.zero_grad()
 steps_per_s = STEPS / (time.perf_counter() - t0)
 """
+
+# the same loop through gg: prepare (DDP), backward (step, zero_grad)
+LOOP_GG = LOOP.replace(
+    "net = torch.nn.parallel.DistributedDataParallel(net)\nopt = torch.optim.SGD(net.parameters(), lr=0.01)",
+    "net, opt = gg.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01))",
+).replace("    loss.backward()\n    opt.step()\n    opt.zero_grad()", "    gg.backward(loss)")
 
 LOGGED = """
 t0 = time.perf_counter()
@@ -205,8 +209,10 @@ def main() -> None:
     steps = 300
     via_run, via_plain, logged, unlogged = [], [], [], []
     for _ in range(reps if "p2" in parts else 0):
-        via_run.append(gg.run(LOOP.replace("STEPS", str(steps)) + "\nsteps_per_s", workers=2).shown())
+        via_run.append(gg.run(LOOP_GG.replace("STEPS", str(steps)) + "\nsteps_per_s", workers=2).shown())
         via_plain.append(plain_torch_distributed(steps))
+    if "p5" in parts:           # the loops below reuse its net, opt and batches
+        gg.run(LOOP.replace("STEPS", str(steps)), workers=2)
     for _ in range(reps + 2 if "p5" in parts else 0):
         unlogged.append(gg.run(PLAIN.replace("STEPS", str(steps)) + "\nsteps_per_s", workers=2).shown())
         logged.append(gg.run(LOGGED.replace("STEPS", str(steps)) + "\nsteps_per_s", workers=2).shown())

@@ -32,9 +32,9 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
     """Check the flags in one place, one line per mistake."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise GpugeekError(f"--workers {workers!r}: must be at least 1")
-    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 8):
-        raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: must be more than 0 and at most 8 "
-                           f"(a fraction shares a GPU)")
+    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 1):
+        raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: a worker is one rank on at most one GPU "
+                           f"(a fraction shares one) — for more GPUs use more --workers")
     if amp not in AMP:
         raise GpugeekError(f"--amp {amp!r}: use one of {', '.join(AMP)}")
     if strategy not in STRATEGIES:

@@ -2,7 +2,7 @@
 
 N ``Worker`` actors are placed with a Ray placement group (one bundle per worker: its GPUs, or a
 CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up between cells
-until its size or options change, a rank fails in a way that leaves it unusable, or
+until its size changes, a rank fails in a way that leaves it unusable, or
 ``reset()``. Running a cell is one actor call per worker plus a drain of rank 0's output every
 so often while it runs; errors, interrupts and dead workers are handled here.
 """

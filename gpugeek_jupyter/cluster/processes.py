@@ -4,8 +4,8 @@
 spawn (GCS, raylets, autoscaler, workers, simulated nodes) carries that session id. Stopping a
 cluster means signalling exactly the processes with that session id that were created after the
 cluster was, in a session whose processes carry the cluster's marker in their environment
-(``GPUGEEK_CLUSTER``) — so a reused pid can never make us stop a stranger. Never
-``ray stop``, which would kill every Ray on the machine, a user's own too.
+(``GPUGEEK_CLUSTER``) — so a reused pid can never make us stop a stranger. Never the Ray
+CLI's own stop command, which would kill every Ray on the machine, a user's own too.
 """
 
 from __future__ import annotations

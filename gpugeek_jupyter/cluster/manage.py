@@ -157,7 +157,7 @@ def _spec(backend: str, *, offer, plan, gpu, count, workers, min_workers, max_wo
             what = "this machine" if backend == "local" else "the cluster at --address"
             raise GpugeekError(f"{', '.join(given) or '--spot-fallback'}: the {backend} backend runs on {what} "
                                f"— use --backend sim or a cloud to choose offers and workers")
-        usd = settings_local_price() if backend == "local" else 0.0
+        usd = settings().local_usd_per_hour if backend == "local" else 0.0
         return ClusterSpec(backend=backend, pricing="local",
                            head_price=NodePrice(None, "local" if backend == "local" else "unpriced", usd))
     if workers is not None and min_workers is not None and workers != min_workers:
@@ -173,10 +173,6 @@ def _spec(backend: str, *, offer, plan, gpu, count, workers, min_workers, max_wo
     if backend == "sim":
         spec.notes.append(sim.cpu_note(spec))
     return spec
-
-
-def settings_local_price() -> float:
-    return settings().local_usd_per_hour
 
 
 def _abandon(record: ClusterRecord, exc: BaseException) -> None:

@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
@@ -39,7 +39,6 @@ class ClusterRecord:
     stopping: float | None
     stopped: float | None
     stop_reason: str | None
-    attached: list[int] = field(default_factory=list)
 
     @property
     def live(self) -> bool:
@@ -49,11 +48,6 @@ class ClusterRecord:
     def marker(self) -> str:
         """Set in the environment of every process we start for this cluster."""
         return f"{home()}#{self.id}"
-
-    @property
-    def owned(self) -> bool:
-        """We started its processes (local, sim) and so may stop them."""
-        return self.session_id is not None
 
 
 def _record(row) -> ClusterRecord:

@@ -82,11 +82,6 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
         )
 
 
-def open_nodes(cluster_id: int) -> list[dict]:
-    return [dict(r) for r in store.query(
-        "SELECT * FROM nodes WHERE cluster_id=? AND ended IS NULL ORDER BY started", (cluster_id,))]
-
-
 # -- jobs ---------------------------------------------------------------------------------------
 
 def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None,

@@ -88,6 +88,15 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE INDEX IF NOT EXISTS samples_by_job ON samples(cluster_id, job_id, at);
 
+CREATE TABLE IF NOT EXISTS node_samples (
+    cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
+    node_id       TEXT NOT NULL,
+    at            REAL NOT NULL,
+    device        TEXT NOT NULL,          -- 'host' or 'gpu0', 'gpu1', ... (NVML's index)
+    metrics       TEXT NOT NULL           -- JSON: cpu_percent, mem_* or gpu_util, gpu_mem_*, power_w
+);
+CREATE INDEX IF NOT EXISTS node_samples_by_time ON node_samples(cluster_id, at);
+
 CREATE TABLE IF NOT EXISTS attachments (
     cluster_id    INTEGER NOT NULL REFERENCES clusters(id),
     pid           INTEGER NOT NULL,

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from .api import (
     Cluster,
+    ClusterPanel,
     ClusterStatus,
+    CostDashboard,
     CostReport,
     LaunchConfig,
+    OfferPicker,
     Plan,
     clusters,
     cost,
@@ -28,7 +31,8 @@ from .errors import GpugeekError
 
 __version__ = "0.1.0"
 __all__ = [
-    "Cluster", "ClusterStatus", "CostReport", "GpugeekError", "LaunchConfig", "Plan", "clusters",
+    "Cluster", "ClusterPanel", "ClusterStatus", "CostDashboard", "CostReport", "GpugeekError",
+    "LaunchConfig", "OfferPicker", "Plan", "clusters",
     "cost", "down", "load_ipython_extension", "offers", "plan", "preempt", "price_performance",
     "reset", "run", "scale", "status", "up",
 ]

@@ -16,11 +16,14 @@ from .meter import ledger
 from .plan.planner import Plan
 from .plan.planner import plan as _plan
 from .run import jobs  # loaded before `run` below is bound: the function, not the subpackage, is gg.run
-from .views.cost import cost_figure
+from .meter.telemetry import node_samples_frame
+from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
+from .views.utilisation import idle_dollars, utilisation_heatmap
+from .widgets import ClusterPanel, CostDashboard, OfferPicker
 
 __all__ = [
-    "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
+    "Cluster", "ClusterPanel", "ClusterStatus", "CostDashboard", "CostReport", "OfferPicker", "LaunchConfig", "Plan", "clusters", "cost", "down",
     "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
 ]
 
@@ -46,17 +49,19 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
         grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
         strategy: str = "ddp", checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
         max_failures: int = 0, push: dict | None = None, pull: list[str] | None = None,
-        all_ranks: bool = False, name: str | None = None):
+        all_ranks: bool = False, name: str | None = None, monitor: bool = True):
     """Run ``source`` on every worker of the warm group of the active cluster.
 
     Returns a ``Result``: ``.value`` (rank 0's last expression), ``.pulled`` (``pull`` names
     from rank 0), ``.seconds``. The group persists between calls with the same options.
+    In a notebook a live job monitor shows progress, loss, throughput and $ (``monitor=False``
+    hides it) and leaves a static figure of the job when it ends.
     """
     return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
                     max_failures=max_failures, push=push, pull=pull, all_ranks=all_ranks, name=name,
-                    plan=_last_plan)
+                    plan=_last_plan, monitor=monitor)
 
 
 def reset() -> bool:
@@ -66,7 +71,8 @@ def reset() -> bool:
 
 @dataclass
 class CostReport:
-    """What a cluster has cost, from the ledger: a table ``by`` node/job/pricing and a figure."""
+    """What a cluster has cost, from the ledger: a table ``by`` node/job/pricing, cumulative $,
+    spend projected against the budget, and GPU utilisation with the idle $."""
 
     name: str
     by: str
@@ -75,21 +81,44 @@ class CostReport:
     total_usd: float
     spot_saved_usd: float
     simulated: bool
+    budget_usd: float | None = None
+    budget_figure: go.Figure | None = None
+    utilisation_figure: go.Figure | None = None
+    idle: pd.DataFrame | None = None
+    live: bool = False
+
+    @property
+    def idle_usd(self) -> float | None:
+        """$ paid for GPUs below 30 % utilisation (None: no GPU telemetry to say)."""
+        return float(self.idle["idle_usd"].sum()) if self.idle is not None and len(self.idle) else None
 
     def summary(self) -> str:
         what = "simulated — what these offers would have cost" if self.simulated else "from the ledger"
         saved = f"; spot saved ${self.spot_saved_usd:,.2f} against on-demand" if self.spot_saved_usd > 0 else ""
-        return f"{self.name}: ${self.total_usd:,.2f} ({what}){saved}"
+        budget = f"; budget ${self.budget_usd:,.2f} ({self.total_usd / self.budget_usd:.0%} used)" if self.budget_usd else ""
+        idle = f"; idle GPUs cost ${self.idle_usd:,.2f}" if self.idle_usd is not None else ""
+        return f"{self.name}: ${self.total_usd:,.2f} ({what}){saved}{budget}{idle}"
 
     def __repr__(self) -> str:
         return f"{self.summary()}\n{self.table.to_string(index=False)}"
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    def _repr_html_(self) -> str:
+        import html
 
-        print(self.summary())
-        display(self.table)
-        display(self.figure)
+        figures = "".join(f.to_html(full_html=False, include_plotlyjs="cdn")
+                          for f in (self.figure, self.budget_figure, self.utilisation_figure) if f is not None)
+        return (f"<div><b>{html.escape(self.summary())}</b></div>"
+                f"{self.table.to_html(index=False)}{figures}")
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        from .widgets._base import bundle, in_kernel
+
+        widget = None
+        if in_kernel():
+            from .widgets.cost import CostDashboard
+
+            widget = CostDashboard(self.name, by=self.by, report=self)
+        return bundle(repr(self), self._repr_html_(), widget)
 
 
 def news() -> list[str]:
@@ -117,13 +146,20 @@ def cost(name: str | None = None, by: str = "node") -> CostReport:
 
         raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
     _sync(record)
+    if record.live:
+        jobs.drain_telemetry()
     now = time.time()
     table = ledger.cost_table(record.id, by, now)
     nodes = ledger.nodes_frame(record.id, now)
+    samples = node_samples_frame(record.id)
     return CostReport(
         name=record.name, by=by, table=table,
-        figure=cost_figure(nodes, now, title=f"{record.name}: cumulative cost by node type",
+        figure=cost_figure(nodes, now, title=f"{record.name}: cumulative cost by node type and pricing",
                            simulated=record.simulated),
         total_usd=float(nodes["usd"].sum()), spot_saved_usd=float(nodes["spot_saved_usd"].sum()),
-        simulated=record.simulated,
+        simulated=record.simulated, budget_usd=record.budget_usd,
+        budget_figure=budget_figure(nodes, now, record.budget_usd, title=f"{record.name}: spend and budget",
+                                    simulated=record.simulated),
+        utilisation_figure=utilisation_heatmap(samples, nodes, now=now, simulated=record.simulated),
+        idle=idle_dollars(samples, nodes, now=now), live=record.live,
     )

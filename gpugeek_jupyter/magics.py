@@ -62,10 +62,14 @@ def _positive_int(flag: str) -> Callable[[str], int]:
 @argument("--pricing", default="on-demand", choices=["on-demand", "spot", "reserved"])
 @argument("--top", type=_positive_int("--top"), help="show only the K cheapest")
 @argument("--chart", action="store_true", help="add the price–performance chart")
+@argument("--pick", action="store_true", help="an interactive picker: filters, table, chart, Plan, Provision")
 @argument("--catalog", help="a CSV of your own offers (same columns as the bundled one)")
 def offers(self: GpugeekMagics, line: str):
     """Compare GPU offers, cheapest first by the chosen pricing."""
     args = parse_argstring(offers, line)
+    if args.pick:
+        return api.OfferPicker(gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider, pricing=args.pricing,
+                               max_price=args.max_price, catalog=args.catalog)
     frame = api.offers(
         gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider,
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,
@@ -206,10 +210,7 @@ def clusters(self: GpugeekMagics, line: str):
 def cost(self: GpugeekMagics, line: str):
     """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
     args = parse_argstring(cost, line)
-    report = api.cost(args.name, by=args.by)
-    print(report.summary())
-    display(report.figure)
-    return report.table
+    return api.cost(args.name, by=args.by)
 
 
 @subcommand
@@ -247,6 +248,7 @@ def _names(text: str | None) -> list[str]:
 @argument("--pull", help="variables to bring back from rank 0, comma-separated")
 @argument("--all-ranks", action="store_true", help="show every rank's output, prefixed")
 @argument("--name", help="job name (ledger, checkpoints)")
+@argument("--no-monitor", action="store_true", help="no live job widget or final figure")
 def run(self: GpugeekMagics, line: str, cell: str = ""):
     """Run the cell on every worker of a warm DDP group (`%%gpugeek run`)."""
     args = parse_argstring(run, line)
@@ -256,7 +258,8 @@ def run(self: GpugeekMagics, line: str, cell: str = ""):
         grad_ckpt=args.grad_ckpt, accumulate=args.accumulate, clip=args.clip,
         strategy=args.strategy, checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir, max_failures=args.max_failures, push=push or None,
-        pull=_names(args.pull) or None, all_ranks=args.all_ranks, name=args.name)
+        pull=_names(args.pull) or None, all_ranks=args.all_ranks, name=args.name,
+        monitor=not args.no_monitor)
     self.shell.user_ns.update(result.pulled)
     return result.shown()
 

@@ -48,3 +48,45 @@ def test_distributed_training_notebook(tmp_path):
     first, last = map(float, re.search(r"loss (\d+\.\d+) → (\d+\.\d+) after", text).groups())
     assert last < first, "the model trained"
     assert "tiny-gpt" in text, "the cells are jobs in the ledger"
+
+
+NOTEBOOK_04 = "04-watch-cost-and-utilisation.ipynb"
+
+
+def _figure_titles(nb) -> list[str]:
+    titles = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            figure = output.get("data", {}).get("application/vnd.plotly.v1+json")
+            if figure:
+                title = figure.get("layout", {}).get("title", {})
+                titles.append(title.get("text", "") if isinstance(title, dict) else str(title))
+    return titles
+
+
+def _check_watch_outputs(nb) -> None:
+    titles = _figure_titles(nb)
+    assert any(t.startswith("regression — finished (simulated $)") for t in titles), titles
+    assert any("spend and budget — SIMULATED" in t for t in titles), titles
+    assert any("no GPU telemetry" in t for t in titles), titles     # said, not invented
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(widgets) >= 3, "the cluster panel (up, status) and the cost dashboard"
+    assert all("text/html" in o["data"] and "text/plain" in o["data"] for o in widgets), "fallbacks"
+    summary = next(o for o in outputs if "<progress" in str(o.get("data", {}).get("text/html", "")))
+    assert "step 384/384" in summary["data"]["text/plain"]
+
+
+@pytest.mark.slow
+def test_watch_cost_and_utilisation_notebook(tmp_path):
+    nb = nbformat.read(NOTEBOOKS / NOTEBOOK_04, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, [e.get("evalue") for e in errors]
+    _check_watch_outputs(nb)
+
+
+def test_the_saved_watch_notebook_keeps_its_static_figures():
+    """Opened without a kernel (nbviewer, GitHub), the notebook still shows what happened."""
+    _check_watch_outputs(nbformat.read(NOTEBOOKS / NOTEBOOK_04, as_version=4))

@@ -454,6 +454,9 @@ class Cluster:
     def _repr_html_(self) -> str:
         return self.status()._repr_html_()
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return self.status()._repr_mimebundle_(include, exclude)
+
 
 @dataclass
 class ClusterStatus:
@@ -512,6 +515,17 @@ class ClusterStatus:
         body = "<br>".join(html.escape(line) for line in self.lines())
         table = self.nodes.to_html(index=False) if not self.nodes.empty else ""
         return f"<div>{body}</div>{table}"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """The live ``ClusterPanel`` in a notebook; HTML and text wherever widgets cannot show."""
+        from ..widgets._base import bundle, in_kernel
+
+        widget = None
+        if in_kernel():
+            from ..widgets.cluster import ClusterPanel
+
+            widget = ClusterPanel(self.name)
+        return bundle(repr(self), self._repr_html_(), widget)
 
 
 def status(name: str | None = None) -> ClusterStatus:

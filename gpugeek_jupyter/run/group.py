@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 
 from ..errors import GpugeekError
+from ..meter import telemetry
 from .helper import RunOptions
 from .worker import Worker
 
@@ -77,8 +78,11 @@ class _Text:
 
 
 class WorkerGroup:
-    def __init__(self, options: RunOptions, address: str):
+    def __init__(self, options: RunOptions, address: str, on_node_samples=None):
         self.options, self.address = options, address
+        self.on_node_samples = on_node_samples      # where the node samplers' reports go
+        self.samplers: list = []
+        self.sampled_at = 0.0
         self.workers: list = []
         self.pg = None
         self.info: list[dict] = []
@@ -124,11 +128,19 @@ class WorkerGroup:
         master, port = ray.get(self.workers[0].node_address.remote())
         self.info = ray.get([w.setup.remote(i, n, master, port, self.options)
                              for i, w in enumerate(self.workers)], timeout=READY_TIMEOUT_S)
+        if self.on_node_samples is not None:       # one sampler per node the group runs on
+            self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}))
 
     def stop(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if self.samplers:
+            samplers, self.samplers = self.samplers, []
+            try:
+                self.on_node_samples(telemetry.stop_samplers(samplers, timeout=2.0))
+            except Exception:  # noqa: BLE001 - the cluster is gone: so are its samplers
+                pass
         for worker in self.workers:
             try:
                 ray.kill(worker)
@@ -196,6 +208,7 @@ class WorkerGroup:
         finally:
             if pending and not self.broken:   # left the loop another way: nothing may keep running
                 self._cancel(pending)
+        self.drain_telemetry()
         if any(r.get("interrupted") for r in results.values()):
             raise Interrupted("interrupted")
         first = results[0]
@@ -203,10 +216,29 @@ class WorkerGroup:
                       pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
                       seconds=time.perf_counter() - start)
 
+    def drain_telemetry(self, every: float = 0.0) -> int:
+        """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
+        import ray
+
+        now = time.monotonic()
+        if not self.samplers or now - self.sampled_at < every:
+            return 0
+        self.sampled_at = now
+        try:
+            parts = ray.get([s.drain.remote() for s in self.samplers], timeout=5)
+        except Exception:  # noqa: BLE001 - a lost node's sampler: the rest report next time
+            return 0
+        samples = [sample for part in parts for sample in part]
+        if samples:
+            self.on_node_samples(samples)
+        return len(samples)
+
     def _drain(self, printer, all_ranks: bool, running, on_samples) -> None:
         import ray
 
-        ranks = sorted(running) if all_ranks else [r for r in running if r == 0]
+        self.drain_telemetry(every=1.0)
+
+        ranks = sorted(running)     # every rank's reports; output only as the printer shows it
         if not ranks:
             return
         try:

@@ -64,6 +64,8 @@ class Helper:
         self._metrics: dict = {}
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
         self._sharded = False          # the model was just sharded: the optimizer must follow
+        self.total_steps: int | None = None   # what the notebook's progress bar counts to
+        self.loop_start = 0
         self.configure(options)
 
     def configure(self, options: RunOptions) -> None:
@@ -228,6 +230,10 @@ class Helper:
         last checkpoint: batches of steps already taken are skipped, not trained twice."""
         resumed = self.load_checkpoint()
         skip = (resumed or 0) * self.options.accumulate     # batches of steps a checkpoint holds
+        # the bar counts this loop's steps; after a resume it starts where the checkpoint was
+        self.loop_start = 0 if resumed else self.step
+        self._window = (time.perf_counter(), 0, 0)      # throughput counts from the loop's start
+        self.total_steps = _last_step(loader, epochs, self.options.accumulate, max_steps, self.loop_start)
         seen = 0
         for epoch in range(epochs):
             sampler = getattr(loader, "sampler", None)
@@ -270,9 +276,13 @@ class Helper:
         t0, samples, tokens = self._window
         elapsed = max(now - t0, 1e-9)
         sample = {"t": time.time(), "rank": self.rank, "step": self.step, **self._metrics,
-                  "samples_per_s": samples / elapsed, "memory_bytes": _memory_bytes(self.device)}
+                  "memory_bytes": _memory_bytes(self.device)}
+        if samples:      # a window without batches (before the first, after a pause) has no rate
+            sample["samples_per_s"] = samples / elapsed
         if tokens:
             sample["tokens_per_s"] = tokens / elapsed
+        if self.total_steps:
+            sample["total_steps"], sample["loop_start"] = self.total_steps, self.loop_start
         util = _gpu_utilisation(self.device)
         if util is not None:
             sample["gpu_util"] = util
@@ -352,6 +362,16 @@ class Helper:
         if self.rank == 0:
             print(f"resumed from {path.name} (step {self.step})", flush=True)
         return self.step
+
+
+def _last_step(loader, epochs: int, accumulate: int, max_steps: int | None, start: int) -> int | None:
+    """The step count the loop will end at, if the loader knows its length (a partial
+    accumulation at an epoch's end is dropped, as ``steps`` does; ``max_steps`` is absolute)."""
+    try:
+        end = start + len(loader) // accumulate * epochs
+    except TypeError:
+        return max_steps
+    return min(end, max_steps) if max_steps is not None else end
 
 
 def _barrier() -> None:

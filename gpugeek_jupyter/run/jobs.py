@@ -16,7 +16,9 @@ from dataclasses import replace
 from ..cluster import manage, registry
 from ..config import home
 from ..errors import GpugeekError
-from ..meter import ledger
+from ..meter import ledger, telemetry
+from ..widgets._base import in_kernel
+from ..widgets.job import JobMonitor
 from .group import RemoteError, WorkerDied, WorkerGroup
 from .helper import RunOptions
 
@@ -85,12 +87,19 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
         _group.stop()
         _group = None
     if _group is None:
-        group = WorkerGroup(opts, record.address)
+        cluster_id = record.id
+        group = WorkerGroup(opts, record.address,
+                            on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s))
         group.start()
         _group = group
         for note in group.notes:
             print(f"note: {note}", flush=True)
     return _group, record
+
+
+def drain_telemetry() -> int:
+    """Bring the node samplers' latest reports into the ledger (between cells too)."""
+    return _group.drain_telemetry() if _group is not None and not _group.broken else 0
 
 
 def reset() -> bool:
@@ -104,8 +113,10 @@ def reset() -> bool:
 
 
 def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
-        all_ranks: bool = False, name: str | None = None, max_failures: int = 0, plan=None, **flags):
-    """Run ``source`` on every worker; returns (rank 0's last value, pulled variables)."""
+        all_ranks: bool = False, name: str | None = None, max_failures: int = 0, plan=None,
+        monitor: bool = True, **flags):
+    """Run ``source`` on every worker; returns (rank 0's last value, pulled variables).
+    In a notebook, ``monitor`` shows the job live and leaves its figure when it ends."""
     opts = options(name=name, **flags)
     if not isinstance(max_failures, int) or max_failures < 0:
         raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
@@ -116,15 +127,24 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     group, record = group_for(opts)
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
-    ledger.job_started(cluster_id, job_id, name or f"cell {group.cells + 1}",
+    job_name = name or f"cell {group.cells + 1}"
+    ledger.job_started(cluster_id, job_id, job_name,
                        workers=opts.workers, nodes=len({i["node_id"] for i in group.info}))
+    watcher = _Watcher(JobMonitor(cluster_id=cluster_id, job_id=job_id, name=job_name,
+                                  workers=opts.workers, simulated=record.simulated)
+                       if monitor and in_kernel() else None)
+
+    def on_samples(samples: list[dict]) -> None:
+        ledger.record_samples(cluster_id, job_id, samples)
+        watcher.update(samples)
+
     status = "failed"
     failures = 0
     try:
         while True:
             try:
                 result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
-                                   on_samples=lambda s: ledger.record_samples(cluster_id, job_id, s))
+                                   on_samples=on_samples)
                 status = "finished"
                 return result
             except WorkerDied as died:
@@ -148,6 +168,30 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         raise
     finally:
         ledger.job_ended(cluster_id, job_id, status)
+        watcher.finish(status)
+
+
+class _Watcher:
+    """The monitor, kept from ever breaking a job: its first error is said once and it stops."""
+
+    def __init__(self, monitor: JobMonitor | None):
+        self.monitor = monitor
+
+    def update(self, samples: list[dict]) -> None:
+        self._call("update", samples)
+
+    def finish(self, status: str) -> None:
+        self._call("finish", status)
+
+    def _call(self, method: str, arg) -> None:
+        if self.monitor is None:
+            return
+        try:
+            getattr(self.monitor, method)(arg)
+        except Exception as exc:  # noqa: BLE001 - the job matters more than its picture
+            print(f"gpugeek: the job monitor stopped ({type(exc).__name__}: {exc}); the job goes on",
+                  flush=True)
+            self.monitor = None
 
 
 def _is_oom(error: RemoteError) -> bool:

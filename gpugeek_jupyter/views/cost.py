@@ -1,4 +1,9 @@
-"""Cost figures from the ledger's node rows: cumulative dollars by node type over time."""
+"""Cost figures from the ledger's node rows: cumulative $ by node type and pricing over time,
+what on-demand would have cost (the spot saving is the gap), and spend projected to the budget.
+
+Every curve is Σ $/h × hours over the ledger's node lifetimes, so its last point is exactly the
+ledger's total for that group.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +11,114 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+WARN_AT = 0.8   # the watchdog warns at 80 % of the budget
 
-def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
-    """$ spent so far by each node type, sampled on a time grid plus every start/end instant."""
-    if nodes.empty:
-        return pd.DataFrame(columns=["time", "node_type", "usd"])
+
+def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:
     start = nodes["started"].astype(float).to_numpy()
     end = nodes["ended"].fillna(now).astype(float).to_numpy()
-    grid = np.unique(np.concatenate([np.linspace(start.min(), max(end.max(), start.min() + 1), points),
+    return np.unique(np.concatenate([np.linspace(start.min(), max(end.max(), start.min() + 1), points),
                                      start, end]))
+
+
+def _accrued(group: pd.DataFrame, grid: np.ndarray, now: float, rate_column: str) -> np.ndarray:
+    s = group["started"].astype(float).to_numpy()[:, None]
+    e = group["ended"].fillna(now).astype(float).to_numpy()[:, None]
+    rate = group[rate_column].astype(float).to_numpy()[:, None]
+    return (np.clip(np.minimum(grid, e) - s, 0, None) * rate / 3600.0).sum(axis=0)
+
+
+def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
+    """$ spent so far by (node type, pricing), on a time grid plus every start/end instant.
+
+    Columns: time, node_type, pricing, label, usd, on_demand_usd (what the same hours cost at
+    on-demand prices: equal to usd except for spot nodes).
+    """
+    columns = ["time", "node_type", "pricing", "label", "usd", "on_demand_usd"]
+    if nodes.empty:
+        return pd.DataFrame(columns=columns)
+    grid = _grid(nodes, now, points)
+    nodes = nodes.assign(on_demand_rate=nodes["on_demand_usd_per_hour"].astype(float)
+                         .fillna(nodes["usd_per_hour"].astype(float)))
     frames = []
-    for node_type, group in nodes.groupby("node_type"):
-        s = group["started"].astype(float).to_numpy()[:, None]
-        e = group["ended"].fillna(now).astype(float).to_numpy()[:, None]
-        rate = group["usd_per_hour"].astype(float).to_numpy()[:, None]
-        usd = (np.clip(np.minimum(grid, e) - s, 0, None) * rate / 3600.0).sum(axis=0)
-        frames.append(pd.DataFrame({"time": pd.to_datetime(grid, unit="s"), "node_type": node_type, "usd": usd}))
-    return pd.concat(frames, ignore_index=True)
+    for (node_type, pricing), group in nodes.groupby(["node_type", "pricing"], sort=True):
+        frames.append(pd.DataFrame({
+            "time": pd.to_datetime(grid, unit="s"), "node_type": node_type, "pricing": pricing,
+            "label": f"{node_type} · {pricing}",
+            "usd": _accrued(group, grid, now, "usd_per_hour"),
+            "on_demand_usd": _accrued(group, grid, now, "on_demand_rate"),
+        }))
+    return pd.concat(frames, ignore_index=True)[columns]
 
 
 def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool) -> go.Figure:
-    """Stacked cumulative $ per node type; the title carries total, spot savings and 'simulated'."""
+    """Stacked cumulative $ per node type and pricing; with spot nodes, a dashed line shows what
+    on-demand would have cost, and the title carries total and saving. Simulated says so."""
     curve = cumulative_cost(nodes, now)
     fig = go.Figure()
-    for node_type, group in curve.groupby("node_type", sort=False):
-        fig.add_trace(go.Scatter(x=group["time"], y=group["usd"], name=str(node_type), mode="lines",
-                                 stackgroup="cost", line_shape="linear"))
+    for label, group in curve.groupby("label", sort=False):
+        fig.add_trace(go.Scatter(x=group["time"], y=group["usd"], name=str(label), mode="lines",
+                                 stackgroup="cost", line_shape="linear",
+                                 hovertemplate="%{x|%H:%M:%S} $%{y:,.4f}<extra>%{fullData.name}</extra>"))
     total = float(nodes["usd"].sum()) if not nodes.empty else 0.0
     saved = float(nodes["spot_saved_usd"].sum()) if not nodes.empty else 0.0
+    if saved > 0:
+        on_demand = curve.groupby("time", sort=True)["on_demand_usd"].sum()
+        fig.add_trace(go.Scatter(x=on_demand.index, y=on_demand.to_numpy(), name="same hours at on-demand",
+                                 mode="lines", line={"dash": "dash", "color": "black"}))
     label = " — SIMULATED" if simulated else ""
     subtitle = f"total ${total:,.2f}" + (f"; spot saved ${saved:,.2f} against on-demand" if saved > 0 else "")
     fig.update_layout(
         title=f"{title}{label}<br><sup>{subtitle}</sup>", xaxis_title="time",
         yaxis_title="cumulative $" + (" (simulated)" if simulated else ""), template="plotly_white",
-        legend_title="node type", height=380, margin=dict(l=60, r=20, t=70, b=40),
+        legend_title="node type · pricing", height=380, margin=dict(l=60, r=20, t=70, b=40),
+    )
+    return fig
+
+
+def budget_projection(nodes: pd.DataFrame, now: float, budget: float | None,
+                      horizon_h: float = 24.0) -> pd.DataFrame:
+    """Spent so far (time, usd, kind="spent") and the same burn continued (kind="projected") from
+    now until the budget is reached — or ``horizon_h`` hours with no budget or no burn."""
+    spent_curve = cumulative_cost(nodes, now)
+    if spent_curve.empty:
+        spent = pd.DataFrame({"time": [pd.Timestamp(now, unit="s")], "usd": [0.0]})
+    else:
+        spent = spent_curve.groupby("time", as_index=False)["usd"].sum()
+    total = float(nodes["usd"].sum()) if not nodes.empty else 0.0
+    burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
+    hours = horizon_h
+    if budget and burn > 0:
+        hours = max(0.0, budget - total) / burn
+    end = now + hours * 3600.0
+    projected = pd.DataFrame({"time": pd.to_datetime([now, end], unit="s"),
+                              "usd": [total, total + burn * hours]})
+    return pd.concat([spent.assign(kind="spent"), projected.assign(kind="projected")], ignore_index=True)
+
+
+def budget_figure(nodes: pd.DataFrame, now: float, budget: float | None, *, title: str,
+                  simulated: bool) -> go.Figure:
+    """Spend so far and projected at the current burn, against the budget and its 80 % warning."""
+    data = budget_projection(nodes, now, budget)
+    spent, projected = data[data["kind"] == "spent"], data[data["kind"] == "projected"]
+    burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=spent["time"], y=spent["usd"], name="spent", mode="lines",
+                             line={"color": "#1f77b4"}))
+    fig.add_trace(go.Scatter(x=projected["time"], y=projected["usd"], name=f"at ${burn:,.2f}/h",
+                             mode="lines", line={"dash": "dot", "color": "#1f77b4"}))
+    if budget:
+        fig.add_hline(y=budget, line={"color": "firebrick"}, annotation_text=f"budget ${budget:,.2f}")
+        fig.add_hline(y=WARN_AT * budget, line={"color": "orange", "dash": "dash"},
+                      annotation_text=f"warning at {WARN_AT:.0%}")
+        when = projected["time"].iloc[-1]
+        sub = (f"budget reached {when:%Y-%m-%d %H:%M} UTC at this rate" if burn > 0
+               else "nothing is billing now")
+    else:
+        sub = f"no budget set; next 24 h at this rate: ${projected['usd'].iloc[-1]:,.2f}"
+    fig.update_layout(
+        title=f"{title}{' — SIMULATED' if simulated else ''}<br><sup>{sub}</sup>",
+        xaxis_title="time (UTC)", yaxis_title="$" + (" (simulated)" if simulated else ""),
+        template="plotly_white", height=340, margin=dict(l=60, r=20, t=70, b=40),
     )
     return fig

@@ -1,0 +1,137 @@
+"""``ClusterPanel``: one cluster at a glance — nodes, GPUs, state, $ so far, $/h, budget gauge,
+idle countdown — with scale and shut-down buttons. Shown by ``%gpugeek status``.
+
+It refreshes itself every ``period`` seconds (≤ 2 s) from a background thread, reading the same
+``status()`` the magic prints, so the panel and ``%gpugeek cost`` agree to the cent.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+
+from ..cluster import manage
+from ..errors import GpugeekError
+from ._base import Refresher, bundle, lines_html
+
+REFRESH_S = 2.0
+
+
+class ClusterPanel(w.VBox):
+    def __init__(self, name: str, *, period: float = REFRESH_S, start: bool = True):
+        self.name = name
+        self.header = w.HTML()
+        self.money = w.HTML()
+        self.gauge = w.FloatProgress(value=0, min=0, max=1, description="budget",
+                                     layout=w.Layout(width="320px"))
+        self.gauge_label = w.Label()
+        self.idle = w.Label()
+        self.nodes = w.HTML()
+        self.workers = w.BoundedIntText(value=1, min=0, max=1000, description="workers",
+                                        layout=w.Layout(width="160px"))
+        self.scale_button = w.Button(description="Scale", icon="arrows-v")
+        self.down_button = w.Button(description="Shut down", button_style="danger", icon="power-off")
+        self.message = w.HTML()
+        self._confirming = False
+        self.scale_button.on_click(lambda _: self._act(self.scale))
+        self.down_button.on_click(lambda _: self._act(self.shut_down))
+        super().__init__([
+            self.header, self.money, w.HBox([self.gauge, self.gauge_label]), self.idle, self.nodes,
+            w.HBox([self.workers, self.scale_button, self.down_button]), self.message,
+        ])
+        self.add_class("gpugeek-cluster-panel")
+        self.status = None
+        self.refresh()
+        self.refresher = Refresher(self.refresh, period, self._error)
+        if start and self.live:
+            self.refresher.start()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.status is not None and not self.status.state.startswith(("stopped", "stopping"))
+
+    def refresh(self) -> bool:
+        """Read the cluster's status once and show it; False once it has stopped."""
+        first = self.status is None
+        status = manage.status(self.name)
+        self.status = status
+        sim = " <b style='color:#b35c00'>SIMULATED $</b>" if status.simulated else ""
+        self.header.value = (f"<b>{html.escape(status.name)}</b> · {html.escape(status.backend)} · "
+                             f"{html.escape(status.state)}{sim}")
+        self.money.value = (f"<span class='gpugeek-spend'>${status.spend_usd:,.4f}</span> so far · "
+                            f"${status.burn_usd_per_hour:,.2f}/h · {len(status.nodes)} nodes · "
+                            f"{status.gpus:g} GPUs" + (" declared" if status.simulated else ""))
+        if status.budget_usd:
+            used = status.spend_usd / status.budget_usd
+            self.gauge.max, self.gauge.value = status.budget_usd, min(status.spend_usd, status.budget_usd)
+            self.gauge.bar_style = "danger" if used >= 0.8 else ("warning" if used >= 0.5 else "success")
+            left = status.budget_left_hours
+            self.gauge_label.value = (f"{used:.0%} of ${status.budget_usd:,.2f}"
+                                      + (f" · reached in {manage._duration(left * 3600)}" if left else ""))
+            self.gauge.layout.display = None
+        else:
+            self.gauge.layout.display = "none"
+            self.gauge_label.value = "no budget cap"
+        self.idle.value = self._idle_text(status)
+        self.nodes.value = status.nodes.to_html(index=False, classes="gpugeek-nodes") if len(status.nodes) else ""
+        workers = int((status.nodes["type"] != "head").sum()) if len(status.nodes) else 0
+        if first:
+            self.workers.value = workers
+        for button in (self.scale_button, self.down_button, self.workers):
+            button.disabled = not self.live
+        return self.live
+
+    @staticmethod
+    def _idle_text(status) -> str:
+        if not status.idle_minutes:
+            return "no idle autostop"
+        if status.idle_for_s is None:
+            return f"autostop after {status.idle_minutes:g} min idle — busy now"
+        left = status.idle_minutes * 60 - status.idle_for_s
+        return (f"idle for {manage._duration(status.idle_for_s)} — autostop in "
+                f"{manage._duration(max(0.0, left))}")
+
+    # -- buttons ----------------------------------------------------------------------------------
+
+    def scale(self) -> None:
+        manage.scale(int(self.workers.value), self.name)
+        self._say(f"scaling to {self.workers.value} worker node(s)")
+
+    def shut_down(self) -> None:
+        """First click asks, second click stops the cluster (only the processes we started)."""
+        if not self._confirming:
+            self._confirming = True
+            self.down_button.description = "Really shut down?"
+            self._say("click again to stop the cluster and everything running on it")
+            return
+        self._confirming = False
+        self.down_button.description = "Shut down"
+        self._say("shutting down…")
+        manage.down(self.name)
+        self.refresher.stop()
+        self.refresh()
+        self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
+                  + (" (simulated)" if self.status.simulated else ""))
+
+    def _act(self, action) -> None:
+        try:
+            action()
+        except GpugeekError as exc:
+            self._error(str(exc))
+
+    def _say(self, text: str) -> None:
+        self.message.value = html.escape(text)
+
+    def _error(self, text: str) -> None:
+        self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
+
+    def close(self) -> None:
+        self.refresher.stop()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        lines = self.status.lines() if self.status else [self.name]
+        return bundle("\n".join(lines), lines_html(lines), widget=self)

@@ -1,0 +1,71 @@
+"""``CostDashboard``: where a cluster's dollars went — shown by ``%gpugeek cost``.
+
+Cumulative $ by node type and pricing (with the spot saving), spend projected against the
+budget, GPU utilisation with the idle $, and the cost table grouped as chosen. Everything is
+redrawn from ``cost()`` — the ledger — every ``period`` seconds while the cluster lives.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+
+from ..errors import GpugeekError
+from ._base import LiveFigure, Refresher, bundle
+
+REFRESH_S = 5.0
+GROUPINGS = ("node", "node_type", "pricing", "job")
+
+
+class CostDashboard(w.VBox):
+    def __init__(self, name: str, *, by: str = "node", report=None, period: float = REFRESH_S,
+                 start: bool = True):
+        self.name = name
+        self.summary = w.HTML()
+        self.by = w.ToggleButtons(options=GROUPINGS, value=by, description="by",
+                                  style={"button_width": "90px"})
+        self.refresh_button = w.Button(description="Refresh", icon="refresh")
+        self.table = w.HTML()
+        self.cost, self.budget, self.utilisation = LiveFigure(), LiveFigure(), LiveFigure()
+        self.message = w.HTML()
+        self.by.observe(lambda _: self._safe_refresh(), names="value")
+        self.refresh_button.on_click(lambda _: self._safe_refresh())
+        super().__init__([self.summary, w.HBox([self.by, self.refresh_button]), self.table,
+                          self.cost, self.budget, self.utilisation, self.message])
+        self.add_class("gpugeek-cost-dashboard")
+        self.report = None
+        self.refresh(report)
+        self.refresher = Refresher(self.refresh, period, self._error)
+        if start and self.report.live:
+            self.refresher.start()
+
+    def refresh(self, report=None) -> bool:
+        """Redraw from the ledger; False once the cluster has stopped (nothing more to add)."""
+        from ..api import cost
+
+        report = report if report is not None and report.by == self.by.value else cost(self.name, by=self.by.value)
+        self.report = report
+        self.summary.value = f"<b>{html.escape(report.summary())}</b>"
+        self.table.value = report.table.to_html(index=False, float_format=lambda x: f"{x:,.4f}",
+                                                classes="gpugeek-cost-table")
+        self.cost.show(report.figure)
+        self.budget.show(report.budget_figure)
+        self.utilisation.show(report.utilisation_figure)
+        return report.live
+
+    def _safe_refresh(self) -> None:
+        try:
+            self.refresh()
+        except GpugeekError as exc:
+            self._error(str(exc))
+
+    def _error(self, text: str) -> None:
+        self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
+
+    def close(self) -> None:
+        self.refresher.stop()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        return bundle(repr(self.report), self.report._repr_html_(), widget=self)

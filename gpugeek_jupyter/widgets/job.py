@@ -1,0 +1,220 @@
+"""``JobMonitor``: a running ``%%gpugeek run`` job, live — steps and ETA, loss, throughput,
+per-worker GPU % and memory, and what the job has cost so far.
+
+The run loop hands it the workers' reports as they arrive (in the kernel's main thread, between
+waits — nothing here touches the workers). It appears once the job has run ~2 s (short cells stay
+quiet, like ipyparallel's progress), redraws at most once a second whatever the report rate,
+and keeps at most ``MAX_POINTS`` points per line, so a 100k-step job neither floods the notebook
+nor slows training. When the job ends the live widget is replaced by a static summary and the
+job's figure, drawn from the ledger, so the saved notebook reads the same without a kernel.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+
+import ipywidgets as w
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..cluster.manage import _duration
+from ..meter import ledger
+from ..views.jobs import job_figure, job_summary
+from ._base import LiveFigure, figure_json
+
+SHOW_AFTER_S = 2.0
+REDRAW_EVERY_S = 1.0
+MAX_POINTS = 500
+
+
+class JobMonitor:
+    def __init__(self, *, cluster_id: int, job_id: str, name: str, workers: int, simulated: bool,
+                 show_after: float = SHOW_AFTER_S, every: float = REDRAW_EVERY_S):
+        self.cluster_id, self.job_id, self.name = cluster_id, job_id, name
+        self.workers, self.simulated = workers, simulated
+        self.show_after, self.every = show_after, every
+        self.started = time.monotonic()
+        self.latest: dict[int, dict] = {}          # rank → its newest report
+        self.loss: list[tuple[int, float]] = []    # (step, loss) from rank 0
+        self.speed: list[tuple[float, float]] = []  # (seconds, Σ samples/s)
+        self.handle = None
+        self.box: w.VBox | None = None
+        self.drawn_at = 0.0
+        self.draws = 0
+
+    # -- fed by the run loop --------------------------------------------------------------------
+
+    def update(self, samples: list[dict]) -> None:
+        for sample in samples:
+            rank = int(sample.get("rank", 0))
+            self.latest[rank] = sample
+            if rank == 0 and sample.get("loss") is not None:
+                self.loss.append((int(sample.get("step") or 0), float(sample["loss"])))
+            if sample.get("samples_per_s") is not None:
+                total = sum(float(s.get("samples_per_s") or 0) for s in self.latest.values())
+                self.speed.append((time.monotonic() - self.started, total))
+        for series in (self.loss, self.speed):
+            if len(series) > 2 * MAX_POINTS:
+                del series[1::2]                 # thin out evenly; the shape stays
+        now = time.monotonic()
+        if now - self.started < self.show_after or now - self.drawn_at < self.every:
+            return
+        if self.box is None:
+            self._build()
+        self._draw()
+        self.drawn_at = now
+
+    def _build(self) -> None:
+        from IPython.display import display
+
+        self.header = w.HTML()
+        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="420px"))
+        self.progress = w.Label()
+        self.stats = w.HTML()
+        self.figure = LiveFigure()
+        self.table = w.HTML()
+        self.box = w.VBox([self.header, w.HBox([self.bar, self.progress]), self.stats, self.figure,
+                           self.table])
+        self.box.add_class("gpugeek-job")
+        self.handle = display(self.box, display_id=True)
+
+    def _draw(self) -> None:
+        elapsed = time.monotonic() - self.started
+        first = self.latest.get(0) or next(iter(self.latest.values()), {})
+        step = int(first.get("step") or 0)
+        total, start = first.get("total_steps"), int(first.get("loop_start") or 0)
+        self.header.value = (f"<b>{html.escape(self.name)}</b> · running on {self.workers} worker(s)"
+                             + (" · <b style='color:#b35c00'>SIMULATED $</b>" if self.simulated else ""))
+        self.progress.value = _progress_text(step, total, start, elapsed, self.loss or None, self.speed)
+        if total:
+            self.bar.max, self.bar.value = max(1, int(total) - start), max(0, step - start)
+        else:
+            self.bar.max, self.bar.value = max(1, step), step
+        self.stats.value = self._stats_html()
+        self.figure.show(_live_figure(self.loss, self.speed))
+        self.table.value = _workers_html(self.latest)
+        self.draws += 1
+
+    def _stats_html(self) -> str:
+        parts = []
+        if self.loss:
+            parts.append(f"loss {self.loss[-1][1]:.4g}")
+        speed = sum(float(s.get("samples_per_s") or 0) for s in self.latest.values())
+        if speed:
+            parts.append(f"{speed:,.1f} samples/s")
+        tokens = sum(float(s.get("tokens_per_s") or 0) for s in self.latest.values())
+        if tokens:
+            parts.append(f"{tokens:,.0f} tokens/s")
+        usd = self.usd()
+        parts.append(f"this job ${usd:,.4f}" + (" (simulated)" if self.simulated else ""))
+        return " · ".join(parts)
+
+    def usd(self) -> float:
+        """This job's $ from the ledger (its share of the cluster's burn while it runs)."""
+        table = ledger.cost_table(self.cluster_id, "job")
+        row = table[table["job_id"] == self.job_id]
+        return float(row["usd"].iloc[0]) if len(row) else 0.0
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def finish(self, status: str) -> JobReport | None:
+        """Replace the live widget with the static report (if the job was shown or reported)."""
+        samples = ledger.samples_frame(self.cluster_id, self.job_id)
+        if self.box is None and samples.empty:
+            return None
+        report = JobReport(name=self.name, status=status, samples=samples, usd=self.usd(),
+                           simulated=self.simulated, seconds=time.monotonic() - self.started)
+        from IPython.display import display
+
+        if self.handle is not None:
+            self.handle.update(report.summary_bundle(), raw=True)
+            self.box.close()
+        else:
+            display(report.summary_bundle(), raw=True)
+        if not samples.empty:
+            display(report.figure_bundle(), raw=True)
+        return report
+
+
+class JobReport:
+    """What a finished job leaves in the notebook: a summary line with a static progress bar,
+    and the per-worker figure — plain outputs that render without a kernel."""
+
+    def __init__(self, *, name: str, status: str, samples, usd: float, simulated: bool, seconds: float):
+        self.name, self.status, self.samples, self.usd = name, status, samples, usd
+        self.simulated, self.seconds = simulated, seconds
+        self.summary = job_summary(samples)
+
+    def text(self) -> str:
+        s = self.summary
+        last = self.samples.sort_values("at").iloc[-1] if not self.samples.empty else {}
+        total = last.get("total_steps") if hasattr(last, "get") else None
+        steps = f"step {s['step']}" + (f"/{int(total)}" if total == total and total else "")
+        parts = [f"{self.name}: {self.status} after {_duration(self.seconds)}", steps]
+        if s["loss"] is not None:
+            parts.append(f"loss {s['loss']:.4g}")
+        if s["samples_per_s"]:
+            parts.append(f"{s['samples_per_s']:,.1f} samples/s")
+        if s["peak_memory_gib"]:
+            parts.append(f"peak memory {s['peak_memory_gib']:.2f} GiB")
+        parts.append(f"${self.usd:,.4f}" + (" (simulated)" if self.simulated else ""))
+        return " · ".join(parts)
+
+    def summary_bundle(self) -> dict:
+        last = self.samples.sort_values("at").iloc[-1] if not self.samples.empty else None
+        total = last.get("total_steps") if last is not None else None
+        start = last.get("loop_start") if last is not None else None
+        bar = ""
+        if total == total and total:       # not NaN, not None
+            start = int(start) if start == start and start is not None else 0
+            bar = (f"<progress class='gpugeek-progress' value='{self.summary['step'] - start}' "
+                   f"max='{int(total) - start}'></progress> ")
+        return {"text/plain": self.text(), "text/html": f"<div class='gpugeek-job-done'>{bar}"
+                                                          f"{html.escape(self.text())}</div>"}
+
+    def figure(self) -> go.Figure:
+        title = f"{self.name} — {self.status}" + (" (simulated $)" if self.simulated else "")
+        return job_figure(self.samples, title=title)
+
+    def figure_bundle(self) -> dict:
+        figure = self.figure()
+        return {"application/vnd.plotly.v1+json": figure_json(figure),
+                "text/html": figure.to_html(full_html=False, include_plotlyjs="cdn"),
+                "text/plain": self.text()}
+
+
+def _live_figure(loss: list[tuple[int, float]], speed: list[tuple[float, float]]) -> go.Figure:
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (rank 0)", "samples/s (all workers)"))
+    if loss:
+        steps, values = zip(*loss)
+        fig.add_scatter(x=steps, y=values, mode="lines", name="loss", row=1, col=1)
+    if speed:
+        seconds, values = zip(*speed)
+        fig.add_scatter(x=seconds, y=values, mode="lines", name="samples/s", row=1, col=2)
+    fig.update_layout(height=260, showlegend=False, template="plotly_white", margin=dict(l=50, r=20, t=30, b=30))
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="seconds", row=1, col=2)
+    return fig
+
+
+def _progress_text(step: int, total, start: int, elapsed: float, loss, speed) -> str:
+    text = f"step {step}" + (f"/{int(total)}" if total else "") + f" · {_duration(elapsed)}"
+    done = step - start
+    if total and done > 0 and elapsed > 0:
+        rate = done / elapsed
+        text += f" · {rate:,.1f} steps/s · ETA {_duration(max(0, int(total) - step) / rate)}"
+    return text
+
+
+def _workers_html(latest: dict[int, dict]) -> str:
+    rows = []
+    for rank in sorted(latest):
+        s = latest[rank]
+        gpu = f"{s['gpu_util']:.0f} %" if s.get("gpu_util") is not None else "—"
+        mem = f"{float(s['memory_bytes']) / 2**30:.2f}" if s.get("memory_bytes") is not None else "—"
+        speed = f"{float(s['samples_per_s']):,.1f}" if s.get("samples_per_s") is not None else "—"
+        rows.append(f"<tr><td>{rank}</td><td>{s.get('step', '—')}</td><td>{speed}</td>"
+                    f"<td>{mem}</td><td>{gpu}</td></tr>")
+    return ("<table class='gpugeek-workers'><tr><th>rank</th><th>step</th><th>samples/s</th>"
+            "<th>memory GiB</th><th>GPU</th></tr>" + "".join(rows) + "</table>")

@@ -1,0 +1,171 @@
+"""``OfferPicker``: filter the GPU offers and see the table and price–performance chart follow;
+"Plan" sizes a model against the filtered offers, "Provision" starts a cluster on the chosen one.
+
+Every control calls the same API functions as the magics (``offers``, ``plan``, ``up``).
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+from IPython.display import display
+
+from ..catalog.gpus import families
+from ..catalog.offers import load_catalog
+from ..errors import GpugeekError
+from ..views.pricing import price_performance
+from ._base import LiveFigure, bundle
+
+ANY = "any"
+SHOWN = 15
+BACKENDS = (("sim — rehearse on this machine (simulated $)", "sim"),
+            ("the offer's cloud — dry run (show the config)", "cloud-dry-run"),
+            ("the offer's cloud — launch (costs money)", "cloud"))
+
+
+class OfferPicker(w.VBox):
+    def __init__(self, *, gpu: str | None = None, count: int | None = None, min_gpu_mem: float | None = None,
+                 provider: str | None = None, pricing: str = "on-demand", max_price: float | None = None,
+                 catalog: str | None = None, params: str = "1B"):
+        self.catalog = catalog
+        everything = load_catalog(catalog)
+        counts = sorted(int(c) for c in everything["gpu_count"].unique())
+        if gpu and gpu not in families():
+            raise GpugeekError(f"--gpu {gpu!r}: the picker starts from one GPU family, like "
+                               f"{', '.join(families()[:6])} — or none")
+        if count is not None and str(count).strip() not in {str(c) for c in counts}:
+            raise GpugeekError(f"--count {count!r}: the picker takes one of {', '.join(map(str, counts))}")
+        self.gpu = w.Dropdown(options=[ANY, *families()], value=gpu or ANY, description="GPU")
+        self.count = w.Dropdown(options=[ANY, *counts], value=int(count) if count else ANY,
+                                description="GPUs/node")
+        self.min_mem = w.BoundedFloatText(value=min_gpu_mem or 0, min=0, max=1024, step=8,
+                                          description="min GiB/GPU")
+        self.provider = w.Dropdown(options=[ANY, *sorted(everything["provider"].unique())],
+                                   value=provider or ANY, description="provider")
+        self.pricing = w.ToggleButtons(options=["on-demand", "spot", "reserved"], value=pricing,
+                                       description="pricing", style={"button_width": "90px"})
+        self.max_price = w.BoundedFloatText(value=max_price or 0, min=0, max=1e4, step=1,
+                                            description="max $/h", tooltip="0: no limit")
+        self.count_label = w.HTML()
+        self.table = w.HTML()
+        self.chart = LiveFigure()
+        self.choice = w.Dropdown(description="offer", layout=w.Layout(width="640px"))
+        self.params = w.Text(value=params, description="model size", tooltip="parameters, like 7B or 350M")
+        self.plan_button = w.Button(description="Plan", icon="calculator")
+        self.backend = w.Dropdown(options=BACKENDS, value="sim", description="on",
+                                  layout=w.Layout(width="420px"))
+        self.workers = w.BoundedIntText(value=1, min=1, max=64, description="nodes",
+                                        layout=w.Layout(width="160px"))
+        self.budget = w.BoundedFloatText(value=0, min=0, max=1e6, step=10, description="budget $",
+                                         tooltip="0: no cap", layout=w.Layout(width="180px"))
+        self.idle = w.BoundedFloatText(value=0, min=0, max=1e4, step=5, description="idle min",
+                                       tooltip="0: no idle autostop", layout=w.Layout(width="180px"))
+        self.provision_button = w.Button(description="Provision", button_style="primary", icon="play")
+        self.output = w.Output()
+        self.message = w.HTML()
+        for control in (self.gpu, self.count, self.min_mem, self.provider, self.pricing, self.max_price):
+            control.observe(lambda _: self.requery(), names="value")
+        self.plan_button.on_click(lambda _: self._act(self.plan))
+        self.provision_button.on_click(lambda _: self._act(self.provision))
+        super().__init__([
+            w.HBox([self.gpu, self.count, self.min_mem]), w.HBox([self.provider, self.max_price]),
+            self.pricing, self.count_label, self.table, self.chart, self.choice,
+            w.HBox([self.params, self.plan_button]),
+            w.HBox([self.backend, self.workers, self.budget, self.idle, self.provision_button]),
+            self.message, self.output,
+        ])
+        self.add_class("gpugeek-offer-picker")
+        self.offers = None
+        self.shown = None               # what a button gave back last (a Plan, a Cluster)
+        self.queries = 0
+        self.requery()
+
+    def filters(self) -> dict:
+        """The filters as ``offers()`` takes them."""
+        return {
+            "gpu": None if self.gpu.value == ANY else self.gpu.value,
+            "count": None if self.count.value == ANY else int(self.count.value),
+            "min_gpu_mem": self.min_mem.value or None,
+            "provider": None if self.provider.value == ANY else self.provider.value,
+            "pricing": self.pricing.value,
+            "max_price": self.max_price.value or None,
+            "catalog": self.catalog,
+        }
+
+    def requery(self) -> None:
+        """Ask the catalog again with the current filters; table, chart and choices follow."""
+        from ..api import offers
+
+        self.queries += 1
+        try:
+            frame = offers(**self.filters())
+        except GpugeekError as exc:        # nothing matches: say why, keep the last view
+            self._say(str(exc), error=True)
+            self.offers = None
+            self.choice.options = []
+            return
+        self.offers = frame
+        self._say("")
+        self.count_label.value = f"{len(frame)} offers, cheapest first by {self.pricing.value} $/h"
+        shown = frame.head(SHOWN)[["id", "gpu", "gpu_count", "gpu_mem_gib", "price", "price_per_gpu_hour",
+                                   "peak_tflops"]]
+        self.table.value = shown.to_html(index=False, float_format=lambda x: f"{x:,.2f}",
+                                         classes="gpugeek-offers")
+        self.chart.show(price_performance(frame))
+        choices = [(f"{r.id} — ${r.price:,.2f}/h", r.id) for r in frame.head(100).itertuples()]
+        self.choice.options = choices
+        self.choice.value = choices[0][1]        # the cheapest, whatever was chosen before
+
+    def plan(self):
+        """Size a model of ``model size`` parameters against the filtered offers (sharded with
+        FSDP over the chosen GPUs per node, if any)."""
+        from ..api import plan
+
+        f = self.filters()
+        result = plan(params=self.params.value, gpu=f["gpu"], provider=f["provider"], gpus=f["count"],
+                      strategy="fsdp" if f["count"] and f["count"] > 1 else "ddp",
+                      pricing=f["pricing"], catalog=f["catalog"])
+        self._show(result)
+        return result
+
+    def provision(self):
+        """Start a cluster on the chosen offer: a sim rehearsal, a dry run, or the real cloud."""
+        from ..api import up
+
+        if not self.choice.value:
+            raise GpugeekError("no offer chosen — widen the filters")
+        offer = self.choice.value
+        kind = self.backend.value
+        backend = "sim" if kind == "sim" else offer.split("/")[0]
+        self._say(f"starting {backend} cluster on {offer} …")
+        cluster = up(backend=backend, offer=offer, workers=int(self.workers.value),
+                     pricing=self.pricing.value, budget=self.budget.value or None,
+                     idle=self.idle.value or None, dry_run=kind == "cloud-dry-run", yes=kind == "cloud",
+                     catalog=self.catalog)
+        self._say("")
+        self._show(cluster)
+        return cluster
+
+    def _act(self, action) -> None:
+        try:
+            action()
+        except GpugeekError as exc:
+            self._say(str(exc), error=True)
+
+    def _show(self, thing) -> None:
+        self.shown = thing
+        self.output.clear_output()
+        with self.output:
+            display(thing)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        style = " style='color:firebrick'" if error else ""
+        self.message.value = f"<span{style}>{html.escape(text)}</span>" if text else ""
+
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        frame = self.offers
+        text = (f"{len(frame)} offers\n{frame.head(SHOWN).to_string(index=False)}" if frame is not None
+                else "no offers match")
+        html_text = frame.head(SHOWN).to_html(index=False) if frame is not None else "no offers match"
+        return bundle(text, html_text, widget=self)

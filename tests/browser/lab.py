@@ -1,0 +1,350 @@
+"""Drive a real JupyterLab from tests: start an isolated server, run notebooks in headless Chromium.
+
+Server side (the `lab` fixture in conftest.py wraps the first two):
+    start_lab(workdir, gpugeek_home=None) -> LabServer   # .base_url .token .root_dir .url() .api()
+    stop_lab(server) -> list[str]                         # what was still alive (then killed)
+    put_notebook(server, nb_or_path, relpath) -> relpath  # write/copy an .ipynb under root_dir
+    shutdown_sessions(server)                             # end every kernel (the page fixture does)
+Browser side (Playwright sync API, given a `page`):
+    open_notebook_in_lab(page, base_url, token, path, timeout=60)
+    run_notebook_in_lab(page, base_url, token, path, timeout=120) -> NotebookRun (.prompts ...)
+    error_outputs(page, stderr=True) -> [{"cell", "kind": "error"|"stderr"|"widget", "text"}]
+    screenshot(page, name, locator=None) -> Path          # artifacts/browser/<name>.png
+
+Chromium is Debian's (`/usr/bin/chromium`, or $CHROMIUM); Playwright's own browser download is
+never used (no internet to its CDN).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "browser"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+# Lab's page config and user settings for tests: no news pop-up, and every cell attached to the DOM
+# (the default "contentVisibility" windowing lets the browser skip laying out off-screen cells).
+PAGE_CONFIG = {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
+USER_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false", "checkForUpdates": False},
+}
+SERVER_CONFIG = {
+    "LabApp": {"news_url": None,
+               "check_for_updates_class": "jupyterlab.handlers.announcements.NeverCheckForUpdate"},
+}
+
+
+# ----------------------------------------------------------------------------------------- server
+@dataclass
+class LabServer:
+    base_url: str  # "http://127.0.0.1:PORT"
+    token: str
+    root_dir: Path  # notebooks the browser opens live here (paths are relative to it)
+    env: dict
+    proc: subprocess.Popen
+    log: Path
+    seen: dict[int, psutil.Process] = field(default_factory=dict)  # every process of it seen
+
+    def url(self, path: str = "lab") -> str:
+        sep = "&" if "?" in path else "?"
+        return f"{self.base_url}/{path.lstrip('/')}{sep}token={self.token}"
+
+    def api(self, path: str, method: str = "GET", timeout: float = 5):
+        request = urllib.request.Request(f"{self.base_url}/api/{path.lstrip('/')}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def processes(self) -> dict[int, psutil.Process]:
+        """The server and every process it started (kernels get sessions of their own); each one
+        seen is remembered, so a process whose parent died is still found at the end."""
+        try:
+            parent = psutil.Process(self.proc.pid)
+            for proc in [parent, *parent.children(recursive=True)]:
+                self.seen.setdefault(proc.pid, proc)
+        except psutil.NoSuchProcess:
+            pass
+        return self.seen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def start_lab(workdir: Path, gpugeek_home: Path | None = None, timeout: float = 90) -> LabServer:
+    """Start `jupyter lab` on a free port with a token, every Jupyter/IPython dir inside `workdir`.
+
+    Labextensions (widgets, anywidget, plotly) are still found: they live under sys.prefix's
+    share/jupyter, which is on Jupyter's data path whatever JUPYTER_DATA_DIR says.
+    """
+    workdir = Path(workdir)
+    root = workdir / "notebooks"
+    root.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    for name in ("HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                 "IPYTHONDIR"):
+        env[name] = str(workdir / name.lower())
+        Path(env[name]).mkdir(parents=True, exist_ok=True)
+    env["GPUGEEK_HOME"] = str(gpugeek_home or workdir / "gpugeek-home")
+    env.pop("JUPYTER_PATH", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    config = Path(env["JUPYTER_CONFIG_DIR"])
+    _write_json(config / "labconfig" / "page_config.json", PAGE_CONFIG)
+    _write_json(config / "jupyter_server_config.json", SERVER_CONFIG)
+    for name, settings in USER_SETTINGS.items():
+        _write_json(config / "lab" / "user-settings" / name, settings)
+
+    port, token = free_port(), f"gpugeek-browser-{os.getpid()}-{time.monotonic_ns()}"
+    log = workdir / "jupyterlab.log"
+    args = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+            "--ServerApp.open_browser=False", "--ServerApp.terminals_enabled=False"]
+    if os.geteuid() == 0:
+        args.append("--allow-root")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = LabServer(f"http://127.0.0.1:{port}", token, root, env, proc, log)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if "started" in server.api("status", timeout=2):
+                return server
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            stop_lab(server)
+            raise TimeoutError(f"jupyter lab did not answer /api/status in {timeout} s:\n"
+                               f"{log.read_text()}")
+        time.sleep(0.25)
+
+
+def _alive(procs) -> list[str]:
+    left = []
+    for proc in procs:
+        try:  # psutil checks the create time too, so a reused PID is not taken for ours
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def stop_lab(server: LabServer, timeout: float = 20) -> list[str]:
+    """Shut down kernels, stop the server, kill whatever of it is left; return what was left.
+
+    Kernels run in sessions of their own (jupyter_client starts them with start_new_session), so
+    killing the server's process group alone would leave them: they are listed before the stop and
+    shut down through the REST API first.
+    """
+    server.processes()
+    try:
+        for kernel in server.api("kernels"):
+            server.api(f"kernels/{kernel['id']}", method="DELETE", timeout=timeout)
+    except OSError:
+        pass
+    procs = list(server.processes().values())
+    try:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        server.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + 5
+    while _alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _alive(procs)
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.proc.wait()
+    return left
+
+
+def put_notebook(server: LabServer, notebook, relpath: str) -> str:
+    """Write `notebook` (an nbformat node, or the path of an .ipynb to copy) under the server's
+    root dir at `relpath`; return `relpath` for `run_notebook_in_lab`. A notebook without a
+    kernelspec gets python3's, so Lab opens it without asking which kernel to start."""
+    import nbformat
+
+    if not isinstance(notebook, nbformat.NotebookNode):
+        notebook = nbformat.read(notebook, as_version=4)
+    notebook.metadata.setdefault("kernelspec", {
+        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"})
+    target = server.root_dir / relpath
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, target)
+    return relpath
+
+
+def shutdown_sessions(server: LabServer) -> None:
+    """End every notebook session (and its kernel) the server holds, so the next test starts clean."""
+    server.processes()  # remember the kernels, so stop_lab can check they are gone
+    for session in server.api("sessions"):
+        server.api(f"sessions/{session['id']}", method="DELETE", timeout=30)
+
+
+# ---------------------------------------------------------------------------------------- browser
+# The notebook panel on show (Lumino hides the others with lm-mod-hidden).
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+# The kernel is ready once the panel names a kernel and its execution indicator says idle. The
+# indicator reads "idle" before any kernel is attached too (the panel then says "No Kernel"), and
+# clicking Run All then does nothing, so both are checked.
+_KERNEL_IDLE_JS = """(panel) => {
+  const p = document.querySelector(panel);
+  if (!p) return false;
+  const name = p.querySelector('.jp-Toolbar-kernelName');
+  const state = p.querySelector('.jp-Notebook-ExecutionIndicator');
+  return !!name && !!state && (name.getAttribute('aria-label') || 'No Kernel') !== 'No Kernel'
+    && state.getAttribute('data-status') === 'idle';
+}"""
+
+_PROMPTS_JS = """(panel) => [...document.querySelectorAll(panel + ' .jp-CodeCell .jp-InputPrompt')]
+  .map(e => e.textContent.trim())"""
+
+# Lab shows "[*]:" on every queued cell the moment Run All is clicked and a number once it ran;
+# a cell that is cut short by an error above it goes back to "[ ]:". A fast cell can go from "[*]"
+# to "[1]" between two polls, so a MutationObserver records that a run started at all.
+_WATCH_JS = """(panel) => {
+  const p = document.querySelector(panel);
+  window.__ggRunStarted = false;
+  if (window.__ggObserver) window.__ggObserver.disconnect();
+  const busy = () => [...p.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'));
+  window.__ggObserver = new MutationObserver(() => { if (busy()) window.__ggRunStarted = true; });
+  window.__ggObserver.observe(p, {subtree: true, childList: true, characterData: true});
+}"""
+
+_DONE_JS = """(panel) => {
+  const p = document.querySelector(panel);
+  if (!p || !window.__ggRunStarted) return false;
+  const busy = [...p.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'));
+  return !busy && (%s)(panel);
+}""" % _KERNEL_IDLE_JS
+
+
+@dataclass
+class NotebookRun:
+    path: str
+    prompts: list[str]  # each code cell's prompt after the run: "[3]:", "[ ]:" (not run / empty)
+    seconds: float  # from clicking Run All to the last cell done
+
+    @property
+    def executed(self) -> int:
+        return sum(bool(re.fullmatch(r"\[\d+\]:", p)) for p in self.prompts)
+
+
+def open_notebook_in_lab(page, base_url: str, token: str, path: str, timeout: float = 60) -> None:
+    """Open `path` (relative to the server's root dir) in a reset workspace; wait for its cells
+    and for its kernel to be idle."""
+    from urllib.parse import quote
+
+    page.goto(f"{base_url}/lab/tree/{quote(path)}?reset&token={token}",
+              timeout=timeout * 1000)
+    page.wait_for_selector(f"{PANEL} .jp-Notebook", timeout=timeout * 1000)
+    # the browser must show every cell of the file before Run All
+    request = urllib.request.Request(f"{base_url}/api/contents/{quote(path)}?content=1",
+                                     headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        cells = len(json.load(response)["content"]["cells"])
+    page.wait_for_function(
+        f"() => document.querySelectorAll('{PANEL} .jp-Notebook-cell').length === {cells}",
+        timeout=timeout * 1000)
+    page.wait_for_function(_KERNEL_IDLE_JS, arg=PANEL, timeout=timeout * 1000)
+
+
+def run_notebook_in_lab(page, base_url: str, token: str, path: str,
+                        timeout: float = 120) -> NotebookRun:
+    """Open `path` in Lab, run all cells through the menu (Run → Run All Cells), wait until no cell
+    is queued or running and the kernel is idle again; return the prompts. Outputs that render
+    asynchronously after that (widgets, plotly) are for the caller to wait for.
+
+    A cell that raises stops the run (the cells below show "[ ]:"): check `error_outputs(page)`.
+    """
+    open_notebook_in_lab(page, base_url, token, path, timeout=timeout)
+    page.evaluate(_WATCH_JS, PANEL)
+    started = time.monotonic()
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+    code = page.evaluate(f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')]
+        .some(c => (c.querySelector('.cm-content')?.textContent || '').trim() !== '')""")
+    if code:
+        page.wait_for_function(_DONE_JS, arg=PANEL,
+                               timeout=max(1.0, timeout - (time.monotonic() - started)) * 1000)
+        # settled means: still done a moment later (the kernel may go busy again for comm traffic)
+        page.wait_for_timeout(300)
+        page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
+    return NotebookRun(path, page.evaluate(_PROMPTS_JS, PANEL), time.monotonic() - started)
+
+
+def error_outputs(page, stderr: bool = True) -> list[dict]:
+    """Errors shown in the open notebook: tracebacks, widgets that failed to display, and (unless
+    `stderr=False`) anything written to stderr. Each is {"cell": index, "kind", "text"}.
+
+    Lab renders an error output with the stderr mime type too (`data-mime-type=
+    "application/vnd.jupyter.stderr"`), so "error" vs "stderr" is told by the traceback header."""
+    found = page.evaluate(f"""() => {{
+      const out = [];
+      document.querySelectorAll('{PANEL} .jp-Notebook-cell').forEach((cell, i) => {{
+        cell.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+          .forEach(e => out.push({{cell: i, kind: 'stderr', text: e.innerText}}));
+        cell.querySelectorAll('.jupyter-widgets-error-widget')
+          .forEach(e => out.push({{cell: i, kind: 'widget', text: e.innerText}}));
+        cell.querySelectorAll('.jp-OutputArea-output').forEach(e => {{
+          if (e.innerText.startsWith('Error displaying widget'))
+            out.push({{cell: i, kind: 'widget', text: e.innerText}});
+        }});
+      }});
+      return out;
+    }}""")
+    tb = re.compile(r"Traceback \(most recent call last\)|^-{20,}\s*\n\s*\w+(Error|Exception)\b|"
+                    r"^\w+(Error|Exception|Interrupt)\b", re.M)
+    for item in found:
+        if item["kind"] == "stderr" and tb.search(item["text"]):
+            item["kind"] = "error"
+    return [f for f in found if stderr or f["kind"] != "stderr"]
+
+
+def screenshot(page, name: str, locator=None) -> Path:
+    """Save a PNG of the page (or of `locator`) as artifacts/browser/<name>.png; return its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + ".png")
+    (locator or page).screenshot(path=str(path))
+    return path

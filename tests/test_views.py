@@ -1,0 +1,175 @@
+"""The views draw only what the ledger holds: each figure's numbers equal the ledger's, to the cent."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter.ledger import NodePrice
+from gpugeek_jupyter.meter.raynodes import RayNode
+from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost
+from gpugeek_jupyter.views.jobs import job_figure, job_summary
+from gpugeek_jupyter.views.utilisation import idle_dollars, utilisation_heatmap
+
+T0 = 1_700_000_000.0
+PRICES = {
+    "a100-spot": NodePrice("aws/p4d/us-east-1", "spot", 12.0, on_demand_usd_per_hour=32.0),
+    "a100-od": NodePrice("aws/p4d/us-east-1", "on-demand", 32.0, on_demand_usd_per_hour=32.0),
+    "head": NodePrice(None, "local", 0.0),
+}
+
+
+def node(node_id, node_type, start, end=None, gpus=8.0, head=False):
+    return RayNode(node_id=node_id, node_type=node_type, alive=end is None, is_head=head, started=start,
+                   ended=end, idle_s=None, raylet_socket="", resources={"GPU": gpus} if gpus else {})
+
+
+@pytest.fixture
+def cluster():
+    """A ledger with a head, two spot nodes (one preempted) and an on-demand replacement."""
+    record = registry.create("views", "sim", {}, simulated=True, budget_usd=100.0, idle_minutes=None)
+    ledger.sync_nodes(record.id, [
+        node("head0", "", T0, gpus=0, head=True),
+        node("spot1", "a100-spot", T0 + 60, T0 + 1860),          # 30 min × $12/h = $6
+        node("spot2", "a100-spot", T0 + 60),                      # open: runs to `now`
+        node("od1", "a100-od", T0 + 1900),                        # open
+    ], PRICES)
+    return record
+
+
+NOW = T0 + 3660.0      # spot2: 1 h × $12; od1: 1760 s × $32/h
+
+
+def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(cluster):
+    nodes = ledger.nodes_frame(cluster.id, NOW)
+    curve = cumulative_cost(nodes, NOW)
+    last = curve.groupby(["node_type", "pricing"])["usd"].last()
+    table = nodes.groupby(["node_type", "pricing"])["usd"].sum()
+    for key, usd in table.items():
+        assert round(last[key], 2) == round(usd, 2)
+    assert round(last[("a100-spot", "spot")], 2) == 18.00           # 6 + 12, by hand
+    assert round(last[("a100-od", "on-demand")], 2) == round(1760 / 3600 * 32, 2)
+    # what the same spot hours cost on demand: the gap is the ledger's spot saving
+    od = curve.groupby(["node_type", "pricing"])["on_demand_usd"].last()
+    saved = od[("a100-spot", "spot")] - last[("a100-spot", "spot")]
+    assert round(saved, 2) == round(float(nodes["spot_saved_usd"].sum()), 2) == 30.00
+    # cumulative: never decreasing
+    for _, group in curve.groupby("label"):
+        assert np.all(np.diff(group["usd"].to_numpy()) >= -1e-12)
+
+
+def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
+    nodes = ledger.nodes_frame(cluster.id, NOW)
+    fig = cost_figure(nodes, NOW, title="views", simulated=True)
+    stacked = [t for t in fig.data if t.stackgroup == "cost"]
+    assert {t.name for t in stacked} == {"a100-spot · spot", "a100-od · on-demand", "head · local"}
+    assert round(sum(t.y[-1] for t in stacked), 2) == round(ledger.spend(cluster.id, NOW), 2)
+    on_demand = next(t for t in fig.data if t.name == "same hours at on-demand")
+    assert round(on_demand.y[-1], 2) == round(float(nodes["on_demand_usd"].sum()), 2)
+    assert "SIMULATED" in fig.layout.title.text
+    assert f"total ${ledger.spend(cluster.id, NOW):,.2f}" in fig.layout.title.text
+    assert "spot saved $30.00" in fig.layout.title.text
+
+
+def test_budget_projection_reaches_the_budget_when_the_burn_says(cluster):
+    nodes = ledger.nodes_frame(cluster.id, NOW)
+    spent = ledger.spend(cluster.id, NOW)
+    burn = ledger.burn_rate(cluster.id)
+    assert burn == 12.0 + 32.0
+    data = budget_projection(nodes, NOW, 100.0)
+    projected = data[data["kind"] == "projected"]
+    assert round(projected["usd"].iloc[0], 2) == round(spent, 2)
+    assert round(projected["usd"].iloc[-1], 2) == 100.00
+    hours = (projected["time"].iloc[-1] - projected["time"].iloc[0]).total_seconds() / 3600
+    assert math.isclose(hours, (100.0 - spent) / burn, rel_tol=1e-6)
+    fig = budget_figure(nodes, NOW, 100.0, title="b", simulated=True)
+    assert {s.y0 for s in fig.layout.shapes} == {100.0, 80.0}
+    # no budget: 24 h at the same burn
+    free = budget_projection(nodes, NOW, None)
+    assert round(free["usd"].iloc[-1], 2) == round(spent + 24 * burn, 2)
+
+
+def gpu_samples(rows):
+    return pd.DataFrame([{"node_id": n, "at": T0 + t, "device": d, "gpu_util": u} for n, d, t, u in rows])
+
+
+def test_idle_dollars_on_a_synthetic_ledger_with_known_answers(cluster):
+    """spot2 has 8 GPUs at $12/h → $1.50/GPU-h. gpu0 samples every second for 3600 s, busy for the
+    first 2400 s, idle (10 %) for the last 1200 s → idle $ = 1200 s × $1.5/h = $0.50.
+    gpu1 is idle throughout but its samples stop after 600 s and resume at 1800 s: the gap is not
+    counted (a sample stands for at most 5 s) → 1200 samples × 1 s idle = $0.50."""
+    rows = [("spot2", "gpu0", 60 + t, 95.0 if t < 2400 else 10.0) for t in range(3600)]
+    rows += [("spot2", "gpu1", 60 + t, 5.0) for t in [*range(600), *range(1800, 2400)]]
+    samples = gpu_samples(rows)
+    nodes = ledger.nodes_frame(cluster.id, NOW)
+    idle = idle_dollars(samples, nodes, now=NOW).set_index("device")
+    assert round(idle.loc["gpu0", "idle_usd"], 4) == 0.5
+    assert round(idle.loc["gpu0", "usd"], 4) == 1.5        # 3600 samples × 1 s (the last one to `now`)
+    assert round(idle.loc["gpu1", "idle_usd"], 4) == round((599 + 5 + 599 + 5) / 3600 * 1.5, 4)
+    fig = utilisation_heatmap(samples, nodes, now=NOW, simulated=True)
+    total_idle = float(idle["idle_usd"].sum())
+    assert f"idle ${total_idle:,.2f}" in fig.layout.title.text
+    assert list(fig.data[0].y) == ["node spot2 · gpu0", "node spot2 · gpu1"]
+
+
+def test_idle_dollars_stop_at_the_node_end(cluster):
+    """spot1 was preempted at T0+1860: a sample just before the end counts only up to the end."""
+    samples = gpu_samples([("spot1", "gpu0", 1858, 0.0)])
+    idle = idle_dollars(samples, ledger.nodes_frame(cluster.id, NOW), now=NOW)
+    assert math.isclose(idle["idle_hours"].iloc[0], 2 / 3600)
+
+
+def test_heatmap_without_gpu_samples_says_so_and_invents_no_idle_dollars(cluster):
+    host = pd.DataFrame([{"node_id": "spot2", "at": T0 + t, "device": "host", "cpu_percent": 50.0}
+                         for t in range(10)])
+    fig = utilisation_heatmap(host, ledger.nodes_frame(cluster.id, NOW))
+    assert "no GPU telemetry" in fig.layout.title.text and "idle $ not measured" in fig.layout.title.text
+    assert idle_dollars(host, ledger.nodes_frame(cluster.id, NOW)).empty
+
+
+def job_samples():
+    rows = []
+    for rank in (0, 1):
+        for i in range(5):
+            rows.append({"job_id": "j", "rank": rank, "at": T0 + i, "step": 10 * (i + 1),
+                         "loss": 2.0 - 0.1 * i + rank, "samples_per_s": 100.0 + rank,
+                         "memory_bytes": 2**30 * (1 + rank)})
+    return pd.DataFrame(rows)
+
+
+def test_job_figure_per_worker_series_equal_the_samples():
+    samples = job_samples()
+    fig = job_figure(samples, title="job")
+    loss = [t for t in fig.data if t.xaxis == "x" or t.xaxis is None]
+    by_rank = {t.name: t for t in loss}
+    assert np.allclose(by_rank["rank 0"].y, [2.0, 1.9, 1.8, 1.7, 1.6])
+    assert np.allclose(by_rank["rank 1"].y, [3.0, 2.9, 2.8, 2.7, 2.6])
+    memory = [t for t in fig.data if t.xaxis == "x3"]
+    assert sorted(t.y[0] for t in memory) == [1.0, 2.0]
+    texts = [a.text for a in fig.layout.annotations]
+    assert "no GPU on these workers" in texts
+    summary = job_summary(samples)
+    assert summary["step"] == 50 and summary["loss"] == pytest.approx(1.6)
+    assert summary["samples_per_s"] == pytest.approx(201.0) and summary["workers"] == 2
+    assert summary["peak_memory_gib"] == pytest.approx(2.0)
+
+
+def test_the_cost_report_equals_the_ledger(cluster, monkeypatch):
+    """``cost()`` — what ``%gpugeek cost`` and the dashboard show — reads the same numbers."""
+    import gpugeek_jupyter.api as api
+
+    monkeypatch.setattr(api.time, "time", lambda: NOW)
+    report = api.cost("views", by="pricing")
+    assert round(report.total_usd, 2) == round(ledger.spend(cluster.id, NOW), 2)
+    assert round(float(report.table["usd"].sum()), 2) == round(report.total_usd, 2)
+    assert report.spot_saved_usd == pytest.approx(30.0)
+    assert "budget $100.00" in report.summary()
+    assert report.idle_usd is None           # no GPU samples: nothing claimed
+    bundle = report._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}   # no kernel here: no widget
+    assert f"${report.total_usd:,.2f}" in bundle["text/plain"]

@@ -1,0 +1,165 @@
+"""Widgets call the same API as the magics: filters re-query the catalog, buttons start and stop
+real clusters, and the panel's dollars are the ledger's."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+import gpugeek_jupyter.api as api
+from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.widgets import ClusterPanel, OfferPicker
+from gpugeek_jupyter.widgets.job import JobMonitor
+
+
+def test_every_filter_change_requeries_the_catalog():
+    picker = OfferPicker(gpu="A100", count=8)
+    asked = picker.queries
+    picker.pricing.value = "spot"
+    assert picker.queries == asked + 1
+    expected = api.offers(gpu="A100", count=8, pricing="spot")
+    assert list(picker.offers["id"]) == list(expected["id"])
+    assert picker.choice.value == expected["id"].iloc[0]
+    assert f"{len(expected)} offers" in picker.count_label.value
+    points = sum(len(t.x) for t in picker.chart.figure.data if t.name != "frontier")
+    assert points == len(expected.dropna(subset=["peak_tflops", "price_per_gpu_hour"]))
+
+    picker.provider.value = "aws"
+    picker.min_mem.value = 80
+    assert picker.queries == asked + 3
+    assert list(picker.offers["id"]) == list(api.offers(gpu="A100", count=8, pricing="spot", provider="aws",
+                                                        min_gpu_mem=80)["id"])
+    assert (picker.offers["gpu_mem_gib"] >= 80).all()
+
+    picker.max_price.value = 0.01          # nothing that cheap: one line says why, nothing chosen
+    assert "no offers match" in picker.message.value and picker.choice.value is None
+    with pytest.raises(GpugeekError, match="no offer chosen"):
+        picker.provision()
+
+
+def test_plan_button_plans_against_the_filtered_offers():
+    picker = OfferPicker(gpu="H100", count=8, pricing="spot", params="7B")
+    picker.plan_button.click()
+    plan = api.last_plan()
+    assert plan is not None and picker.message.value == ""
+    assert set(plan.table["gpu"]) == {"H100"} and plan.pricing == "spot"
+    assert plan.best is not None and plan.memory.gpus == 8
+    assert picker.shown is plan
+
+
+def test_picker_rejects_bad_starting_filters_in_one_line():
+    with pytest.raises(GpugeekError, match="one GPU family"):
+        OfferPicker(gpu="H100,A100")
+    with pytest.raises(GpugeekError, match="--count 3"):
+        OfferPicker(count=3)
+
+
+def _gone(record, timeout=15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not processes.session_processes(record.session_id, record.created, record.marker) and \
+                not processes.alive(record.watchdog_pid):
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_provision_button_starts_a_sim_cluster_and_the_panel_shuts_it_down():
+    picker = OfferPicker(gpu="A100", count=8)
+    picker.workers.value, picker.budget.value = 1, 50
+    offer = picker.choice.value
+    picker.provision_button.click()
+    assert picker.message.value == "", picker.message.value
+    record = registry.live("sim")
+    assert record is not None and record.backend == "sim" and record.budget_usd == 50
+    try:
+        import ray
+
+        deadline = time.monotonic() + 60
+        while ray.cluster_resources().get("GPU", 0) < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ray.cluster_resources()["GPU"] == 8
+        assert [t["offer_id"] for t in record.spec["node_types"]] == [offer]
+
+        panel = ClusterPanel("sim", period=0.5)
+        assert panel.refresher.running
+        time.sleep(1.5)                               # the refresher has redrawn meanwhile
+        live_cost = api.cost("sim").total_usd
+        assert abs(panel.status.spend_usd - live_cost) < 0.01
+        assert "SIMULATED" in panel.header.value
+        assert panel.gauge.max == 50 and "of $50.00" in panel.gauge_label.value
+        assert panel.workers.value == 1
+
+        panel.down_button.click()                     # asks first
+        assert registry.live("sim") is not None and "Really" in panel.down_button.description
+        panel.down_button.click()
+        assert registry.live("sim") is None
+        assert _gone(record), "every process of the cluster stopped"
+        final = api.cost("sim").total_usd
+        assert panel.status.spend_usd == pytest.approx(final, abs=1e-9)
+        assert f"${final:,.4f}" in panel.message.value and final > 0
+        assert not panel.refresher.running
+    finally:
+        if registry.live("sim"):
+            api.down("sim")
+
+
+def test_the_job_monitor_redraws_at_most_once_a_second_and_keeps_few_points():
+    record = registry.create("m", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.job_started(record.id, "j1", "job", workers=2)
+    monitor = JobMonitor(cluster_id=record.id, job_id="j1", name="job", workers=2, simulated=False,
+                         show_after=0.0, every=1.0)
+    start = time.monotonic()
+    step = 0
+    while time.monotonic() - start < 2.5:            # a fast job: 2 workers × thousands of reports
+        step += 1
+        monitor.update([{"rank": r, "t": time.time(), "step": step, "loss": 1.0 / step,
+                         "samples_per_s": 100.0, "total_steps": 10**7} for r in (0, 1)])
+    assert step > 2000
+    assert 2 <= monitor.draws <= 4, monitor.draws
+    assert len(monitor.loss) <= 1000 and len(monitor.speed) <= 1000
+    assert monitor.loss[-1][0] == step                  # thinned, never the newest dropped
+    shown = int(re.match(r"step (\d+)/10000000 · ", monitor.progress.value).group(1))
+    assert step / 3 < shown <= step and "ETA" in monitor.progress.value   # as of the last redraw
+    assert monitor.bar.max == 10**7 and monitor.bar.value == shown
+
+
+def test_a_finished_job_leaves_a_static_summary_and_figure():
+    record = registry.create("m", "local", {}, simulated=True, budget_usd=None, idle_minutes=None)
+    ledger.job_started(record.id, "j1", "job", workers=2)
+    t = time.time()
+    ledger.record_samples(record.id, "j1", [{"rank": r, "t": t + i, "step": i, "loss": 2.0 - i / 10,
+                                              "samples_per_s": 50.0, "total_steps": 9, "loop_start": 0}
+                                             for i in range(10) for r in (0, 1)])
+    ledger.job_ended(record.id, "j1")
+    monitor = JobMonitor(cluster_id=record.id, job_id="j1", name="job", workers=2, simulated=True)
+    report = monitor.finish("finished")
+    summary = report.summary_bundle()
+    assert "<progress" in summary["text/html"] and "value='9' max='9'" in summary["text/html"]
+    assert "step 9/9" in summary["text/plain"] and "(simulated)" in summary["text/plain"]
+    assert report.usd == float(ledger.cost_table(record.id, "job")["usd"].iloc[0])
+    figure = report.figure_bundle()
+    assert {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(figure)
+    loss = [t for t in report.figure().data if t.name == "rank 0"][0]
+    assert list(loss.y) == pytest.approx([2.0 - i / 10 for i in range(10)])
+
+
+def test_a_quiet_short_cell_leaves_nothing():
+    record = registry.create("m", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.job_started(record.id, "j1", "x = 1")
+    monitor = JobMonitor(cluster_id=record.id, job_id="j1", name="x", workers=2, simulated=False)
+    monitor.update([])
+    assert monitor.finish("finished") is None and monitor.box is None
+
+
+def test_objects_fall_back_to_html_and_text_outside_a_kernel():
+    picker = OfferPicker(gpu="T4")
+    bundle = picker._repr_mimebundle_()
+    assert "text/html" in bundle and "text/plain" in bundle and "offers" in bundle["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle      # the picker is a widget itself

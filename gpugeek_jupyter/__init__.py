@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from .api import (
     Cluster,
-    ClusterPanel,
     ClusterStatus,
-    CostDashboard,
     CostReport,
     LaunchConfig,
-    OfferPicker,
     Plan,
     clusters,
     cost,
@@ -28,11 +25,12 @@ from .api import (
     up,
 )
 from .errors import GpugeekError
+from .widgets import ClusterPanel, CostDashboard, JobMonitor, OfferPicker
 
 __version__ = "0.1.0"
 __all__ = [
     "Cluster", "ClusterPanel", "ClusterStatus", "CostDashboard", "CostReport", "GpugeekError",
-    "LaunchConfig", "OfferPicker", "Plan", "clusters",
+    "JobMonitor", "LaunchConfig", "OfferPicker", "Plan", "clusters",
     "cost", "down", "load_ipython_extension", "offers", "plan", "preempt", "price_performance",
     "reset", "run", "scale", "status", "up",
 ]

@@ -20,10 +20,9 @@ from .meter.telemetry import node_samples_frame
 from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
 from .views.utilisation import idle_dollars, utilisation_heatmap
-from .widgets import ClusterPanel, CostDashboard, OfferPicker
 
 __all__ = [
-    "Cluster", "ClusterPanel", "ClusterStatus", "CostDashboard", "CostReport", "OfferPicker", "LaunchConfig", "Plan", "clusters", "cost", "down",
+    "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
     "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
 ]
 
@@ -61,7 +60,18 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
                     max_failures=max_failures, push=push, pull=pull, all_ranks=all_ranks, name=name,
-                    plan=_last_plan, monitor=monitor)
+                    plan=_last_plan, watch=_job_monitor() if monitor else None)
+
+
+def _job_monitor():
+    """The live job monitor, where a notebook front end can show it."""
+    from .widgets._base import in_kernel
+
+    if not in_kernel():
+        return None
+    from .widgets.job import JobMonitor
+
+    return JobMonitor
 
 
 def reset() -> bool:

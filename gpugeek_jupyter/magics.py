@@ -68,8 +68,11 @@ def offers(self: GpugeekMagics, line: str):
     """Compare GPU offers, cheapest first by the chosen pricing."""
     args = parse_argstring(offers, line)
     if args.pick:
-        return api.OfferPicker(gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider, pricing=args.pricing,
-                               max_price=args.max_price, catalog=args.catalog)
+        from .widgets import OfferPicker
+
+        return OfferPicker(gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem,
+                           provider=args.provider, pricing=args.pricing,
+                           max_price=args.max_price, catalog=args.catalog)
     frame = api.offers(
         gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider,
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,

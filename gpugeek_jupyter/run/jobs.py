@@ -17,8 +17,6 @@ from ..cluster import manage, registry
 from ..config import home
 from ..errors import GpugeekError
 from ..meter import ledger, telemetry
-from ..widgets._base import in_kernel
-from ..widgets.job import JobMonitor
 from .group import RemoteError, WorkerDied, WorkerGroup
 from .helper import RunOptions
 
@@ -114,9 +112,12 @@ def reset() -> bool:
 
 def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         all_ranks: bool = False, name: str | None = None, max_failures: int = 0, plan=None,
-        monitor: bool = True, **flags):
+        watch=None, **flags):
     """Run ``source`` on every worker; returns (rank 0's last value, pulled variables).
-    In a notebook, ``monitor`` shows the job live and leaves its figure when it ends."""
+
+    ``watch(cluster_id=, job_id=, name=, workers=, simulated=)`` makes an object whose
+    ``update(samples)`` gets the workers' reports as they arrive and ``finish(status)`` the end
+    (the notebook's job monitor); it can never break the job."""
     opts = options(name=name, **flags)
     if not isinstance(max_failures, int) or max_failures < 0:
         raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
@@ -130,9 +131,8 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     job_name = name or f"cell {group.cells + 1}"
     ledger.job_started(cluster_id, job_id, job_name,
                        workers=opts.workers, nodes=len({i["node_id"] for i in group.info}))
-    watcher = _Watcher(JobMonitor(cluster_id=cluster_id, job_id=job_id, name=job_name,
-                                  workers=opts.workers, simulated=record.simulated)
-                       if monitor and in_kernel() else None)
+    watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
+                             simulated=record.simulated) if watch else None)
 
     def on_samples(samples: list[dict]) -> None:
         ledger.record_samples(cluster_id, job_id, samples)
@@ -174,7 +174,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
 class _Watcher:
     """The monitor, kept from ever breaking a job: its first error is said once and it stops."""
 
-    def __init__(self, monitor: JobMonitor | None):
+    def __init__(self, monitor):
         self.monitor = monitor
 
     def update(self, samples: list[dict]) -> None:

@@ -1,0 +1,82 @@
+"""The views in a real JupyterLab: a notebook provisions a sim cluster, runs a short job, shows the
+cluster panel — and the browser sees the live job monitor (progress bar, plotly loss chart), the
+static summary and figure the job leaves, and the panel's non-zero simulated dollars."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import nbformat
+import pytest
+from lab import _DONE_JS, _PROMPTS_JS, _WATCH_JS, PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot
+
+CELLS = [
+    "%load_ext gpugeek_jupyter\n%gpugeek up lab-sim --backend sim --gpu A100 --count 8 --workers 1 --budget 5",
+    """%%gpugeek run --workers 2 --name lab-job
+import time, torch
+from torch import nn
+data = torch.utils.data.TensorDataset(torch.randn(2048, 16), torch.randn(2048, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=32)
+model = nn.Linear(16, 1)
+model, opt, loader = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+for x, y in gg.steps(loader, epochs=8):
+    loss = nn.functional.mse_loss(model(x), y)
+    gg.backward(loss)
+    gg.log(loss=loss.item())
+    time.sleep(0.02)
+gg.step""",
+    "%gpugeek status",
+    "%gpugeek down lab-sim",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    path = put_notebook(lab, nb, "watch/watch.ipynb")
+    open_notebook_in_lab(page, lab.base_url, lab.token, path)
+    page.evaluate(_WATCH_JS, PANEL)
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+    cells = page.locator(f"{PANEL} .jp-Notebook-cell")
+
+    # while the job runs: the monitor with its progress bar and live loss chart
+    monitor = cells.nth(1).locator(".gpugeek-job")
+    monitor.locator(".widget-hprogress").wait_for(timeout=180_000)
+    monitor.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
+    page.wait_for_function(
+        "(el) => /step \\d+\\/256/.test(el.innerText)", arg=monitor.element_handle(), timeout=30_000)
+    screenshot(page, "watch-1-live-job-monitor", monitor)
+    panel = cells.nth(0).locator(".gpugeek-cluster-panel")
+    assert "SIMULATED" in panel.inner_text()
+
+    # the cluster panel of `status`, before `down` runs, shows dollars above zero
+    status = cells.nth(2).locator(".gpugeek-cluster-panel")
+    status.wait_for(timeout=120_000)
+    spend = status.locator(".gpugeek-spend")
+    spend.wait_for()
+    dollars = float(re.sub(r"[$,]", "", spend.inner_text()))
+    screenshot(page, "watch-2-cluster-panel", status)
+    assert dollars > 0, spend.inner_text()
+    assert "SIMULATED" in status.inner_text() and "budget" in status.inner_text()
+
+    page.wait_for_function(_DONE_JS, arg=PANEL, timeout=120_000)
+    prompts = page.evaluate(_PROMPTS_JS, PANEL)
+    assert all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts
+
+    # what the job left: a static summary with a progress bar, and the per-worker figure
+    done = cells.nth(1)
+    summary = done.locator(".gpugeek-job-done")
+    summary.wait_for()
+    assert summary.locator("progress").get_attribute("value") == "256"    # 1024 samples per rank ÷ 32 × 8 epochs
+    assert "lab-job: finished" in summary.inner_text() and "(simulated)" in summary.inner_text()
+    done.locator(".jp-RenderedPlotly svg.main-svg").first.wait_for(timeout=30_000)
+    assert done.locator(".gpugeek-job").count() == 0, "the live widget was replaced"
+    assert "stopped: lab-sim" in cells.nth(3).inner_text()
+    time.sleep(2.5)                                    # the panels' last refresh shows the stop
+    screenshot(page, "watch-3-after-the-run")
+    assert "stopped" in status.inner_text()
+    assert float(re.sub(r"[$,]", "", status.locator(".gpugeek-spend").inner_text())) >= dollars
+    assert error_outputs(page, stderr=False) == []

@@ -8,6 +8,7 @@ Server side (the `lab` fixture in conftest.py wraps the first two):
 Browser side (Playwright sync API, given a `page`):
     open_notebook_in_lab(page, base_url, token, path, timeout=60)
     run_notebook_in_lab(page, base_url, token, path, timeout=120) -> NotebookRun (.prompts ...)
+      = open_notebook_in_lab + start_run_all(page) + wait_run_done(page, timeout, path)
     error_outputs(page, stderr=True) -> [{"cell", "kind": "error"|"stderr"|"widget", "text"}]
     screenshot(page, name, locator=None) -> Path          # artifacts/browser/<name>.png
 
@@ -290,6 +291,28 @@ def open_notebook_in_lab(page, base_url: str, token: str, path: str, timeout: fl
     page.wait_for_function(_KERNEL_IDLE_JS, arg=PANEL, timeout=timeout * 1000)
 
 
+def start_run_all(page) -> None:
+    """Run all cells of the notebook on show through the menu (Run → Run All Cells) and return at
+    once; `wait_run_done` waits for the end. In between, a test can watch outputs appear."""
+    page.evaluate(_WATCH_JS, PANEL)
+    page.evaluate("() => { window.__ggRunStartedAt = performance.now(); }")
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+
+
+def wait_run_done(page, timeout: float = 120, path: str = "") -> NotebookRun:
+    """Wait until the run `start_run_all` began is over: no cell queued or running ("[*]") and the
+    kernel idle, still so 300 ms later (widgets go on talking to the kernel after a cell ends)."""
+    code = page.evaluate(f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')]
+        .some(c => (c.querySelector('.cm-content')?.textContent || '').trim() !== '')""")
+    if code:  # Lab does not run empty cells: with no code, no "[*]" would ever show
+        page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
+        page.wait_for_timeout(300)
+        page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
+    seconds = page.evaluate("() => (performance.now() - window.__ggRunStartedAt) / 1000")
+    return NotebookRun(path, page.evaluate(_PROMPTS_JS, PANEL), seconds)
+
+
 def run_notebook_in_lab(page, base_url: str, token: str, path: str,
                         timeout: float = 120) -> NotebookRun:
     """Open `path` in Lab, run all cells through the menu (Run → Run All Cells), wait until no cell
@@ -299,19 +322,8 @@ def run_notebook_in_lab(page, base_url: str, token: str, path: str,
     A cell that raises stops the run (the cells below show "[ ]:"): check `error_outputs(page)`.
     """
     open_notebook_in_lab(page, base_url, token, path, timeout=timeout)
-    page.evaluate(_WATCH_JS, PANEL)
-    started = time.monotonic()
-    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
-    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
-    code = page.evaluate(f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')]
-        .some(c => (c.querySelector('.cm-content')?.textContent || '').trim() !== '')""")
-    if code:
-        page.wait_for_function(_DONE_JS, arg=PANEL,
-                               timeout=max(1.0, timeout - (time.monotonic() - started)) * 1000)
-        # settled means: still done a moment later (the kernel may go busy again for comm traffic)
-        page.wait_for_timeout(300)
-        page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
-    return NotebookRun(path, page.evaluate(_PROMPTS_JS, PANEL), time.monotonic() - started)
+    start_run_all(page)
+    return wait_run_done(page, timeout=timeout, path=path)
 
 
 def error_outputs(page, stderr: bool = True) -> list[dict]:

@@ -143,8 +143,9 @@ def news() -> list[str]:
             if e["kind"] in ("budget-warning", "budget-stop", "idle-stop")]
 
 
-def cost(name: str | None = None, by: str = "node") -> CostReport:
-    """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing."""
+def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> CostReport:
+    """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing.
+    ``sync=False`` reads the ledger only (no call into Ray: the dashboards' background refresh)."""
     from .cluster import registry
 
     from .cluster import manage
@@ -155,9 +156,10 @@ def cost(name: str | None = None, by: str = "node") -> CostReport:
         from .errors import GpugeekError
 
         raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
-    _sync(record)
-    if record.live:
-        jobs.drain_telemetry()
+    if sync:
+        _sync(record)
+        if record.live:
+            jobs.drain_telemetry()
     now = time.time()
     table = ledger.cost_table(record.id, by, now)
     nodes = ledger.nodes_frame(record.id, now)

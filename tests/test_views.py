@@ -151,8 +151,8 @@ def test_job_figure_per_worker_series_equal_the_samples():
     assert np.allclose(by_rank["rank 1"].y, [3.0, 2.9, 2.8, 2.7, 2.6])
     memory = [t for t in fig.data if t.xaxis == "x3"]
     assert sorted(t.y[0] for t in memory) == [1.0, 2.0]
-    texts = [a.text for a in fig.layout.annotations]
-    assert "no GPU on these workers" in texts
+    note = next(a for a in fig.layout.annotations if a.text == "no GPU on these workers")
+    assert (note.xref, note.yref) == ("x4 domain", "y4 domain")      # in the GPU panel
     summary = job_summary(samples)
     assert summary["step"] == 50 and summary["loss"] == pytest.approx(1.6)
     assert summary["samples_per_s"] == pytest.approx(201.0) and summary["workers"] == 2

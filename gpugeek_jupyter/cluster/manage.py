@@ -528,11 +528,15 @@ class ClusterStatus:
         return bundle(repr(self), self._repr_html_(), widget)
 
 
-def status(name: str | None = None) -> ClusterStatus:
+def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
+    """A cluster's state from the ledger. ``sync`` first copies Ray's node table in; without it
+    (the panels' background refresh) nothing talks to Ray — the watchdog keeps the ledger's
+    nodes current every few seconds and open nodes accrue up to now either way."""
     record = _live(name) if (name is None or registry.live(name)) else registry.latest(name)
     if record is None:
         raise GpugeekError(f"no cluster named {name!r}")
-    _sync(record)
+    if sync:
+        _sync(record)
     now = time.time()
     frame = ledger.nodes_frame(record.id, now)
     alive = frame[frame["alive"]]

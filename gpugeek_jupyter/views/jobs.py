@@ -63,8 +63,9 @@ def job_figure(samples: pd.DataFrame, *, title: str) -> go.Figure:
         have = not data.empty and y_col in data and data[y_col].notna().any()
         if not have:
             why = "no GPU on these workers" if column == "gpu_util" else "not reported"
-            fig.add_annotation(text=why, showarrow=False, row=row + 1, col=col + 1,
-                               xref="x domain", yref="y domain", x=0.5, y=0.5)
+            axis = "" if i == 0 else str(i + 1)           # subplot i's axes: x, x2, x3, x4
+            fig.add_annotation(text=why, showarrow=False, xref=f"x{axis} domain", yref=f"y{axis} domain",
+                               x=0.5, y=0.5)
             continue
         for rank, rows in data.groupby("rank", sort=True):
             rows = rows[rows[y_col].notna()]

@@ -2,7 +2,9 @@
 idle countdown — with scale and shut-down buttons. Shown by ``%gpugeek status``.
 
 It refreshes itself every ``period`` seconds (≤ 2 s) from a background thread, reading the same
-``status()`` the magic prints, so the panel and ``%gpugeek cost`` agree to the cent.
+``status()`` the magic prints, so the panel and ``%gpugeek cost`` agree to the cent. The thread
+reads only the ledger (the cluster's watchdog copies Ray's node table into it every few
+seconds): a call into Ray from a second thread could hang on a head that is going away.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ class ClusterPanel(w.VBox):
         return self.status is not None and not self.status.state.startswith(("stopped", "stopping"))
 
     def refresh(self) -> bool:
-        """Read the cluster's status once and show it; False once it has stopped."""
+        """Read the cluster's status once and show it; False once it has stopped (a cluster
+        that is stopping is looked at again, so the panel ends on its final cost)."""
         first = self.status is None
-        status = manage.status(self.name)
+        status = manage.status(self.name, sync=first)     # later looks read the ledger only
         self.status = status
         sim = " <b style='color:#b35c00'>SIMULATED $</b>" if status.simulated else ""
         self.header.value = (f"<b>{html.escape(status.name)}</b> · {html.escape(status.backend)} · "
@@ -82,7 +85,7 @@ class ClusterPanel(w.VBox):
             self.workers.value = workers
         for button in (self.scale_button, self.down_button, self.workers):
             button.disabled = not self.live
-        return self.live
+        return not status.state.startswith("stopped")
 
     @staticmethod
     def _idle_text(status) -> str:

@@ -8,6 +8,7 @@ redrawn from ``cost()`` — the ledger — every ``period`` seconds while the cl
 from __future__ import annotations
 
 import html
+import threading
 
 import ipywidgets as w
 
@@ -44,7 +45,8 @@ class CostDashboard(w.VBox):
         """Redraw from the ledger; False once the cluster has stopped (nothing more to add)."""
         from ..api import cost
 
-        report = report if report is not None and report.by == self.by.value else cost(self.name, by=self.by.value)
+        if report is None or report.by != self.by.value:     # the thread reads the ledger only
+            report = cost(self.name, by=self.by.value, sync=threading.current_thread() is threading.main_thread())
         self.report = report
         self.summary.value = f"<b>{html.escape(report.summary())}</b>"
         self.table.value = report.table.to_html(index=False, float_format=lambda x: f"{x:,.4f}",

@@ -188,10 +188,11 @@ def _live_figure(loss: list[tuple[int, float]], speed: list[tuple[float, float]]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (rank 0)", "samples/s (all workers)"))
     if loss:
         steps, values = zip(*loss)
-        fig.add_scatter(x=steps, y=values, mode="lines", name="loss", row=1, col=1)
+        fig.add_scatter(x=steps, y=values, mode="lines+markers", marker={"size": 3}, name="loss", row=1, col=1)
     if speed:
         seconds, values = zip(*speed)
-        fig.add_scatter(x=seconds, y=values, mode="lines", name="samples/s", row=1, col=2)
+        fig.add_scatter(x=seconds, y=values, mode="lines+markers", marker={"size": 3}, name="samples/s",
+                        row=1, col=2)
     fig.update_layout(height=260, showlegend=False, template="plotly_white", margin=dict(l=50, r=20, t=30, b=30))
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text="seconds", row=1, col=2)

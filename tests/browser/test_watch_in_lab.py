@@ -5,11 +5,11 @@ static summary and figure the job leaves, and the panel's non-zero simulated dol
 from __future__ import annotations
 
 import re
-import time
 
 import nbformat
 import pytest
-from lab import _DONE_JS, _PROMPTS_JS, _WATCH_JS, PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot
+from lab import (PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot, start_run_all,
+                 wait_run_done)
 
 CELLS = [
     "%load_ext gpugeek_jupyter\n%gpugeek up lab-sim --backend sim --gpu A100 --count 8 --workers 1 --budget 5",
@@ -37,9 +37,7 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     path = put_notebook(lab, nb, "watch/watch.ipynb")
     open_notebook_in_lab(page, lab.base_url, lab.token, path)
-    page.evaluate(_WATCH_JS, PANEL)
-    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
-    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+    start_run_all(page)
     cells = page.locator(f"{PANEL} .jp-Notebook-cell")
 
     # while the job runs: the monitor with its progress bar and live loss chart
@@ -62,9 +60,8 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     assert dollars > 0, spend.inner_text()
     assert "SIMULATED" in status.inner_text() and "budget" in status.inner_text()
 
-    page.wait_for_function(_DONE_JS, arg=PANEL, timeout=120_000)
-    prompts = page.evaluate(_PROMPTS_JS, PANEL)
-    assert all(re.fullmatch(r"\[\d+\]:", p) for p in prompts), prompts
+    run = wait_run_done(page, timeout=120, path=path)
+    assert run.executed == len(CELLS), run
 
     # what the job left: a static summary with a progress bar, and the per-worker figure
     done = cells.nth(1)
@@ -75,8 +72,9 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     done.locator(".jp-RenderedPlotly svg.main-svg").first.wait_for(timeout=30_000)
     assert done.locator(".gpugeek-job").count() == 0, "the live widget was replaced"
     assert "stopped: lab-sim" in cells.nth(3).inner_text()
-    time.sleep(2.5)                                    # the panels' last refresh shows the stop
+    # the panel's own refresh (every 2 s, from a thread in the kernel) ends on the stop
+    page.wait_for_function("(el) => el.innerText.includes('stopped (down)')",
+                           arg=status.element_handle(), timeout=30_000)
     screenshot(page, "watch-3-after-the-run")
-    assert "stopped" in status.inner_text()
     assert float(re.sub(r"[$,]", "", status.locator(".gpugeek-spend").inner_text())) >= dollars
     assert error_outputs(page, stderr=False) == []

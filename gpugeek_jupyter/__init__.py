@@ -25,7 +25,8 @@ from .api import (
     up,
 )
 from .errors import GpugeekError
-from .widgets import ClusterPanel, CostDashboard, JobMonitor, OfferPicker
+
+WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
 __version__ = "0.1.0"
 __all__ = [
@@ -36,8 +37,20 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str):
+    """Widgets load on first use: a Ray worker importing this package needs none of them."""
+    if name in WIDGETS:
+        from . import widgets
+
+        return getattr(widgets, name)
+    raise AttributeError(f"module 'gpugeek_jupyter' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext gpugeek_jupyter``"""
-    from .magics import GpugeekMagics
+    """``%load_ext gpugeek_jupyter``: the magic, and after every cell the node samplers'
+    reports go to the ledger (so time between cells — idle GPUs — is recorded too)."""
+    from .magics import GpugeekMagics, drain_telemetry
 
     ipython.register_magics(GpugeekMagics)
+    if drain_telemetry not in ipython.events.callbacks["post_execute"]:
+        ipython.events.register("post_execute", drain_telemetry)

@@ -163,7 +163,8 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
     now = time.time()
     table = ledger.cost_table(record.id, by, now)
     nodes = ledger.nodes_frame(record.id, now)
-    samples = node_samples_frame(record.id)
+    samples = node_samples_frame(record.id, metrics=("gpu_util", "cpu_percent"))
+    idle = idle_dollars(samples, nodes, now=now)
     return CostReport(
         name=record.name, by=by, table=table,
         figure=cost_figure(nodes, now, title=f"{record.name}: cumulative cost by node type and pricing",
@@ -172,6 +173,6 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
         simulated=record.simulated, budget_usd=record.budget_usd,
         budget_figure=budget_figure(nodes, now, record.budget_usd, title=f"{record.name}: spend and budget",
                                     simulated=record.simulated),
-        utilisation_figure=utilisation_heatmap(samples, nodes, now=now, simulated=record.simulated),
-        idle=idle_dollars(samples, nodes, now=now), live=record.live,
+        utilisation_figure=utilisation_heatmap(samples, nodes, now=now, simulated=record.simulated, idle=idle),
+        idle=idle, live=record.live,
     )

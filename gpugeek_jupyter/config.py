@@ -29,6 +29,8 @@ from .errors import GpugeekError
 DEFAULT_RESERVED_DISCOUNT = 0.40
 DEFAULT_METER_INTERVAL_S = 2.0
 
+BUDGET_WARN_AT = 0.8          # a budget warning at 80 % of the cap (watchdog, gauges, figures)
+
 
 def home() -> Path:
     """The state directory, created private (0700) on first use."""

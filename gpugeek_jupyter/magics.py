@@ -275,6 +275,16 @@ def reset(self: GpugeekMagics, line: str):
     print("worker group stopped" if api.reset() else "no worker group to stop")
 
 
+def drain_telemetry() -> None:
+    """After each cell: the node samplers' reports into the ledger (never an error in the cell)."""
+    from .run import jobs
+
+    try:
+        jobs.drain_telemetry()
+    except Exception:  # noqa: BLE001 - a lost sampler reports next time or not at all
+        pass
+
+
 def _show_news() -> None:
     """Budget warnings and autostops the watchdog recorded since the last ``%gpugeek`` call."""
     for line in api.news():

@@ -163,3 +163,38 @@ def test_objects_fall_back_to_html_and_text_outside_a_kernel():
     bundle = picker._repr_mimebundle_()
     assert "text/html" in bundle and "text/plain" in bundle and "offers" in bundle["text/plain"]
     assert "application/vnd.jupyter.widget-view+json" in bundle      # the picker is a widget itself
+
+
+def test_total_steps_follow_the_loop_with_accumulation_across_epochs():
+    from gpugeek_jupyter.run.helper import _last_step
+
+    assert _last_step(range(10), 3, 3, None, 0) == 10          # 30 micro-batches // 3
+    assert _last_step(range(10), 3, 3, 7, 0) == 7               # max_steps is absolute
+    assert _last_step(range(10), 1, 1, None, 40) == 50          # a second loop on the same model
+    assert _last_step(iter(range(10)), 1, 1, None, 0) is None   # no length: no total
+
+
+def test_showing_a_panel_again_stops_the_older_refresher():
+    from gpugeek_jupyter.widgets._base import Refresher
+
+    ticks = {"a": 0, "b": 0}
+    notes = []
+
+    def counter(name):
+        def tick():
+            ticks[name] += 1
+            return True
+        return tick
+
+    first = Refresher(counter("a"), 0.05, notes.append, key=("cluster", "x"))
+    first.on_superseded = notes.append
+    first.start()
+    time.sleep(0.3)
+    second = Refresher(counter("b"), 0.05, notes.append, key=("cluster", "x")).start()
+    assert not first.running and second.running
+    assert notes == ["a newer panel of this cluster is the live one"]
+    seen = ticks["a"]
+    time.sleep(0.3)
+    assert ticks["a"] == seen and ticks["b"] > 0
+    second.stop()
+    assert not second.thread.is_alive()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import store
-from ..config import home, settings
+from ..config import BUDGET_WARN_AT, home, settings
 from ..errors import GpugeekError
 from ..meter import ledger
 from ..meter.ledger import NodePrice
@@ -31,7 +31,6 @@ from .registry import ClusterRecord
 from .spec import CLOUD_PROVIDERS, ClusterSpec, build_spec, resolve_offer
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-BUDGET_WARN_AT = 0.8
 WATCH_INTERVAL_S = 2.0
 _active: str | None = None
 

@@ -78,8 +78,9 @@ class _Text:
 
 
 class WorkerGroup:
-    def __init__(self, options: RunOptions, address: str, on_node_samples=None):
+    def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True):
         self.options, self.address = options, address
+        self.sample_gpus = sample_gpus              # False on simulated nodes (declared GPUs)
         self.on_node_samples = on_node_samples      # where the node samplers' reports go
         self.samplers: list = []
         self.sampled_at = 0.0
@@ -129,7 +130,8 @@ class WorkerGroup:
         self.info = ray.get([w.setup.remote(i, n, master, port, self.options)
                              for i, w in enumerate(self.workers)], timeout=READY_TIMEOUT_S)
         if self.on_node_samples is not None:       # one sampler per node the group runs on
-            self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}))
+            self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
+                                                     gpus=self.sample_gpus)
 
     def stop(self) -> None:
         import ray
@@ -224,11 +226,16 @@ class WorkerGroup:
         if not self.samplers or now - self.sampled_at < every:
             return 0
         self.sampled_at = now
-        try:
-            parts = ray.get([s.drain.remote() for s in self.samplers], timeout=5)
-        except Exception:  # noqa: BLE001 - a lost node's sampler: the rest report next time
-            return 0
-        samples = [sample for part in parts for sample in part]
+        refs = {s.drain.remote(): s for s in self.samplers}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0.5)   # never stall the run
+        samples = []
+        for ref in ready:
+            try:
+                samples.extend(ray.get(ref))
+            except ray.exceptions.RayActorError:   # its node is gone: stop asking it
+                self.samplers.remove(refs[ref])
+            except Exception:  # noqa: BLE001 - one bad answer costs that sampler's batch only
+                pass
         if samples:
             self.on_node_samples(samples)
         return len(samples)

@@ -365,10 +365,10 @@ class Helper:
 
 
 def _last_step(loader, epochs: int, accumulate: int, max_steps: int | None, start: int) -> int | None:
-    """The step count the loop will end at, if the loader knows its length (a partial
-    accumulation at an epoch's end is dropped, as ``steps`` does; ``max_steps`` is absolute)."""
+    """The step count the loop will end at, if the loader knows its length (accumulation runs
+    on across epochs; a partial one at the very end is dropped; ``max_steps`` is absolute)."""
     try:
-        end = start + len(loader) // accumulate * epochs
+        end = start + len(loader) * epochs // accumulate
     except TypeError:
         return max_steps
     return min(end, max_steps) if max_steps is not None else end

@@ -86,7 +86,7 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
         _group = None
     if _group is None:
         cluster_id = record.id
-        group = WorkerGroup(opts, record.address,
+        group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
                             on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s))
         group.start()
         _group = group

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-WARN_AT = 0.8   # the watchdog warns at 80 % of the budget
+from ..config import BUDGET_WARN_AT as WARN_AT   # where the watchdog warns
 
 
 def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:
@@ -112,7 +112,9 @@ def budget_figure(nodes: pd.DataFrame, now: float, budget: float | None, *, titl
         fig.add_hline(y=WARN_AT * budget, line={"color": "orange", "dash": "dash"},
                       annotation_text=f"warning at {WARN_AT:.0%}")
         when = projected["time"].iloc[-1]
-        sub = (f"budget reached {when:%Y-%m-%d %H:%M} UTC at this rate" if burn > 0
+        spent_now = float(projected["usd"].iloc[0])
+        sub = (f"budget exceeded: ${spent_now:,.2f} spent" if spent_now >= budget
+               else f"budget reached {when:%Y-%m-%d %H:%M} UTC at this rate" if burn > 0
                else "nothing is billing now")
     else:
         sub = f"no budget set; next 24 h at this rate: ${projected['usd'].iloc[-1]:,.2f}"

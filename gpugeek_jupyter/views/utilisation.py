@@ -38,10 +38,10 @@ def idle_dollars(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: float = I
     node = nodes.set_index("node_id")
     out = []
     for (node_id, device), rows in gpus.groupby(["node_id", "device"], sort=True):
-        if node_id not in node.index:
-            continue        # a node the ledger does not price (should not happen): not guessed
+        if node_id not in node.index or float(node.loc[node_id, "gpus"]) < 1:
+            continue        # a node the ledger does not price, or bills for no GPU: not guessed
         info = node.loc[node_id]
-        per_gpu = float(info["usd_per_hour"]) / max(float(info["gpus"]), 1.0)
+        per_gpu = float(info["usd_per_hour"]) / float(info["gpus"])
         end = float(info["ended"]) if pd.notna(info["ended"]) else (now if now is not None else np.inf)
         at = rows["at"].astype(float).to_numpy()
         nxt = np.append(at[1:], np.inf)
@@ -55,18 +55,19 @@ def idle_dollars(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: float = I
 
 
 def utilisation_heatmap(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: float = IDLE_BELOW,
-                        bins: int = 60, now: float | None = None, simulated: bool = False) -> go.Figure:
+                        bins: int = 60, now: float | None = None, simulated: bool = False,
+                        idle: pd.DataFrame | None = None) -> go.Figure:
     """GPU × time heatmap of utilisation %, titled with the idle $. Without GPU samples (no NVML
     on the nodes, or declared GPUs) it shows the nodes' host CPU % instead and says so."""
     gpus = _gpu_rows(samples)
     fig = go.Figure()
     if not gpus.empty:
         metric, rows = "gpu_util", gpus.assign(label=[_label(n, d) for n, d in zip(gpus["node_id"], gpus["device"])])
-        idle = idle_dollars(samples, nodes, below=below, now=now)
+        idle = idle_dollars(samples, nodes, below=below, now=now) if idle is None else idle
         idle_usd, usd = float(idle["idle_usd"].sum()), float(idle["usd"].sum())
         sim = " (simulated $)" if simulated else ""
-        title = (f"GPU utilisation — idle ${idle_usd:,.2f} of ${usd:,.2f}{sim} "
-                 f"spent on GPUs below {below:g} %")
+        title = (f"GPU utilisation — idle ${idle_usd:,.2f}{sim} on GPUs below {below:g} %, "
+                 f"of ${usd:,.2f} over the sampled GPU time")
         colorbar = "GPU %"
     else:
         host = samples[samples["device"] == "host"] if not samples.empty and "device" in samples else samples

@@ -1,4 +1,4 @@
-"""Widgets (ipywidgets + plotly ``FigureWidget``) over the same API the magics call:
+"""Widgets (ipywidgets; plotly figures redrawn in place) over the same API the magics call:
 ``OfferPicker``, ``ClusterPanel``, ``JobMonitor``, ``CostDashboard``. Each also renders as HTML
 and text where widgets cannot show (nbconvert, plain IPython, a saved notebook)."""
 

@@ -60,9 +60,13 @@ class LiveFigure(w.Output):
     def show(self, figure: go.Figure) -> None:
         self.figure = figure
         title = figure.layout.title.text or "plotly figure"
+        self.show_json(figure_json(figure), html.unescape(str(title)).split("<br>")[0])
+
+    def show_json(self, spec: dict, text: str) -> None:
+        """Show a figure given as plotly JSON (``data`` + ``layout``): no figure object is built,
+        which keeps a redraw in the kernel to about a millisecond."""
         self.outputs = ({"output_type": "display_data", "metadata": {},
-                         "data": {"application/vnd.plotly.v1+json": figure_json(figure),
-                                  "text/plain": html.unescape(str(title)).split("<br>")[0]}},)
+                         "data": {"application/vnd.plotly.v1+json": spec, "text/plain": text}},)
         self.redraws += 1
 
 
@@ -75,20 +79,42 @@ class Refresher:
     """Calls ``refresh()`` every ``period`` seconds on a daemon thread, so the kernel stays free.
 
     ``refresh`` returns False to stop (the cluster stopped). An exception is reported through
-    ``on_error`` as one line and the next tick goes on.
+    ``on_error`` as one line and the next tick goes on. One refresher runs per ``key`` (a kind of
+    panel and its cluster): showing the panel again (a re-run cell) stops the older one, so
+    threads never pile up. ``lock`` is held around each refresh; the panel's buttons take it too.
     """
 
-    def __init__(self, refresh: Callable[[], bool], period: float, on_error: Callable[[str], None]):
-        self.refresh, self.period, self.on_error = refresh, period, on_error
+    _running: dict[tuple, Refresher] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, refresh: Callable[[], bool], period: float, on_error: Callable[[str], None],
+                 key: tuple | None = None):
+        self.refresh, self.period, self.on_error, self.key = refresh, period, on_error, key
+        self.on_superseded: Callable[[str], None] | None = None
+        self.lock = threading.RLock()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gpugeek-refresh", daemon=True)
 
     def start(self) -> Refresher:
+        if self.key is not None:
+            with Refresher._registry_lock:
+                older = Refresher._running.get(self.key)
+                Refresher._running[self.key] = self
+            if older is not None:
+                older.stop()
+                if older.on_superseded:
+                    older.on_superseded("a newer panel of this cluster is the live one")
         self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 5.0) -> None:
+        """Stop, and wait for a refresh in progress, so nothing is drawn after this returns."""
         self._stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(wait)
+        with Refresher._registry_lock:
+            if Refresher._running.get(self.key) is self:
+                del Refresher._running[self.key]
 
     @property
     def running(self) -> bool:
@@ -97,7 +123,8 @@ class Refresher:
     def _loop(self) -> None:
         while not self._stop.wait(self.period):      # the full period after each refresh
             try:
-                if self.refresh() is False:
-                    return
+                with self.lock:
+                    if self._stop.is_set() or self.refresh() is False:
+                        return
             except Exception as exc:  # noqa: BLE001 - a panel must outlive one failed look
                 self.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])

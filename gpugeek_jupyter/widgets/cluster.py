@@ -14,6 +14,7 @@ import html
 import ipywidgets as w
 
 from ..cluster import manage
+from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
 from ._base import Refresher, bundle, lines_html
 
@@ -45,8 +46,9 @@ class ClusterPanel(w.VBox):
         self.add_class("gpugeek-cluster-panel")
         self.status = None
         self.refresh()
-        self.refresher = Refresher(self.refresh, period, self._error)
-        if start and self.live:
+        self.refresher = Refresher(self.refresh, period, self._error, key=("cluster", name))
+        self.refresher.on_superseded = self._say
+        if start and not self.status.state.startswith("stopped"):
             self.refresher.start()
 
     # -- state ------------------------------------------------------------------------------------
@@ -70,7 +72,8 @@ class ClusterPanel(w.VBox):
         if status.budget_usd:
             used = status.spend_usd / status.budget_usd
             self.gauge.max, self.gauge.value = status.budget_usd, min(status.spend_usd, status.budget_usd)
-            self.gauge.bar_style = "danger" if used >= 0.8 else ("warning" if used >= 0.5 else "success")
+            self.gauge.bar_style = ("danger" if used >= BUDGET_WARN_AT else
+                                    "warning" if used >= BUDGET_WARN_AT / 2 else "success")
             left = status.budget_left_hours
             self.gauge_label.value = (f"{used:.0%} of ${status.budget_usd:,.2f}"
                                       + (f" · reached in {manage._duration(left * 3600)}" if left else ""))
@@ -113,8 +116,8 @@ class ClusterPanel(w.VBox):
         self._confirming = False
         self.down_button.description = "Shut down"
         self._say("shutting down…")
+        self.refresher.stop()            # waits for a refresh in progress: nothing older is drawn later
         manage.down(self.name)
-        self.refresher.stop()
         self.refresh()
         self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
                   + (" (simulated)" if self.status.simulated else ""))

@@ -37,7 +37,8 @@ class CostDashboard(w.VBox):
         self.add_class("gpugeek-cost-dashboard")
         self.report = None
         self.refresh(report)
-        self.refresher = Refresher(self.refresh, period, self._error)
+        self.refresher = Refresher(self.refresh, period, self._error, key=("cost", name))
+        self.refresher.on_superseded = lambda text: setattr(self.message, "value", html.escape(text))
         if start and self.report.live:
             self.refresher.start()
 
@@ -58,7 +59,8 @@ class CostDashboard(w.VBox):
 
     def _safe_refresh(self) -> None:
         try:
-            self.refresh()
+            with self.refresher.lock:         # not at the same time as the thread's refresh
+                self.refresh()
         except GpugeekError as exc:
             self._error(str(exc))
 

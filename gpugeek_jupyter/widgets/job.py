@@ -4,7 +4,8 @@ per-worker GPU % and memory, and what the job has cost so far.
 The run loop hands it the workers' reports as they arrive (in the kernel's main thread, between
 waits — nothing here touches the workers). It appears once the job has run ~2 s (short cells stay
 quiet, like ipyparallel's progress), redraws at most once a second whatever the report rate,
-and keeps at most ``MAX_POINTS`` points per line, so a 100k-step job neither floods the notebook
+and keeps at most 2 × ``MAX_POINTS`` points per line (the final figure at most ``MAX_POINTS`` per
+worker and metric), so a 100k-step job neither floods the notebook
 nor slows training. When the job ends the live widget is replaced by a static summary and the
 job's figure, drawn from the ledger, so the saved notebook reads the same without a kernel.
 """
@@ -15,6 +16,7 @@ import html
 import time
 
 import ipywidgets as w
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -42,6 +44,7 @@ class JobMonitor:
         self.box: w.VBox | None = None
         self.drawn_at = 0.0
         self.draws = 0
+        self.first: tuple[float, int] | None = None   # (time, step) of rank 0's first report: the rate's origin
 
     # -- fed by the run loop --------------------------------------------------------------------
 
@@ -49,6 +52,8 @@ class JobMonitor:
         for sample in samples:
             rank = int(sample.get("rank", 0))
             self.latest[rank] = sample
+            if rank == 0 and self.first is None and sample.get("step") is not None:
+                self.first = (time.monotonic(), int(sample["step"]))
             if rank == 0 and sample.get("loss") is not None:
                 self.loss.append((int(sample.get("step") or 0), float(sample["loss"])))
             if sample.get("samples_per_s") is not None:
@@ -73,6 +78,7 @@ class JobMonitor:
         self.progress = w.Label()
         self.stats = w.HTML()
         self.figure = LiveFigure()
+        self.layout = _live_layout()
         self.table = w.HTML()
         self.box = w.VBox([self.header, w.HBox([self.bar, self.progress]), self.stats, self.figure,
                            self.table])
@@ -86,13 +92,13 @@ class JobMonitor:
         total, start = first.get("total_steps"), int(first.get("loop_start") or 0)
         self.header.value = (f"<b>{html.escape(self.name)}</b> · running on {self.workers} worker(s)"
                              + (" · <b style='color:#b35c00'>SIMULATED $</b>" if self.simulated else ""))
-        self.progress.value = _progress_text(step, total, start, elapsed, self.loss or None, self.speed)
+        self.progress.value = _progress_text(step, total, elapsed, self.first)
         if total:
             self.bar.max, self.bar.value = max(1, int(total) - start), max(0, step - start)
         else:
             self.bar.max, self.bar.value = max(1, step), step
         self.stats.value = self._stats_html()
-        self.figure.show(_live_figure(self.loss, self.speed))
+        self.figure.show_json(_live_spec(self.layout, self.loss, self.speed), "loss and samples/s")
         self.table.value = _workers_html(self.latest)
         self.draws += 1
 
@@ -175,7 +181,7 @@ class JobReport:
 
     def figure(self) -> go.Figure:
         title = f"{self.name} — {self.status}" + (" (simulated $)" if self.simulated else "")
-        return job_figure(self.samples, title=title)
+        return job_figure(_thinned(self.samples), title=title)
 
     def figure_bundle(self) -> dict:
         figure = self.figure()
@@ -184,27 +190,50 @@ class JobReport:
                 "text/plain": self.text()}
 
 
-def _live_figure(loss: list[tuple[int, float]], speed: list[tuple[float, float]]) -> go.Figure:
+def _thinned(samples, points: int = MAX_POINTS):
+    """At most ``points`` reports per worker, evenly spaced, the last one kept: a long job's
+    figure stays a few hundred kB in the saved notebook."""
+    if samples.empty:
+        return samples
+    parts = []
+    for _, rows in samples.sort_values("at").groupby("rank", sort=True):
+        if len(rows) > points:
+            keep = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
+            rows = rows.iloc[keep]
+        parts.append(rows)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _live_layout() -> dict:
+    """The live chart's layout, drawn once: loss by step, samples/s by time."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (rank 0)", "samples/s (all workers)"))
-    if loss:
-        steps, values = zip(*loss)
-        fig.add_scatter(x=steps, y=values, mode="lines+markers", marker={"size": 3}, name="loss", row=1, col=1)
-    if speed:
-        seconds, values = zip(*speed)
-        fig.add_scatter(x=seconds, y=values, mode="lines+markers", marker={"size": 3}, name="samples/s",
-                        row=1, col=2)
     fig.update_layout(height=260, showlegend=False, template="plotly_white", margin=dict(l=50, r=20, t=30, b=30))
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_xaxes(title_text="seconds", row=1, col=2)
-    return fig
+    return figure_json(fig)["layout"]
 
 
-def _progress_text(step: int, total, start: int, elapsed: float, loss, speed) -> str:
+def _live_spec(layout: dict, loss: list[tuple[int, float]], speed: list[tuple[float, float]]) -> dict:
+    """Plotly JSON of the live chart, written directly (a figure object per redraw costs ~50 ms
+    of the kernel's CPU, which the workers share on a small machine)."""
+    def trace(points, axis: str, name: str) -> dict:
+        x, y = (list(v) for v in zip(*points)) if points else ([], [])
+        return {"type": "scatter", "mode": "lines+markers", "marker": {"size": 3}, "name": name,
+                "x": x, "y": y, "xaxis": f"x{axis}", "yaxis": f"y{axis}"}
+    return {"data": [trace(loss, "", "loss"), trace(speed, "2", "samples/s")], "layout": layout}
+
+
+def _progress_text(step: int, total, elapsed: float, first: tuple[float, int] | None) -> str:
+    """Steps, time, and the rate since the first report (not since the cell began, which
+    includes start-up; nor counting steps a resumed checkpoint already held)."""
     text = f"step {step}" + (f"/{int(total)}" if total else "") + f" · {_duration(elapsed)}"
-    done = step - start
-    if total and done > 0 and elapsed > 0:
-        rate = done / elapsed
-        text += f" · {rate:,.1f} steps/s · ETA {_duration(max(0, int(total) - step) / rate)}"
+    if first is not None:
+        seconds, done = time.monotonic() - first[0], step - first[1]
+        if done > 0 and seconds > 0:
+            rate = done / seconds
+            text += f" · {rate:,.1f} steps/s"
+            if total:
+                text += f" · ETA {_duration(max(0, int(total) - step) / rate)}"
     return text
 
 

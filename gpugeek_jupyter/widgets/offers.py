@@ -77,6 +77,7 @@ class OfferPicker(w.VBox):
         ])
         self.add_class("gpugeek-offer-picker")
         self.offers = None
+        self._confirming = False
         self.shown = None               # what a button gave back last (a Plan, a Cluster)
         self.queries = 0
         self.requery()
@@ -138,6 +139,17 @@ class OfferPicker(w.VBox):
         offer = self.choice.value
         kind = self.backend.value
         backend = "sim" if kind == "sim" else offer.split("/")[0]
+        if kind == "cloud":
+            if not (self.budget.value or self.idle.value):
+                raise GpugeekError("a cloud cluster bills until stopped: set a budget or idle minutes first")
+            if not self._confirming:
+                self._confirming = True
+                self.provision_button.description = "Really launch?"
+                self._say(f"click again to launch on {backend} — this costs real money "
+                          f"(budget ${self.budget.value:,.2f}, idle stop {self.idle.value:g} min; 0 = none)")
+                return None
+        self._confirming = False
+        self.provision_button.description = "Provision"
         self._say(f"starting {backend} cluster on {offer} …")
         cluster = up(backend=backend, offer=offer, workers=int(self.workers.value),
                      pricing=self.pricing.value, budget=self.budget.value or None,

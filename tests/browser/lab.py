@@ -101,7 +101,7 @@ def _write_json(path: Path, data) -> None:
 def start_lab(workdir: Path, gpugeek_home: Path | None = None, timeout: float = 90) -> LabServer:
     """Start `jupyter lab` on a free port with a token, every Jupyter/IPython dir inside `workdir`.
 
-    Labextensions (widgets, anywidget, plotly) are still found: they live under sys.prefix's
+    Labextensions (widgets, plotly) are still found: they live under sys.prefix's
     share/jupyter, which is on Jupyter's data path whatever JUPYTER_DATA_DIR says.
     """
     workdir = Path(workdir)

@@ -1,4 +1,5 @@
-"""ipywidgets, plotly FigureWidget (through anywidget) and a static plotly figure render in Lab.
+"""ipywidgets, our live figure (a plotly output inside an ipywidgets Output) and a static plotly
+figure render in Lab.
 
 Proves the frontends of the venv's labextensions load in an isolated JupyterLab.
 """
@@ -11,7 +12,8 @@ from lab import error_outputs, put_notebook, run_notebook_in_lab, screenshot
 
 CELLS = [
     'import ipywidgets as w; w.IntProgress(value=3, max=10, description="steps")',
-    "import plotly.graph_objects as go; f = go.FigureWidget(go.Scatter(y=[3,1,2])); f",
+    "import plotly.graph_objects as go\nfrom gpugeek_jupyter.widgets._base import LiveFigure\n"
+    "f = LiveFigure(go.Figure(go.Scatter(y=[0, 0]))); f.show(go.Figure(go.Scatter(y=[3, 1, 2]))); f",
     "import plotly.graph_objects as go; go.Figure(go.Scatter(y=[1,2]))",
 ]
 
@@ -33,10 +35,9 @@ def test_widgets_and_plotly_render(lab, page):
     assert progress.locator(".widget-label").inner_text() == "steps"
     assert "width: 30%" in progress.locator(".progress-bar").get_attribute("style")
 
-    # FigureWidget: a widget view (anywidget) holding a plotly div; no plotly mime renderer there
-    widget_svg = cells.nth(1).locator(".jp-OutputArea-output .js-plotly-plot svg.main-svg")
+    # the live figure: a widget (an Output) whose content plotly's mime renderer draws; redrawn once
+    widget_svg = cells.nth(1).locator(".jupyter-widgets .jp-RenderedPlotly.js-plotly-plot svg.main-svg")
     widget_svg.first.wait_for()
-    assert cells.nth(1).locator(".jp-RenderedPlotly").count() == 0
     assert cells.nth(1).locator(".scatterlayer .trace .point").count() == 3
 
     # static figure: jupyterlab-plotly's mime renderer (application/vnd.plotly.v1+json)

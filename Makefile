@@ -69,6 +69,7 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_run.py --quick
+	$(PY) benchmarks/bench_monitor.py
 	$(PY) benchmarks/gpu_gpt2.py
 
 clean:

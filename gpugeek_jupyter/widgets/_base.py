@@ -128,3 +128,29 @@ class Refresher:
                         return
             except Exception as exc:  # noqa: BLE001 - a panel must outlive one failed look
                 self.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+
+
+class LivePanel(w.VBox):
+    """A panel kept current by a ``Refresher``, with one message line for what its buttons did."""
+
+    refresher: Refresher
+
+    def _act(self, action) -> None:
+        """Run a button's action with the refresh paused; a bad input is one line, not a traceback."""
+        from ..errors import GpugeekError
+
+        try:
+            with self.refresher.lock:
+                action()
+        except GpugeekError as exc:
+            self._error(str(exc))
+
+    def _say(self, text: str) -> None:
+        self.message.value = html.escape(text)
+
+    def _error(self, text: str) -> None:
+        self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
+
+    def close(self) -> None:
+        self.refresher.stop()
+        super().close()

@@ -15,13 +15,12 @@ import ipywidgets as w
 
 from ..cluster import manage
 from ..config import BUDGET_WARN_AT
-from ..errors import GpugeekError
-from ._base import Refresher, bundle, lines_html
+from ._base import LivePanel, Refresher, bundle, lines_html
 
 REFRESH_S = 2.0
 
 
-class ClusterPanel(w.VBox):
+class ClusterPanel(LivePanel):
     def __init__(self, name: str, *, period: float = REFRESH_S, start: bool = True):
         self.name = name
         self.header = w.HTML()
@@ -116,27 +115,11 @@ class ClusterPanel(w.VBox):
         self._confirming = False
         self.down_button.description = "Shut down"
         self._say("shutting down…")
-        self.refresher.stop()            # waits for a refresh in progress: nothing older is drawn later
+        self.refresher.stop(wait=0)      # the click holds its lock: no refresh is in progress or can start
         manage.down(self.name)
         self.refresh()
         self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
                   + (" (simulated)" if self.status.simulated else ""))
-
-    def _act(self, action) -> None:
-        try:
-            action()
-        except GpugeekError as exc:
-            self._error(str(exc))
-
-    def _say(self, text: str) -> None:
-        self.message.value = html.escape(text)
-
-    def _error(self, text: str) -> None:
-        self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
-
-    def close(self) -> None:
-        self.refresher.stop()
-        super().close()
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
         lines = self.status.lines() if self.status else [self.name]

@@ -12,14 +12,13 @@ import threading
 
 import ipywidgets as w
 
-from ..errors import GpugeekError
-from ._base import LiveFigure, Refresher, bundle
+from ._base import LiveFigure, LivePanel, Refresher, bundle
 
 REFRESH_S = 5.0
 GROUPINGS = ("node", "node_type", "pricing", "job")
 
 
-class CostDashboard(w.VBox):
+class CostDashboard(LivePanel):
     def __init__(self, name: str, *, by: str = "node", report=None, period: float = REFRESH_S,
                  start: bool = True):
         self.name = name
@@ -38,7 +37,7 @@ class CostDashboard(w.VBox):
         self.report = None
         self.refresh(report)
         self.refresher = Refresher(self.refresh, period, self._error, key=("cost", name))
-        self.refresher.on_superseded = lambda text: setattr(self.message, "value", html.escape(text))
+        self.refresher.on_superseded = self._say
         if start and self.report.live:
             self.refresher.start()
 
@@ -58,18 +57,7 @@ class CostDashboard(w.VBox):
         return report.live
 
     def _safe_refresh(self) -> None:
-        try:
-            with self.refresher.lock:         # not at the same time as the thread's refresh
-                self.refresh()
-        except GpugeekError as exc:
-            self._error(str(exc))
-
-    def _error(self, text: str) -> None:
-        self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
-
-    def close(self) -> None:
-        self.refresher.stop()
-        super().close()
+        self._act(self.refresh)        # not at the same time as the thread's refresh
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
         return bundle(repr(self.report), self.report._repr_html_(), widget=self)

@@ -115,8 +115,9 @@ class CostReport:
     def _repr_html_(self) -> str:
         import html
 
-        figures = "".join(f.to_html(full_html=False, include_plotlyjs="cdn")
-                          for f in (self.figure, self.budget_figure, self.utilisation_figure) if f is not None)
+        shown = [f for f in (self.figure, self.budget_figure, self.utilisation_figure) if f is not None]
+        figures = "".join(f.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
+                          for i, f in enumerate(shown))     # plotly.js loaded once
         return (f"<div><b>{html.escape(self.summary())}</b></div>"
                 f"{self.table.to_html(index=False)}{figures}")
 
@@ -146,15 +147,12 @@ def news() -> list[str]:
 def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> CostReport:
     """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing.
     ``sync=False`` reads the ledger only (no call into Ray: the dashboards' background refresh)."""
-    from .cluster import registry
-
-    from .cluster import manage
+    from .cluster import manage, registry
+    from .errors import GpugeekError
 
     name = name or manage.active()
     record = (registry.live(name) or registry.latest(name)) if name else _live(None)
     if record is None:
-        from .errors import GpugeekError
-
         raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
     if sync:
         _sync(record)

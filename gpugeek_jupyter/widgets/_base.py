@@ -1,5 +1,5 @@
 """What every widget here shares: knowing when a widget can be shown, one mimebundle with a
-widget, HTML and text, a background refresher, and replacing a live figure's content."""
+widget, HTML and text, a figure redrawn in place, a background refresher, and the panel base."""
 
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ def bundle(text: str, html_text: str, widget=None) -> dict:
     """A display bundle: the widget where a front end can show it, else HTML, else text."""
     data = {"text/plain": text, "text/html": html_text}
     if widget is not None:
-        import ipywidgets
-
-        view = ipywidgets.Widget._repr_mimebundle_(widget)   # the view itself, not our override
+        view = w.Widget._repr_mimebundle_(widget)   # the view itself, not our override
         if WIDGET_MIME in view:
             data[WIDGET_MIME] = view[WIDGET_MIME]
     return data

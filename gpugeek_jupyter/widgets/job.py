@@ -151,12 +151,11 @@ class JobReport:
         self.name, self.status, self.samples, self.usd = name, status, samples, usd
         self.simulated, self.seconds = simulated, seconds
         self.summary = job_summary(samples)
+        self.total, self.start = _loop_span(samples)
 
     def text(self) -> str:
         s = self.summary
-        last = self.samples.sort_values("at").iloc[-1] if not self.samples.empty else {}
-        total = last.get("total_steps") if hasattr(last, "get") else None
-        steps = f"step {s['step']}" + (f"/{int(total)}" if total == total and total else "")
+        steps = f"step {s['step']}" + (f"/{self.total}" if self.total else "")
         parts = [f"{self.name}: {self.status} after {_duration(self.seconds)}", steps]
         if s["loss"] is not None:
             parts.append(f"loss {s['loss']:.4g}")
@@ -168,14 +167,10 @@ class JobReport:
         return " · ".join(parts)
 
     def summary_bundle(self) -> dict:
-        last = self.samples.sort_values("at").iloc[-1] if not self.samples.empty else None
-        total = last.get("total_steps") if last is not None else None
-        start = last.get("loop_start") if last is not None else None
         bar = ""
-        if total == total and total:       # not NaN, not None
-            start = int(start) if start == start and start is not None else 0
-            bar = (f"<progress class='gpugeek-progress' value='{self.summary['step'] - start}' "
-                   f"max='{int(total) - start}'></progress> ")
+        if self.total:
+            bar = (f"<progress class='gpugeek-progress' value='{self.summary['step'] - self.start}' "
+                   f"max='{self.total - self.start}'></progress> ")
         return {"text/plain": self.text(), "text/html": f"<div class='gpugeek-job-done'>{bar}"
                                                           f"{html.escape(self.text())}</div>"}
 
@@ -188,6 +183,17 @@ class JobReport:
         return {"application/vnd.plotly.v1+json": figure_json(figure),
                 "text/html": figure.to_html(full_html=False, include_plotlyjs="cdn"),
                 "text/plain": self.text()}
+
+
+def _loop_span(samples) -> tuple[int | None, int]:
+    """The loop's last step and first step as the latest report gave them (None: unknown)."""
+    if samples.empty or "total_steps" not in samples:
+        return None, 0
+    last = samples.sort_values("at").iloc[-1]
+    total, start = last.get("total_steps"), last.get("loop_start")
+    if total is None or pd.isna(total):
+        return None, 0
+    return int(total), 0 if start is None or pd.isna(start) else int(start)
 
 
 def _thinned(samples, points: int = MAX_POINTS):

@@ -54,3 +54,13 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(GpugeekMagics)
     if drain_telemetry not in ipython.events.callbacks["post_execute"]:
         ipython.events.register("post_execute", drain_telemetry)
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    """The REST API under ``/gpugeek/`` that JupyterLab's status bar and sidebar read."""
+    return [{"module": "gpugeek_jupyter.server"}]
+
+
+def _jupyter_labextension_paths() -> list[dict]:
+    """For ``jupyter labextension develop``: the built front end, next to this package."""
+    return [{"src": "labextension", "dest": "gpugeek-jupyter"}]

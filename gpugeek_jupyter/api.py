@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from .cluster.manage import _live, _sync
 from .meter import ledger
 from .plan.planner import Plan
 from .plan.planner import plan as _plan
-from .run import jobs  # loaded before `run` below is bound: the function, not the subpackage, is gg.run
+from . import run as _run_package  # noqa: F401  - bound before `run` below, so gg.run is the function
 from .meter.telemetry import node_samples_frame
 from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
@@ -56,6 +57,8 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
     In a notebook a live job monitor shows progress, loss, throughput and $ (``monitor=False``
     hides it) and leaves a static figure of the job when it ends.
     """
+    from .run import jobs  # torch and Ray load with the first job
+
     return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
@@ -76,6 +79,8 @@ def _job_monitor():
 
 def reset() -> bool:
     """Stop the worker group; the next ``run`` builds a fresh one."""
+    from .run import jobs
+
     return jobs.reset()
 
 
@@ -156,7 +161,8 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
         raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
     if sync:
         _sync(record)
-        if record.live:
+        jobs = sys.modules.get("gpugeek_jupyter.run.jobs")  # loaded only if this kernel ran a job
+        if record.live and jobs is not None:
             jobs.drain_telemetry()
     now = time.time()
     table = ledger.cost_table(record.id, by, now)

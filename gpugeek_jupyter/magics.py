@@ -6,6 +6,7 @@ the same function the Python API exposes, so the two can never disagree.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from IPython.core.error import UsageError
@@ -276,9 +277,11 @@ def reset(self: GpugeekMagics, line: str):
 
 
 def drain_telemetry() -> None:
-    """After each cell: the node samplers' reports into the ledger (never an error in the cell)."""
-    from .run import jobs
-
+    """After each cell: the node samplers' reports into the ledger (never an error in the cell).
+    Only a kernel that has run a job has samplers; the others never load torch for this."""
+    jobs = sys.modules.get("gpugeek_jupyter.run.jobs")
+    if jobs is None:
+        return
     try:
         jobs.drain_telemetry()
     except Exception:  # noqa: BLE001 - a lost sampler reports next time or not at all

@@ -55,3 +55,15 @@ def whole_number(value: object, flag: str) -> int | None:
     if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value)) < 1:
         raise GpugeekError(f"{flag} {value!r} must be a whole number ≥ 1")
     return int(str(value))
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h10m``; ``—`` for unknown."""
+    if seconds is None:
+        return "—"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

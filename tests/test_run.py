@@ -59,8 +59,15 @@ def cluster(home):
     os.environ["GPUGEEK_HOME"] = str(home)
     gg.up("runs")
     yield
-    gg.reset()
-    gg.down("runs")
+    import ray
+
+    from gpugeek_jupyter.run import jobs
+
+    gg.run("pass", workers=2, monitor=False)
+    gg.down("runs")   # with the worker group still up, as a user would
+    # after the cluster is gone nothing may call Ray: an actor call would start a new local Ray
+    assert jobs.drain_telemetry() == 0 and not ray.is_initialized()
+    assert gg.reset() and not ray.is_initialized()
     if old is not None:
         os.environ["GPUGEEK_HOME"] = old
 

@@ -22,6 +22,7 @@ import pandas as pd
 from .. import store
 from ..config import BUDGET_WARN_AT, home, settings
 from ..errors import GpugeekError
+from ..units import duration
 from ..meter import ledger
 from ..meter.ledger import NodePrice
 from ..meter.raynodes import ClusterUnreachable, read_nodes
@@ -493,12 +494,12 @@ class ClusterStatus:
             money += f"; budget ${self.budget_usd:,.2f} ({self.spend_usd / self.budget_usd:.0%} used)"
             left = self.budget_left_hours
             if left is not None and self.state.startswith("running"):
-                money += f", reached in {_duration(left * 3600)} at this rate"
+                money += f", reached in {duration(left * 3600)} at this rate"
         elif self.burn_usd_per_hour > 0:
             money += f" → ${self.burn_usd_per_hour * 24:,.2f} per day at this rate"
         out.append(money)
         if self.idle_minutes:
-            idle = f"idle for {_duration(self.idle_for_s)}" if self.idle_for_s is not None else "busy"
+            idle = f"idle for {duration(self.idle_for_s)}" if self.idle_for_s is not None else "busy"
             out.append(f"autostop after {self.idle_minutes:g} min idle ({idle})")
         out += [f"{pd.Timestamp(e['at'], unit='s'):%H:%M:%S} {e['kind']}: {e['message']}" for e in self.events[-5:]]
         out += self.notes
@@ -542,11 +543,11 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
     nodes = pd.DataFrame({
         "node": alive["node_id"].str[-6:], "type": alive["node_type"], "gpus": alive["gpus"],
         "pricing": alive["pricing"], "usd_per_hour": alive["usd_per_hour"],
-        "up_for": [_duration(now - s) for s in alive["started"]],
+        "up_for": [duration(now - s) for s in alive["started"]],
     })
     spec = ClusterSpec.from_json(record.spec)
     return ClusterStatus(
-        name=record.name, backend=record.backend, state=_state(record), address=record.address,
+        name=record.name, backend=record.backend, state=state_of(record), address=record.address,
         simulated=record.simulated, nodes=nodes.reset_index(drop=True),
         spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
         budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
@@ -555,9 +556,9 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
     )
 
 
-def _state(record: ClusterRecord) -> str:
+def state_of(record: ClusterRecord) -> str:
     if record.stopped:
-        return f"stopped ({record.stop_reason}) {_duration(time.time() - record.stopped)} ago"
+        return f"stopped ({record.stop_reason}) {duration(time.time() - record.stopped)} ago"
     if record.stopping:
         return "stopping"
     state = "running"
@@ -579,7 +580,7 @@ def clusters() -> pd.DataFrame:
     for record in registry.all_records():
         frame = ledger.nodes_frame(record.id)
         rows.append({
-            "name": record.name, "backend": record.backend, "state": _state(record),
+            "name": record.name, "backend": record.backend, "state": state_of(record),
             "nodes": int(frame["alive"].sum()), "gpus": float(frame.loc[frame["alive"], "gpus"].sum()),
             "spent_usd": float(frame["usd"].sum()), "simulated": record.simulated,
             "budget_usd": record.budget_usd, "created": pd.Timestamp(record.created, unit="s"),
@@ -587,14 +588,3 @@ def clusters() -> pd.DataFrame:
         })
     return pd.DataFrame(rows, columns=["name", "backend", "state", "nodes", "gpus", "spent_usd",
                                        "simulated", "budget_usd", "created", "orphan"])
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -50,7 +50,7 @@ class ClusterRecord:
         return f"{home()}#{self.id}"
 
 
-def _record(row) -> ClusterRecord:
+def from_row(row) -> ClusterRecord:
     data = dict(row)
     data["simulated"] = bool(data["simulated"])
     data["spec"] = json.loads(data["spec"])
@@ -85,22 +85,22 @@ def get(cluster_id: int) -> ClusterRecord:
     rows = store.query("SELECT * FROM clusters WHERE id=?", (cluster_id,))
     if not rows:
         raise KeyError(cluster_id)
-    return _record(rows[0])
+    return from_row(rows[0])
 
 
 def live(name: str) -> ClusterRecord | None:
     rows = store.query("SELECT * FROM clusters WHERE name=? AND stopped IS NULL", (name,))
-    return _record(rows[0]) if rows else None
+    return from_row(rows[0]) if rows else None
 
 
 def latest(name: str) -> ClusterRecord | None:
     rows = store.query("SELECT * FROM clusters WHERE name=? ORDER BY id DESC LIMIT 1", (name,))
-    return _record(rows[0]) if rows else None
+    return from_row(rows[0]) if rows else None
 
 
 def all_records(include_stopped: bool = True) -> list[ClusterRecord]:
     sql = "SELECT * FROM clusters" + ("" if include_stopped else " WHERE stopped IS NULL")
-    return [_record(r) for r in store.query(sql + " ORDER BY id")]
+    return [from_row(r) for r in store.query(sql + " ORDER BY id")]
 
 
 STALE_STOP_S = 120

@@ -9,11 +9,12 @@ GPUs; activation checkpointing keeps each block's input and recomputes the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # torch loads when a model is planned, not when the package is imported
+    from torch import nn
 
 from ..errors import GpugeekError
-from . import activations
 
 GIB = 1024**3
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -132,6 +133,10 @@ def from_model(model: nn.Module, precision: str = "bf16", optimizer: str = "adam
                strategy: str = "ddp", gpus: int | None = None, example: object = None,
                ckpt_class: str | None = None) -> MemoryEstimate:
     """Exact weight/gradient/optimizer bytes from the model's tensors; activations measured."""
+    from torch import nn
+
+    from . import activations
+
     if not isinstance(model, nn.Module):
         raise GpugeekError(f"expected a torch.nn.Module, got {type(model).__name__}")
     params = list(model.parameters())

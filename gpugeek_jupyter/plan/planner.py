@@ -11,15 +11,18 @@ import dataclasses
 import html
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-from torch import nn
 
 from ..catalog import offers as catalog_offers
 from ..errors import GpugeekError
 from ..units import human_count, parse_count, positive_number, whole_number
 from . import memory
+
+if TYPE_CHECKING:  # torch loads when a model is planned
+    from torch import nn
 
 DEFAULT_MFU = 0.40
 CHINCHILLA_TOKENS_PER_PARAM = 20

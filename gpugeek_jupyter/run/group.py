@@ -133,10 +133,21 @@ class WorkerGroup:
             self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
                                                      gpus=self.sample_gpus)
 
+    def connected(self) -> bool:
+        """Whether this process is still a driver of the group's cluster. Once it is not (the
+        cluster was stopped, here or elsewhere), no call may go to Ray: an actor call without a
+        connection would quietly start a new local Ray instance."""
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address
+
     def stop(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        if not self.connected():  # its cluster is gone, and its actors and samplers with it
+            self.samplers, self.workers, self.pg = [], [], None
+            return
         if self.samplers:
             samplers, self.samplers = self.samplers, []
             try:
@@ -223,7 +234,7 @@ class WorkerGroup:
         import ray
 
         now = time.monotonic()
-        if not self.samplers or now - self.sampled_at < every:
+        if not self.samplers or now - self.sampled_at < every or not self.connected():
             return 0
         self.sampled_at = now
         refs = {s.drain.remote(): s for s in self.samplers}

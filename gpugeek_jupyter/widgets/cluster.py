@@ -15,6 +15,7 @@ import ipywidgets as w
 
 from ..cluster import manage
 from ..config import BUDGET_WARN_AT
+from ..units import duration
 from ._base import LivePanel, Refresher, bundle, lines_html
 
 REFRESH_S = 2.0
@@ -75,7 +76,7 @@ class ClusterPanel(LivePanel):
                                     "warning" if used >= BUDGET_WARN_AT / 2 else "success")
             left = status.budget_left_hours
             self.gauge_label.value = (f"{used:.0%} of ${status.budget_usd:,.2f}"
-                                      + (f" · reached in {manage._duration(left * 3600)}" if left else ""))
+                                      + (f" · reached in {duration(left * 3600)}" if left else ""))
             self.gauge.layout.display = None
         else:
             self.gauge.layout.display = "none"
@@ -96,8 +97,8 @@ class ClusterPanel(LivePanel):
         if status.idle_for_s is None:
             return f"autostop after {status.idle_minutes:g} min idle — busy now"
         left = status.idle_minutes * 60 - status.idle_for_s
-        return (f"idle for {manage._duration(status.idle_for_s)} — autostop in "
-                f"{manage._duration(max(0.0, left))}")
+        return (f"idle for {duration(status.idle_for_s)} — autostop in "
+                f"{duration(max(0.0, left))}")
 
     # -- buttons ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..cluster.manage import _duration
+from ..units import duration
 from ..meter import ledger
 from ..views.jobs import job_figure, job_summary
 from ._base import LiveFigure, figure_json
@@ -156,7 +156,7 @@ class JobReport:
     def text(self) -> str:
         s = self.summary
         steps = f"step {s['step']}" + (f"/{self.total}" if self.total else "")
-        parts = [f"{self.name}: {self.status} after {_duration(self.seconds)}", steps]
+        parts = [f"{self.name}: {self.status} after {duration(self.seconds)}", steps]
         if s["loss"] is not None:
             parts.append(f"loss {s['loss']:.4g}")
         if s["samples_per_s"]:
@@ -232,14 +232,14 @@ def _live_spec(layout: dict, loss: list[tuple[int, float]], speed: list[tuple[fl
 def _progress_text(step: int, total, elapsed: float, first: tuple[float, int] | None) -> str:
     """Steps, time, and the rate since the first report (not since the cell began, which
     includes start-up; nor counting steps a resumed checkpoint already held)."""
-    text = f"step {step}" + (f"/{int(total)}" if total else "") + f" · {_duration(elapsed)}"
+    text = f"step {step}" + (f"/{int(total)}" if total else "") + f" · {duration(elapsed)}"
     if first is not None:
         seconds, done = time.monotonic() - first[0], step - first[1]
         if done > 0 and seconds > 0:
             rate = done / seconds
             text += f" · {rate:,.1f} steps/s"
             if total:
-                text += f" · ETA {_duration(max(0, int(total) - step) / rate)}"
+                text += f" · ETA {duration(max(0, int(total) - step) / rate)}"
     return text
 
 

@@ -1,0 +1,19 @@
+"""The jupyter_server extension: a small REST API over the cluster registry and ledger.
+
+Enabled by the wheel's ``jupyter_server_config.d/gpugeek_jupyter.json``; JupyterLab's status bar
+and sidebar (``labextension/``) read it. See ``handlers`` for the routes.
+"""
+
+from __future__ import annotations
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "gpugeek_jupyter.server"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    from .handlers import routes
+
+    web_app = serverapp.web_app
+    web_app.add_handlers(".*$", routes(web_app.settings["base_url"]))
+    serverapp.log.info("gpugeek_jupyter: REST API at %sgpugeek/", web_app.settings["base_url"])

@@ -1,0 +1,164 @@
+"""The registry and ledger as JSON for JupyterLab's status bar and sidebar.
+
+Read straight from SQLite — no pandas, no Ray — because the status bar asks every few seconds from
+every open Lab tab, and a stop here must work even when the kernel that started the cluster is gone.
+Dollars are the ledger's: Σ $/h × hours per node, open nodes up to now.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import store
+from ..cluster import manage, registry
+from ..cluster.registry import ClusterRecord
+from ..config import BUDGET_WARN_AT
+from ..errors import GpugeekError
+
+STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
+UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
+
+_SPEND = """
+SELECT cluster_id,
+       SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)) / 3600.0 AS spent_usd,
+       SUM(CASE WHEN ended IS NULL THEN usd_per_hour ELSE 0 END) AS usd_per_hour,
+       SUM(CASE WHEN ended IS NULL THEN 1 ELSE 0 END) AS nodes,
+       SUM(CASE WHEN ended IS NULL THEN gpus ELSE 0 END) AS gpus
+FROM nodes WHERE cluster_id IN ({ids}) GROUP BY cluster_id
+"""
+
+
+class NotFound(GpugeekError):
+    """No cluster of that name in the registry."""
+
+
+class AlreadyStopped(GpugeekError):
+    """The cluster exists but has stopped; the message carries its final cost."""
+
+
+def overview(now: float | None = None) -> dict:
+    """Every live cluster, then the most recent stopped ones, with totals over the live ones."""
+    now = time.time() if now is None else now
+    rows = store.query(
+        "SELECT * FROM (SELECT * FROM clusters WHERE stopped IS NULL ORDER BY id)"
+        " UNION ALL SELECT * FROM (SELECT * FROM clusters WHERE stopped IS NOT NULL"
+        " ORDER BY stopped DESC LIMIT ?)", (STOPPED_SHOWN,))
+    records = [registry.from_row(r) for r in rows]
+    money = _money([r.id for r in records], now)
+    clusters = [_cluster(r, money.get(r.id)) for r in records]
+    live = [c for c in clusters if c["live"]]
+    return {
+        "clusters": clusters,
+        "live": len(live),
+        "spent_usd": sum(c["spent_usd"] for c in live),
+        "usd_per_hour": sum(c["usd_per_hour"] for c in live),
+        "simulated": any(c["simulated"] for c in live),
+        "at": now,
+    }
+
+
+def detail(name: str, now: float | None = None) -> dict:
+    """One cluster (the live one of that name, else its latest run) with its nodes, the latest
+    utilisation per node and device, and its recent events."""
+    now = time.time() if now is None else now
+    record = _find(name)
+    out = _cluster(record, _money([record.id], now).get(record.id))
+    out["node_rows"] = [
+        {"node": r["node_id"], "type": r["node_type"], "gpus": r["gpus"], "pricing": r["pricing"],
+         "usd_per_hour": r["usd_per_hour"], "alive": r["ended"] is None,
+         "up_s": max(0.0, (r["ended"] or now) - r["started"]),
+         "usd": r["usd_per_hour"] * max(0.0, (r["ended"] or now) - r["started"]) / 3600.0}
+        for r in store.query("SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id",
+                             (record.id,))]
+    # SQLite takes the bare columns from the row holding MAX(at): the latest sample per device
+    out["utilisation"] = [
+        {"node": r["node_id"], "gpu": None if r["device"] == "host" else int(r["device"][3:]),
+         "util_pct": r["util"], "mem_pct": 100.0 * r["used"] / r["total"] if r["used"] is not None
+         and r["total"] else None, "at": r["at"]}
+        for r in store.query(
+            "SELECT node_id, device, MAX(at) AS at,"
+            " COALESCE(json_extract(metrics, '$.gpu_util'), json_extract(metrics, '$.cpu_percent')) AS util,"
+            " COALESCE(json_extract(metrics, '$.gpu_mem_used'), json_extract(metrics, '$.mem_used')) AS used,"
+            " COALESCE(json_extract(metrics, '$.gpu_mem_total'), json_extract(metrics, '$.mem_total')) AS total"
+            " FROM node_samples WHERE cluster_id=? AND at>=? GROUP BY node_id, device"
+            " ORDER BY node_id, device", (record.id, now - UTILISATION_WINDOW_S))]
+    out["events"] = [{"at": r["at"], "kind": r["kind"], "message": r["message"]} for r in store.query(
+        "SELECT at, kind, message FROM events WHERE cluster_id=? ORDER BY id DESC LIMIT 10",
+        (record.id,))]
+    return out
+
+
+def stop(name: str) -> dict:
+    """Shut a live cluster down — only the processes we started for it — and say what it cost.
+
+    The ledger is not synced with Ray first: the cluster's watchdog keeps it current every few
+    seconds, and this process (the Jupyter server) never becomes a Ray driver.
+    """
+    record = registry.live(name)
+    if record is None:
+        past = _find(name)
+        spent = _money([past.id], time.time()).get(past.id, {}).get("spent_usd", 0.0)
+        raise AlreadyStopped(f"cluster {name!r} already stopped ({past.stop_reason}); it cost "
+                             f"${spent:,.2f}{' (simulated)' if past.simulated else ''}")
+    detaching = record.backend == "attach"
+    reason = "detached (from JupyterLab)" if detaching else "down (from JupyterLab)"
+    manage.shutdown(record, reason, sync=False)
+    record = registry.get(record.id)
+    if record.stopped is None:
+        raise GpugeekError(f"cluster {name!r} is still stopping elsewhere — refresh in a minute")
+    spent = _money([record.id], record.stopped).get(record.id, {}).get("spent_usd", 0.0)
+    sim = " (simulated $)" if record.simulated else ""
+    verb = "detached from" if detaching else "stopped"
+    return {"name": name, "stopped": True, "reason": record.stop_reason, "spent_usd": spent,
+            "simulated": record.simulated,
+            "message": f"{verb} {name!r}: it cost ${spent:,.2f}{sim}"}
+
+
+def attach_code(name: str) -> str:
+    """A notebook cell that makes its kernel a driver of the cluster again (``up`` re-attaches)."""
+    return f"%load_ext gpugeek_jupyter\n%gpugeek up {name}\n%gpugeek status {name}"
+
+
+def _find(name: str) -> ClusterRecord:
+    record = registry.live(name) or registry.latest(name)
+    if record is None:
+        raise NotFound(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    return record
+
+
+def _money(ids: list[int], now: float) -> dict[int, dict]:
+    if not ids:
+        return {}
+    sql = _SPEND.format(ids=",".join("?" * len(ids)))
+    return {r["cluster_id"]: dict(r) for r in store.query(sql, (now, *ids))}
+
+
+def _cluster(record: ClusterRecord, money: dict | None) -> dict:
+    money = money or {}
+    spent = float(money.get("spent_usd") or 0.0)
+    budget = record.budget_usd
+    state = "stopped" if record.stopped else ("stopping" if record.stopping else "running")
+    orphan = record.live and not registry.attached_kernels(record.id)
+    return {
+        "name": record.name,
+        "backend": record.backend,
+        "live": record.live,
+        "state": state,
+        "status": manage.state_of(record),
+        "simulated": record.simulated,
+        "nodes": int(money.get("nodes") or 0),
+        "gpus": float(money.get("gpus") or 0.0),
+        "spent_usd": spent,
+        "usd_per_hour": float(money.get("usd_per_hour") or 0.0),
+        "budget_usd": budget,
+        "budget_used": spent / budget if budget else None,
+        "budget_warn_at": BUDGET_WARN_AT,
+        "idle_minutes": record.idle_minutes,
+        "orphan": orphan,
+        "address": record.address,
+        "dashboard_url": None,
+        "attach_code": attach_code(record.name),
+        "created": record.created,
+        "stopped": record.stopped,
+        "stop_reason": record.stop_reason,
+    }

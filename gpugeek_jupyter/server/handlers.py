@@ -1,0 +1,100 @@
+"""REST handlers under ``<base_url>/gpugeek/``: what JupyterLab's status bar and sidebar call.
+
+Every handler is an ``APIHandler`` behind ``@tornado.web.authenticated`` (403 without the server's
+token); DELETE is also XSRF-checked by jupyter_server. A wrong request gets a status and a JSON
+``{"message": ...}`` of one line — never a traceback; only a bug in here is a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+
+from ..errors import GpugeekError
+from . import clusters
+
+# the catalog's columns, named for the front end
+OFFER_FIELDS = {"id": "offer_id", "provider": "provider", "instance_type": "instance_type", "gpu": "gpu",
+                "variant": "variant", "gpu_count": "gpus", "gpu_mem_gib": "gpu_mem_gib",
+                "region": "region", "pricing": "pricing", "price": "usd_per_hour",
+                "price_per_gpu_hour": "usd_per_gpu_hour"}
+MAX_OFFERS = 200
+
+
+class _Handler(APIHandler):
+    def reply(self, data: dict, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def fail(self, status: int, message: str) -> None:
+        self.reply({"message": message}, status)
+
+
+class ClustersHandler(_Handler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.reply(clusters.overview())
+
+
+class ClusterHandler(_Handler):
+    @tornado.web.authenticated
+    def get(self, name: str) -> None:
+        try:
+            self.reply(clusters.detail(name))
+        except clusters.NotFound as exc:
+            self.fail(404, str(exc))
+
+    @tornado.web.authenticated
+    async def delete(self, name: str) -> None:
+        # stopping takes seconds (grace periods, `ray down` on clouds): off the event loop
+        try:
+            self.reply(await asyncio.to_thread(clusters.stop, name))
+        except clusters.NotFound as exc:
+            self.fail(404, str(exc))
+        except clusters.AlreadyStopped as exc:
+            self.fail(409, str(exc))
+        except GpugeekError as exc:
+            self.fail(409, str(exc))
+
+
+class OffersHandler(_Handler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        from ..catalog import offers
+        from ..errors import NoMatchingOffers
+
+        arg = self.get_query_argument
+        try:
+            limit = int(arg("limit", "20"))
+            if not 1 <= limit <= MAX_OFFERS:
+                raise ValueError
+        except ValueError:
+            return self.fail(400, f"limit={arg('limit')!r}: give a whole number from 1 to {MAX_OFFERS}")
+        try:
+            frame = offers.find_offers(gpu=arg("gpu", None) or None, count=arg("count", None) or None,
+                                       provider=arg("provider", None) or None,
+                                       region=arg("region", None) or None,
+                                       pricing=arg("pricing", "on-demand"), top=limit)
+        except NoMatchingOffers as exc:
+            return self.reply({"offers": [], "count": 0, "message": str(exc)})
+        except GpugeekError as exc:
+            return self.fail(400, str(exc))
+        frame = frame[list(OFFER_FIELDS)].rename(columns=OFFER_FIELDS)
+        rows = json.loads(frame.to_json(orient="records"))
+        note = ("reserved prices are estimates: on-demand less the configured discount"
+                if arg("pricing", "on-demand") == "reserved" else None)
+        self.reply({"offers": rows, "count": len(rows), "note": note})
+
+
+def routes(base_url: str) -> list[tuple]:
+    from jupyter_server.utils import url_path_join
+
+    name = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,39})"
+    return [
+        (url_path_join(base_url, "gpugeek", "clusters"), ClustersHandler),
+        (url_path_join(base_url, "gpugeek", "clusters", name), ClusterHandler),
+        (url_path_join(base_url, "gpugeek", "offers"), OffersHandler),
+    ]

@@ -26,17 +26,34 @@ export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
 
-.PHONY: lab test test-fast test-browser chromium bench clean
+.PHONY: lab labextension test test-fast test-browser chromium bench clean
 
-$(VENV)/.installed-test: pyproject.toml
+# The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
+# gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
+NPM ?= npm
+LABEXT_SOURCES := $(shell find labextension/src labextension/style labextension/schema -type f 2>/dev/null) \
+	labextension/package.json labextension/package-lock.json labextension/tsconfig.json
+
+# Order matters: jupyterlab first (the extension build runs `jupyter labextension build`), then the
+# front end, then this package (its npm hook skipped: the front end is built), which copies the
+# built extension and the server extension's switch into the venv. A change under labextension/
+# redoes these steps.
+$(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --upgrade pip
-	$(PIP) install -qq "$(TORCH_SPEC)"
-	$(PIP) install -qq -e ".[test]"
+	$(PIP) install -qq "$(TORCH_SPEC)" "jupyterlab>=4.2,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables
+	$(MAKE) --no-print-directory labextension
+	SKIP_JUPYTER_BUILDER=1 $(PIP) install -qq --no-build-isolation -e ".[test]"
 	touch $@
 
+# `npm ci` installs exactly the committed package-lock.json
+labextension:
+	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error && \
+	  PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
+
 lab: $(VENV)/.installed-test
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
+	  $(LAB_ARGS) notebooks/quickstart.ipynb
 
 # Both suites always run; `make test` fails if either does.
 test: $(VENV)/.installed-test chromium
@@ -70,7 +87,9 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_run.py --quick
 	$(PY) benchmarks/bench_monitor.py
+	$(PY) benchmarks/bench_ticker.py
 	$(PY) benchmarks/gpu_gpt2.py
 
 clean:
-	rm -rf $(VENV) build dist artifacts .pytest_cache
+	rm -rf $(VENV) build dist artifacts .pytest_cache labextension/node_modules labextension/lib \
+	  gpugeek_jupyter/labextension

@@ -37,6 +37,7 @@ def populate(clusters: int, stopped: int) -> None:
     for i in range(clusters + stopped):
         record = registry.create(f"c{i}", "sim", {}, simulated=True, budget_usd=100.0, idle_minutes=30)
         start = now - 3600
+        registry.update(record.id, ready=start)
         nodes = [RayNode(f"c{i}-head", "", True, True, start, None, None, ""),
                  RayNode(f"c{i}-w1", "gpu", True, False, start, None, None, "", {"GPU": 8}),
                  RayNode(f"c{i}-w0", "gpu", False, False, start, now - 1800, None, "", {"GPU": 8})]

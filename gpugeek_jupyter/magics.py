@@ -153,6 +153,7 @@ def _number(flag: str, kind: type = float) -> Callable[[str], float]:
 @argument("--spot-fallback", action="store_true", help="replace a preempted spot node with on-demand")
 @argument("--budget", type=_number("--budget"), help="USD: warn at 80%%, stop everything at 100%%")
 @argument("--idle", type=_number("--idle"), help="minutes without a job before the cluster stops")
+@argument("--dashboard", action="store_true", help="also start Ray's dashboard (local and sim heads)")
 @argument("--dry-run", action="store_true", help="show the config, start nothing")
 @argument("--yes", action="store_true", help="really launch on a cloud / Kubernetes (costs money)")
 @argument("--catalog", help="a CSV of your own offers")
@@ -164,7 +165,8 @@ def up(self: GpugeekMagics, line: str):
         args.name, backend=args.backend, address=args.address, offer=args.offer, plan=plan,
         gpu=args.gpu, count=args.count, workers=args.workers, min_workers=args.min_workers,
         max_workers=args.max_workers, pricing=args.pricing, spot_fallback=args.spot_fallback,
-        budget=args.budget, idle=args.idle, dry_run=args.dry_run, yes=args.yes, catalog=args.catalog,
+        budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
+        catalog=args.catalog,
     )
 
 

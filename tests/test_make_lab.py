@@ -1,4 +1,5 @@
-"""`make lab` starts a JupyterLab that answers /api/status (started headless, then stopped)."""
+"""`make lab` starts a JupyterLab on the quickstart notebook, with this package's REST API enabled
+(started headless, then stopped)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ def test_make_lab_serves_jupyterlab(tmp_path):
                  "IPYTHONDIR"):
         env[name] = str(tmp_path / name.lower())
     args = f"--ip=127.0.0.1 --IdentityProvider.token={token} --ServerApp.open_browser=False"
-    proc = subprocess.Popen(
-        ["make", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    log = tmp_path / "make-lab.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["make", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     try:
         status, deadline = None, time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -46,11 +49,16 @@ def test_make_lab_serves_jupyterlab(tmp_path):
                     break
             except OSError:
                 time.sleep(0.5)
-        assert status is not None, proc.stdout.read().decode() if proc.poll() is not None else ""
+        assert status is not None, log.read_text()
         assert "started" in status
         with urllib.request.urlopen(
                 f"http://127.0.0.1:{port}/lab?token={token}", timeout=5) as response:
             assert b"JupyterLab" in response.read()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/gpugeek/clusters",
+                                         headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert json.load(response)["live"] == 0     # the server extension is on
+        assert "/lab/tree/notebooks/quickstart.ipynb" in log.read_text()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

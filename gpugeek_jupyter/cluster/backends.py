@@ -35,6 +35,7 @@ class Started:
     session_id: int | None = None
     pids: list[int] | None = None
     temp_dir: str | None = None
+    dashboard_url: str | None = None
 
 
 @dataclass
@@ -106,8 +107,8 @@ class LocalBackend(Backend):
 
     def start(self, record, spec):
         temp_dir = head.new_temp_dir()
-        started = head.start_head(temp_dir, record.marker)
-        return Started(started.address, started.session_id, started.pids, temp_dir)
+        started = head.start_head(temp_dir, record.marker, dashboard=spec.dashboard)
+        return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 
     def stop(self, record, grace=3.0):
         if record.session_id:
@@ -132,8 +133,8 @@ class SimBackend(LocalBackend):
         address = f"{head.HOST}:{port}"
         sim.write_config(config, record.name, spec, address)
         started = head.start_head(temp_dir, record.marker, num_cpus=0, num_gpus=0, autoscaling_config=config,
-                                  env=sim.ENV, port=port)
-        return Started(started.address, started.session_id, started.pids, temp_dir)
+                                  env=sim.ENV, port=port, dashboard=spec.dashboard)
+        return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 
     def scale(self, record, spec, workers):
         return sim.scale(record.name, spec, record.address, record.temp_dir, workers)

@@ -29,6 +29,7 @@ class Head:
     session_id: int
     temp_dir: str
     pids: list[int]
+    dashboard_url: str | None = None
 
 
 def new_temp_dir() -> str:
@@ -38,14 +39,20 @@ def new_temp_dir() -> str:
 
 def start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
-               port: int | None = None) -> Head:
+               port: int | None = None, dashboard: bool = False) -> Head:
+    """``dashboard``: Ray's dashboard on a free port of 127.0.0.1 (token-protected like the rest)."""
     port = port or processes.free_port()
+    dashboard_port = processes.free_port() if dashboard else None
     cmd = [
         sys.executable, "-c", "from ray.scripts.scripts import main; main()",
         "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
         f"--ray-client-server-port={processes.free_port()}", "--dashboard-agent-listen-port=0",
-        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]
+    if dashboard_port:
+        cmd += ["--include-dashboard=true", f"--dashboard-host={HOST}", f"--dashboard-port={dashboard_port}"]
+    else:
+        cmd.append("--include-dashboard=false")
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
@@ -73,4 +80,5 @@ def start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_g
         raise GpugeekError(f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) "
                            f"— full log: {log}")
     pids = [p.pid for p in processes.session_processes(proc.pid, since, marker)]
-    return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids)
+    return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids,
+                dashboard_url=f"http://{HOST}:{dashboard_port}" if dashboard_port else None)

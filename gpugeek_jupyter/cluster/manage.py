@@ -42,7 +42,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        offer: str | None = None, plan=None, gpu: str | None = None, count: int | None = None,
        workers: int | None = None, min_workers: int | None = None, max_workers: int | None = None,
        pricing: str = "on-demand", spot_fallback: bool = False, budget: float | None = None,
-       idle: float | None = None, dry_run: bool = False, yes: bool = False,
+       idle: float | None = None, dashboard: bool = False, dry_run: bool = False, yes: bool = False,
        catalog: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
@@ -64,7 +64,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         ignored = [flag for flag, value in (
             ("--address", address), ("--offer", offer), ("--plan", plan), ("--gpu", gpu),
             ("--workers", workers), ("--min-workers", min_workers), ("--max-workers", max_workers),
-            ("--budget", budget), ("--idle", idle)) if value is not None]
+            ("--budget", budget), ("--idle", idle), ("--dashboard", dashboard or None)) if value is not None]
         if ignored:
             print(f"{', '.join(ignored)} ignored: {name!r} is already running with its own settings "
                   f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
@@ -73,6 +73,10 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     spec = _spec(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
                  min_workers=min_workers, max_workers=max_workers, pricing=pricing,
                  spot_fallback=spot_fallback, catalog=catalog)
+    if dashboard and backend not in ("local", "sim"):
+        raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {backend} head's "
+                           f"dashboard is reached with `ray dashboard <its config>`")
+    spec.dashboard = bool(dashboard)
     impl = BACKENDS[backend]
     if backend == "attach" and (budget or idle):
         raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "
@@ -99,8 +103,13 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     try:
         started = impl.start(record, spec)
         registry.update(record.id, address=started.address, session_id=started.session_id,
+                        dashboard_url=started.dashboard_url,
                         pids=started.pids or [], temp_dir=started.temp_dir)
         record = registry.get(record.id)
+        if record.stopping or record.stopped:  # shut down (from JupyterLab, say) while starting
+            impl.stop(record)
+            registry.mark_stopped(record.id, record.stop_reason or "stopped while starting")
+            raise GpugeekError(f"cluster {name!r} was shut down while it was starting")
         if impl.launches and record.address:
             _start_watchdog(record)
         impl.wait_ready(record, spec)
@@ -561,12 +570,22 @@ def state_of(record: ClusterRecord) -> str:
         return f"stopped ({record.stop_reason}) {duration(time.time() - record.stopped)} ago"
     if record.stopping:
         return "stopping"
+    if starting(record):
+        return "starting"
     state = "running"
     if not registry.attached_kernels(record.id):
         state += " — orphan: no notebook attached"
     if record.watchdog_pid and not processes.alive(record.watchdog_pid):
         state += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
     return state
+
+
+STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
+
+
+def starting(record: ClusterRecord) -> bool:
+    """``up`` is still bringing the cluster up (it marks it ready at the end)."""
+    return record.live and record.ready is None and time.time() - record.created < STARTING_AT_MOST_S
 
 
 def _idle_for(record: ClusterRecord) -> float | None:

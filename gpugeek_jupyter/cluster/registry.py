@@ -39,6 +39,7 @@ class ClusterRecord:
     stopping: float | None
     stopped: float | None
     stop_reason: str | None
+    dashboard_url: str | None = None
 
     @property
     def live(self) -> bool:

@@ -55,6 +55,7 @@ class ClusterSpec:
     spot_fallback: bool = False
     head_price: NodePrice = field(default_factory=lambda: NodePrice(None, "not billed", 0.0))
     notes: list[str] = field(default_factory=list)
+    dashboard: bool = False           # Ray's dashboard on the head (local and sim)
 
     @property
     def simulated(self) -> bool:

@@ -52,7 +52,17 @@ def use_token_auth() -> None:
         return
 
     if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
-        auth.generate_and_save_token()
+        import logging
+
+        quiet = logging.getLogger(auth.__name__)   # its INFO line would land on the cell's stderr
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
+        try:
+            auth.generate_and_save_token()
+        finally:
+            quiet.setLevel(level)
+        print(f"Ray token authentication: made a token at {auth._get_default_token_path()} (first use; "
+              f"Ray's dashboard asks for it)")
     if os.environ.get(auth.AUTH_MODE_ENV_VAR) != "token":
         os.environ[auth.AUTH_MODE_ENV_VAR] = "token"
         Config.initialize("")

@@ -32,6 +32,10 @@ class NotFound(GpugeekError):
     """No cluster of that name in the registry."""
 
 
+class StillStarting(GpugeekError):
+    """Its ``up`` has not yet recorded anything that could be stopped."""
+
+
 class AlreadyStopped(GpugeekError):
     """The cluster exists but has stopped; the message carries its final cost."""
 
@@ -100,6 +104,10 @@ def stop(name: str) -> dict:
         spent = _money([past.id], time.time()).get(past.id, {}).get("spent_usd", 0.0)
         raise AlreadyStopped(f"cluster {name!r} already stopped ({past.stop_reason}); it cost "
                              f"${spent:,.2f}{' (simulated)' if past.simulated else ''}")
+    if manage.starting(record) and not (record.session_id or record.address or record.temp_dir):
+        # nothing of it is recorded yet, so nothing could be stopped: `up` would go on regardless
+        raise StillStarting(f"cluster {name!r} is still starting — shut it down in a few seconds, "
+                            f"once it is up")
     detaching = record.backend == "attach"
     reason = "detached (from JupyterLab)" if detaching else "down (from JupyterLab)"
     manage.shutdown(record, reason, sync=False)
@@ -137,8 +145,9 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
     money = money or {}
     spent = float(money.get("spent_usd") or 0.0)
     budget = record.budget_usd
-    state = "stopped" if record.stopped else ("stopping" if record.stopping else "running")
-    orphan = record.live and not registry.attached_kernels(record.id)
+    state = ("stopped" if record.stopped else "stopping" if record.stopping
+             else "starting" if manage.starting(record) else "running")
+    orphan = state == "running" and not registry.attached_kernels(record.id)
     return {
         "name": record.name,
         "backend": record.backend,
@@ -156,7 +165,7 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
         "idle_minutes": record.idle_minutes,
         "orphan": orphan,
         "address": record.address,
-        "dashboard_url": None,
+        "dashboard_url": record.dashboard_url if record.live else None,
         "attach_code": attach_code(record.name),
         "created": record.created,
         "stopped": record.stopped,

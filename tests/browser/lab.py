@@ -39,6 +39,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1400, "height": 1000}
 
+POLL_S = 1
+
 # Lab's page config and user settings for tests: no news pop-up, and every cell attached to the DOM
 # (the default "contentVisibility" windowing lets the browser skip laying out off-screen cells).
 PAGE_CONFIG = {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}
@@ -46,6 +48,8 @@ USER_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
         "fetchNews": "false", "checkForUpdates": False},
+    # the status bar and sidebar ask every second (default 5 s), so tests see changes quickly
+    "gpugeek-jupyter/plugin.jupyterlab-settings": {"pollInterval": POLL_S},
 }
 SERVER_CONFIG = {
     "LabApp": {"news_url": None,

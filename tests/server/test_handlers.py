@@ -26,10 +26,12 @@ def node(node_id: str, started: float, gpus: float = 8, ended: float | None = No
 
 
 def synthetic(name: str, *, backend="sim", simulated=True, budget=None, hours=2.0, usd=10.0,
-              stopped=False) -> registry.ClusterRecord:
+              stopped=False, ready=True) -> registry.ClusterRecord:
     """A cluster row with a head ($1/h) and one GPU node (``usd``/h) running for ``hours``."""
     record = registry.create(name, backend, {}, simulated=simulated, budget_usd=budget, idle_minutes=None)
     now = time.time()
+    if ready:
+        registry.update(record.id, ready=now - hours * 3600)
     ledger.sync_nodes(record.id, [node(f"{name}-head", now - hours * 3600, gpus=0, head=True),
                                   node(f"{name}-gpu", now - hours * 3600)],
                       {"head": NodePrice(None, "on-demand", 1.0), "gpu": NodePrice("o1", "spot", usd, 2 * usd)})
@@ -115,6 +117,16 @@ async def test_unknown_names_are_404_with_a_message(jp_fetch):
     assert code == 404 and "no cluster named 'nope'" in body["message"]
     code, body = await error_of(jp_fetch("gpugeek", "clusters", "nope", method="DELETE"))
     assert code == 404 and "nope" in body["message"]
+
+
+async def test_a_cluster_still_starting_says_so_and_is_not_stopped_half_way(jp_fetch):
+    """Until `up` has recorded the processes it starts, a stop could not reach them."""
+    synthetic("booting", ready=False)
+    listed = await get_json(jp_fetch, "clusters")
+    assert listed["clusters"][0]["state"] == "starting" and not listed["clusters"][0]["orphan"]
+    code, body = await error_of(jp_fetch("gpugeek", "clusters", "booting", method="DELETE"))
+    assert code == 409 and "still starting" in body["message"]
+    assert registry.live("booting") is not None
 
 
 async def test_every_route_needs_the_token(jp_fetch, http_server_client, jp_base_url):

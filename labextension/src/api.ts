@@ -1,0 +1,210 @@
+/**
+ * Typed client for the REST API that gpugeek_jupyter's server extension serves
+ * under `<base_url>/gpugeek/`. Token and XSRF handling come from ServerConnection.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export type Backend = 'local' | 'sim' | 'attach' | 'aws' | 'gcp' | 'azure' | 'kuberay';
+
+export type ClusterState = 'running' | 'stopping' | 'stopped';
+
+/** One cluster as `GET gpugeek/clusters` lists it. */
+export interface ICluster {
+  name: string;
+  backend: Backend;
+  live: boolean;
+  state: ClusterState;
+  /** Human-readable, e.g. "running — orphan: no notebook attached". */
+  status: string;
+  simulated: boolean;
+  nodes: number;
+  gpus: number;
+  spent_usd: number;
+  usd_per_hour: number;
+  budget_usd: number | null;
+  /** Fraction of the budget spent (may pass 1). */
+  budget_used: number | null;
+  budget_warn_at: number;
+  idle_minutes: number | null;
+  orphan: boolean;
+  address: string | null;
+  dashboard_url: string | null;
+  /** Notebook-cell source that re-attaches a kernel to this cluster. */
+  attach_code: string;
+  created: number;
+  stopped: number | null;
+  stop_reason: string | null;
+}
+
+/** `GET gpugeek/clusters`: live clusters first, then recently stopped ones. */
+export interface IClusterList {
+  clusters: ICluster[];
+  live: number;
+  spent_usd: number;
+  usd_per_hour: number;
+  simulated: boolean;
+  at: number;
+}
+
+export interface INodeRow {
+  node: string;
+  type: string;
+  gpus: number;
+  pricing: string;
+  usd_per_hour: number;
+  up_s: number;
+  usd: number;
+  alive: boolean;
+}
+
+/** Latest sample per node and GPU; `gpu` is null for the host itself. */
+export interface IUtilisation {
+  node: string;
+  gpu: number | null;
+  util_pct: number;
+  mem_pct: number | null;
+  at: number;
+}
+
+export interface IClusterEvent {
+  at: number;
+  kind: string;
+  message: string;
+}
+
+/** `GET gpugeek/clusters/<name>`. */
+export interface IClusterDetail extends ICluster {
+  node_rows: INodeRow[];
+  utilisation: IUtilisation[];
+  events: IClusterEvent[];
+}
+
+/** `DELETE gpugeek/clusters/<name>`. */
+export interface IStopResult {
+  name: string;
+  stopped: boolean;
+  reason: string;
+  spent_usd: number;
+  simulated: boolean;
+  message: string;
+}
+
+export interface IOffer {
+  offer_id: string;
+  provider: string;
+  gpu: string;
+  gpus: number;
+  pricing: string;
+  usd_per_hour: number;
+  usd_per_gpu_hour: number;
+  [key: string]: unknown;
+}
+
+export interface IOfferList {
+  offers: IOffer[];
+  count: number;
+}
+
+export interface IOfferQuery {
+  gpu?: string;
+  count?: number;
+  pricing?: string;
+  limit?: number;
+}
+
+/** A failed request, with the one-line message the server (or the network) gave. */
+export class ApiError extends Error {
+  constructor(
+    message: string,
+    readonly status: number | null
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+/** The message to show a user for any error thrown while talking to the server. */
+export function errorMessage(error: unknown): string {
+  if (error instanceof Error) {
+    return error.message;
+  }
+  return String(error);
+}
+
+/** REST client; one instance is shared by the model and the commands. */
+export class GpugeekApi {
+  constructor(
+    readonly serverSettings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {}
+
+  clusters(): Promise<IClusterList> {
+    return this._request<IClusterList>('clusters');
+  }
+
+  cluster(name: string): Promise<IClusterDetail> {
+    return this._request<IClusterDetail>(URLExt.join('clusters', encodeURIComponent(name)));
+  }
+
+  stop(name: string): Promise<IStopResult> {
+    return this._request<IStopResult>(URLExt.join('clusters', encodeURIComponent(name)), {
+      method: 'DELETE'
+    });
+  }
+
+  offers(query: IOfferQuery = {}): Promise<IOfferList> {
+    const params: Record<string, string> = {};
+    for (const [key, value] of Object.entries(query)) {
+      if (value !== undefined && value !== '') {
+        params[key] = String(value);
+      }
+    }
+    return this._request<IOfferList>('offers' + URLExt.objectToQueryString(params));
+  }
+
+  private async _request<T>(path: string, init: RequestInit = {}): Promise<T> {
+    const url = URLExt.join(this.serverSettings.baseUrl, 'gpugeek', path);
+    let response: Response;
+    try {
+      response = await ServerConnection.makeRequest(url, init, this.serverSettings);
+    } catch (error) {
+      throw new ApiError(`server unreachable (${errorMessage(error)})`, null);
+    }
+    const text = await response.text();
+    let body: unknown = undefined;
+    try {
+      body = text ? JSON.parse(text) : undefined;
+    } catch {
+      body = undefined;
+    }
+    if (!response.ok) {
+      throw new ApiError(Private.failure(response, body), response.status);
+    }
+    if (body === undefined) {
+      throw new ApiError(`unexpected reply from ${url} (not JSON)`, response.status);
+    }
+    return body as T;
+  }
+}
+
+namespace Private {
+  /** One line saying why a request failed, preferring the server's own message. */
+  export function failure(response: Response, body: unknown): string {
+    if (
+      typeof body === 'object' &&
+      body !== null &&
+      'message' in body &&
+      typeof body.message === 'string' &&
+      body.message
+    ) {
+      return body.message;
+    }
+    if (response.status === 404) {
+      return 'not found (404): is the gpugeek_jupyter server extension enabled?';
+    }
+    if (response.status === 403) {
+      return 'not authorised (403): reload the page to log in again';
+    }
+    return `${response.status} ${response.statusText}`.trim();
+  }
+}

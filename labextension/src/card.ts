@@ -1,0 +1,169 @@
+/**
+ * One cluster in the sidebar. A card is built once per cluster name and updated in
+ * place on every poll, so focus, hover and the expanded state survive refreshes.
+ */
+import { errorMessage, ICluster } from './api';
+import { renderDetail } from './details';
+import { button, h, setText } from './dom';
+import { ago, budgetText, budgetUsed, shape, usd, usdPerHour } from './format';
+import { ClustersModel } from './model';
+
+/** What the card's buttons do; the sidebar routes them to the commands. */
+export interface ICardActions {
+  shutdown(name: string): void;
+  openDashboard(name: string): void;
+  insertAttach(name: string): void;
+}
+
+export class ClusterCard {
+  readonly node = h('div', 'gpugeek-cluster');
+
+  constructor(
+    readonly name: string,
+    private readonly _model: ClustersModel,
+    actions: ICardActions
+  ) {
+    this.node.dataset.name = name;
+
+    const head = h('div', 'gpugeek-cluster-head');
+    this._toggle.type = 'button';
+    this._toggle.title = 'Show nodes and utilisation';
+    this._toggle.setAttribute('aria-expanded', 'false');
+    this._toggle.addEventListener('click', () => this._setExpanded(!this._expanded));
+    head.append(this._toggle, this._backend, this._simBadge);
+
+    const figures = h('div', 'gpugeek-cluster-figures');
+    figures.append(this._shape, this._spent, this._rate);
+
+    this._budget.append(this._budgetFill, this._budgetLabel);
+    this._budget.setAttribute('role', 'progressbar');
+    this._budget.setAttribute('aria-valuemin', '0');
+    this._budget.setAttribute('aria-valuemax', '100');
+
+    this._shutdown = button('gpugeek-shutdown', 'Shut down', () => actions.shutdown(name));
+    this._dashboard = button('gpugeek-dashboard', 'Ray dashboard', () =>
+      actions.openDashboard(name)
+    );
+    this._attach = button('gpugeek-attach', 'Insert attach code', () => actions.insertAttach(name));
+    this._attach.title = 'Insert a cell that attaches the current notebook to this cluster';
+    this._actions.append(this._shutdown, this._dashboard, this._attach);
+
+    this._detail.hidden = true;
+    this.node.append(head, this._status, figures, this._budget, this._actions, this._detail);
+  }
+
+  /** Shows the cluster's latest figures. */
+  update(cluster: ICluster): void {
+    const stopping = this._model.isStopping(cluster.name);
+    const state = stopping && cluster.live ? 'stopping' : cluster.state;
+    this.node.dataset.state = state;
+    this.node.classList.toggle('gpugeek-mod-stopped', !cluster.live);
+    this.node.classList.toggle('gpugeek-mod-orphan', cluster.orphan);
+
+    setText(this._toggle, cluster.name);
+    setText(this._backend, cluster.backend);
+    this._simBadge.hidden = !cluster.simulated;
+    setText(this._status, Private.status(cluster));
+
+    this._shape.hidden = !cluster.live;
+    setText(this._shape, shape(cluster));
+    setText(this._spent, usd(cluster.spent_usd));
+    this._rate.hidden = !cluster.live;
+    setText(this._rate, usdPerHour(cluster.usd_per_hour));
+    this._spent.title = cluster.live ? 'Spent so far' : 'Final cost';
+
+    this._updateBudget(cluster);
+
+    this._actions.hidden = !cluster.live;
+    this._shutdown.disabled = stopping || cluster.state !== 'running';
+    setText(this._shutdown, stopping || cluster.state === 'stopping' ? 'stopping…' : 'Shut down');
+    this._dashboard.disabled = !cluster.dashboard_url;
+    this._dashboard.title = cluster.dashboard_url
+      ? `Open ${cluster.dashboard_url} in a new tab`
+      : "This cluster was started without Ray's dashboard";
+    this._attach.disabled = !cluster.attach_code;
+
+    if (this._expanded) {
+      void this._loadDetail();
+    }
+  }
+
+  dispose(): void {
+    this.node.remove();
+  }
+
+  private _updateBudget(cluster: ICluster): void {
+    const text = budgetText(cluster);
+    const used = budgetUsed(cluster);
+    this._budget.hidden = text === null;
+    if (text === null || used === null) {
+      return;
+    }
+    const pct = Math.max(0, Math.min(100, used * 100));
+    this._budgetFill.style.width = `${pct}%`;
+    setText(this._budgetLabel, text);
+    this._budget.setAttribute('aria-valuenow', String(Math.round(pct)));
+    this._budget.classList.toggle('gpugeek-mod-warn', used >= cluster.budget_warn_at);
+    this._budget.classList.toggle('gpugeek-mod-over', used >= 1);
+  }
+
+  private _setExpanded(expanded: boolean): void {
+    this._expanded = expanded;
+    this._toggle.setAttribute('aria-expanded', String(expanded));
+    this.node.classList.toggle('gpugeek-mod-expanded', expanded);
+    this._detail.hidden = !expanded;
+    if (expanded) {
+      if (!this._detail.hasChildNodes()) {
+        this._detail.appendChild(h('div', 'gpugeek-muted', 'Loading…'));
+      }
+      void this._loadDetail();
+    }
+  }
+
+  /** Fetches the node rows and utilisation; one request at a time. */
+  private async _loadDetail(): Promise<void> {
+    if (this._loading) {
+      return;
+    }
+    this._loading = true;
+    let content: HTMLElement;
+    try {
+      content = renderDetail(await this._model.detail(this.name));
+    } catch (error) {
+      content = h('div', 'gpugeek-error', errorMessage(error));
+    } finally {
+      this._loading = false;
+    }
+    this._detail.replaceChildren(content);
+  }
+
+  private _actions = h('div', 'gpugeek-cluster-actions');
+  private _attach: HTMLButtonElement;
+  private _backend = h('span', 'gpugeek-backend');
+  private _budget = h('div', 'gpugeek-budget');
+  private _budgetFill = h('div', 'gpugeek-budget-fill');
+  private _budgetLabel = h('span', 'gpugeek-budget-label');
+  private _dashboard: HTMLButtonElement;
+  private _detail = h('div', 'gpugeek-cluster-detail');
+  private _expanded = false;
+  private _loading = false;
+  private _rate = h('span', 'gpugeek-rate');
+  private _shape = h('span', 'gpugeek-shape');
+  private _shutdown: HTMLButtonElement;
+  private _simBadge = h('span', 'gpugeek-sim-badge', 'SIMULATED $');
+  private _spent = h('span', 'gpugeek-spent');
+  private _status = h('div', 'gpugeek-cluster-status');
+  private _toggle = h('button', 'gpugeek-cluster-name');
+}
+
+namespace Private {
+  /** The server's status line, plus when a stopped cluster stopped and why. */
+  export function status(cluster: ICluster): string {
+    if (cluster.live || cluster.stopped === null) {
+      return cluster.status;
+    }
+    const reason = cluster.stop_reason ? ` (${cluster.stop_reason})` : '';
+    const when = `stopped ${ago(cluster.stopped)}${reason}`;
+    return cluster.status.startsWith('stopped') ? cluster.status : `${cluster.status} · ${when}`;
+  }
+}

@@ -41,7 +41,7 @@ LABEXT_SOURCES := $(shell find labextension/src labextension/style labextension/
 $(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --upgrade pip
-	$(PIP) install -qq "$(TORCH_SPEC)" "jupyterlab>=4.2,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables
+	$(PIP) install -qq "$(TORCH_SPEC)" "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables
 	$(MAKE) --no-print-directory labextension
 	SKIP_JUPYTER_BUILDER=1 $(PIP) install -qq --no-build-isolation -e ".[test]"
 	touch $@

@@ -138,7 +138,7 @@ def connect() -> sqlite3.Connection:
     return conn
 
 
-ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"}, "clusters": {"dashboard_url": "TEXT"}}
+ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"}}
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

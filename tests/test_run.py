@@ -63,13 +63,17 @@ def cluster(home):
 
     from gpugeek_jupyter.run import jobs
 
-    gg.run("pass", workers=2, monitor=False)
-    gg.down("runs")   # with the worker group still up, as a user would
+    try:
+        gg.run("pass", workers=2, monitor=False)
+        assert jobs._group.connected(), "the group of the cluster this kernel drives"
+    finally:
+        gg.down("runs")   # with the worker group still up, as a user would
+        if old is not None:
+            os.environ["GPUGEEK_HOME"] = old
     # after the cluster is gone nothing may call Ray: an actor call would start a new local Ray
+    assert not jobs._group.connected()
     assert jobs.drain_telemetry() == 0 and not ray.is_initialized()
     assert gg.reset() and not ray.is_initialized()
-    if old is not None:
-        os.environ["GPUGEEK_HOME"] = old
 
 
 def test_a_model_defined_in_one_cell_trains_in_the_next_with_equal_ddp_gradients(ipython):

@@ -102,8 +102,9 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     print(f"starting {backend} cluster {name!r}{what}…", flush=True)
     try:
         started = impl.start(record, spec)
+        spec.dashboard_url = started.dashboard_url
         registry.update(record.id, address=started.address, session_id=started.session_id,
-                        dashboard_url=started.dashboard_url,
+                        spec=spec.to_json(),
                         pids=started.pids or [], temp_dir=started.temp_dir)
         record = registry.get(record.id)
         if record.stopping or record.stopped:  # shut down (from JupyterLab, say) while starting
@@ -374,6 +375,11 @@ def _disconnect_if(record: ClusterRecord) -> None:
 
 # the cluster this process is a Ray driver of: (address, its registry database, its id)
 _connected: tuple[str, Path, int] | None = None
+
+
+def connected_address() -> str | None:
+    """The address of the cluster this process is a Ray driver of, as ``ray.init`` was given it."""
+    return _connected[0] if _connected is not None else None
 
 
 def _watch_connection() -> None:

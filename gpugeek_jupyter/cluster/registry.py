@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .. import store
@@ -39,7 +39,6 @@ class ClusterRecord:
     stopping: float | None
     stopped: float | None
     stop_reason: str | None
-    dashboard_url: str | None = None
 
     @property
     def live(self) -> bool:
@@ -52,11 +51,16 @@ class ClusterRecord:
 
 
 def from_row(row) -> ClusterRecord:
-    data = dict(row)
+    """A row as a record; columns a later version added are left out, so an older watchdog still
+    running on an upgraded database keeps working."""
+    data = {k: v for k, v in dict(row).items() if k in _FIELDS}
     data["simulated"] = bool(data["simulated"])
     data["spec"] = json.loads(data["spec"])
     data["pids"] = json.loads(data["pids"])
     return ClusterRecord(**data)
+
+
+_FIELDS = {f.name for f in fields(ClusterRecord)}
 
 
 def create(name: str, backend: str, spec: dict, *, simulated: bool, budget_usd: float | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 
@@ -56,6 +56,7 @@ class ClusterSpec:
     head_price: NodePrice = field(default_factory=lambda: NodePrice(None, "not billed", 0.0))
     notes: list[str] = field(default_factory=list)
     dashboard: bool = False           # Ray's dashboard on the head (local and sim)
+    dashboard_url: str | None = None  # where it answers, once started
 
     @property
     def simulated(self) -> bool:
@@ -77,7 +78,9 @@ class ClusterSpec:
 
     @classmethod
     def from_json(cls, data: dict) -> ClusterSpec:
-        data = dict(data)
+        """Keys a later version added are dropped (a spec is read by every version's processes)."""
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
         data["node_types"] = [NodeType(**t) for t in data.get("node_types", [])]
         data["head_price"] = NodePrice(**data["head_price"])
         return cls(**data)

@@ -139,7 +139,11 @@ class WorkerGroup:
         connection would quietly start a new local Ray instance."""
         import ray
 
-        return ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address
+        from ..cluster import manage
+
+        # the address we connected with: Ray's own view of it differs (127.0.0.1 becomes this
+        # host's IP), so it cannot be compared
+        return ray.is_initialized() and manage.connected_address() == self.address
 
     def stop(self) -> None:
         import ray

@@ -18,13 +18,15 @@ from ..errors import GpugeekError
 STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
 UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
 
+# open nodes count up to now — or, on a stopped cluster, to its stop: its dollars never grow after
 _SPEND = """
-SELECT cluster_id,
-       SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)) / 3600.0 AS spent_usd,
-       SUM(CASE WHEN ended IS NULL THEN usd_per_hour ELSE 0 END) AS usd_per_hour,
-       SUM(CASE WHEN ended IS NULL THEN 1 ELSE 0 END) AS nodes,
-       SUM(CASE WHEN ended IS NULL THEN gpus ELSE 0 END) AS gpus
-FROM nodes WHERE cluster_id IN ({ids}) GROUP BY cluster_id
+SELECT n.cluster_id,
+       SUM(n.usd_per_hour * MAX(0.0, COALESCE(n.ended, c.stopped, ?) - n.started)) / 3600.0 AS spent_usd,
+       SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.usd_per_hour ELSE 0 END) AS usd_per_hour,
+       SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN 1 ELSE 0 END) AS nodes,
+       SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.gpus ELSE 0 END) AS gpus
+FROM nodes n JOIN clusters c ON c.id = n.cluster_id
+WHERE n.cluster_id IN ({ids}) GROUP BY n.cluster_id
 """
 
 
@@ -61,11 +63,11 @@ def overview(now: float | None = None) -> dict:
     }
 
 
-def detail(name: str, now: float | None = None) -> dict:
-    """One cluster (the live one of that name, else its latest run) with its nodes, the latest
-    utilisation per node and device, and its recent events."""
+def detail(name: str, now: float | None = None, cluster_id: int | None = None) -> dict:
+    """One cluster (the live one of that name, else its latest run; or the run ``cluster_id``)
+    with its nodes, the latest utilisation per node and device, and its recent events."""
     now = time.time() if now is None else now
-    record = _find(name)
+    record = _find(name, cluster_id)
     out = _cluster(record, _money([record.id], now).get(record.id))
     out["node_rows"] = [
         {"node": r["node_id"], "type": r["node_type"], "gpus": r["gpus"], "pricing": r["pricing"],
@@ -84,7 +86,8 @@ def detail(name: str, now: float | None = None) -> dict:
             " COALESCE(json_extract(metrics, '$.gpu_util'), json_extract(metrics, '$.cpu_percent')) AS util,"
             " COALESCE(json_extract(metrics, '$.gpu_mem_used'), json_extract(metrics, '$.mem_used')) AS used,"
             " COALESCE(json_extract(metrics, '$.gpu_mem_total'), json_extract(metrics, '$.mem_total')) AS total"
-            " FROM node_samples WHERE cluster_id=? AND at>=? GROUP BY node_id, device"
+            " FROM node_samples WHERE cluster_id=? AND at>=? AND json_valid(metrics)"
+            " GROUP BY node_id, device"
             " ORDER BY node_id, device", (record.id, now - UTILISATION_WINDOW_S))]
     out["events"] = [{"at": r["at"], "kind": r["kind"], "message": r["message"]} for r in store.query(
         "SELECT at, kind, message FROM events WHERE cluster_id=? ORDER BY id DESC LIMIT 10",
@@ -104,10 +107,11 @@ def stop(name: str) -> dict:
         spent = _money([past.id], time.time()).get(past.id, {}).get("spent_usd", 0.0)
         raise AlreadyStopped(f"cluster {name!r} already stopped ({past.stop_reason}); it cost "
                              f"${spent:,.2f}{' (simulated)' if past.simulated else ''}")
-    if manage.starting(record) and not (record.session_id or record.address or record.temp_dir):
-        # nothing of it is recorded yet, so nothing could be stopped: `up` would go on regardless
-        raise StillStarting(f"cluster {name!r} is still starting — shut it down in a few seconds, "
-                            f"once it is up")
+    if manage.starting(record):
+        # `up` is still at work (`ray up` on a cloud, a head starting here): a stop now would race
+        # it and could leave half a cluster running that the ledger calls stopped
+        raise StillStarting(f"cluster {name!r} is still starting — shut it down once it is up "
+                            f"(its `up` cell has finished)")
     detaching = record.backend == "attach"
     reason = "detached (from JupyterLab)" if detaching else "down (from JupyterLab)"
     manage.shutdown(record, reason, sync=False)
@@ -127,7 +131,15 @@ def attach_code(name: str) -> str:
     return f"%load_ext gpugeek_jupyter\n%gpugeek up {name}\n%gpugeek status {name}"
 
 
-def _find(name: str) -> ClusterRecord:
+def _find(name: str, cluster_id: int | None = None) -> ClusterRecord:
+    if cluster_id is not None:
+        try:
+            record = registry.get(cluster_id)
+        except KeyError:
+            record = None
+        if record is None or record.name != name:
+            raise NotFound(f"no cluster named {name!r} with id {cluster_id}")
+        return record
     record = registry.live(name) or registry.latest(name)
     if record is None:
         raise NotFound(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
@@ -149,6 +161,7 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
              else "starting" if manage.starting(record) else "running")
     orphan = state == "running" and not registry.attached_kernels(record.id)
     return {
+        "id": record.id,        # names come back after `down`; the id tells the runs apart
         "name": record.name,
         "backend": record.backend,
         "live": record.live,
@@ -165,7 +178,7 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
         "idle_minutes": record.idle_minutes,
         "orphan": orphan,
         "address": record.address,
-        "dashboard_url": record.dashboard_url if record.live else None,
+        "dashboard_url": record.spec.get("dashboard_url") if record.live else None,
         "attach_code": attach_code(record.name),
         "created": record.created,
         "stopped": record.stopped,

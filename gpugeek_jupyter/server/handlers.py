@@ -11,8 +11,10 @@ import asyncio
 import json
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from ..cluster.manage import NAME
 from ..errors import GpugeekError
 from . import clusters
 
@@ -25,6 +27,9 @@ MAX_OFFERS = 200
 
 
 class _Handler(APIHandler):
+    # jupyter_server's authorizer sees reads (GET) and writes (DELETE) of "gpugeek"
+    auth_resource = "gpugeek"
+
     def reply(self, data: dict, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
@@ -35,20 +40,30 @@ class _Handler(APIHandler):
 
 class ClustersHandler(_Handler):
     @tornado.web.authenticated
+    @authorized
     def get(self) -> None:
         self.reply(clusters.overview())
 
 
 class ClusterHandler(_Handler):
     @tornado.web.authenticated
+    @authorized
     def get(self, name: str) -> None:
+        if not NAME.fullmatch(name):
+            return self.fail(404, f"no cluster named {name!r}")
+        cluster_id = self.get_query_argument("id", None)
+        if cluster_id is not None and not cluster_id.isdigit():
+            return self.fail(400, f"id={cluster_id!r}: give the cluster's numeric id")
         try:
-            self.reply(clusters.detail(name))
+            self.reply(clusters.detail(name, cluster_id=int(cluster_id) if cluster_id else None))
         except clusters.NotFound as exc:
             self.fail(404, str(exc))
 
     @tornado.web.authenticated
+    @authorized
     async def delete(self, name: str) -> None:
+        if not NAME.fullmatch(name):
+            return self.fail(404, f"no cluster named {name!r}")
         # stopping takes seconds (grace periods, `ray down` on clouds): off the event loop
         try:
             self.reply(await asyncio.to_thread(clusters.stop, name))
@@ -62,6 +77,7 @@ class ClusterHandler(_Handler):
 
 class OffersHandler(_Handler):
     @tornado.web.authenticated
+    @authorized
     def get(self) -> None:
         from ..catalog import offers
         from ..errors import NoMatchingOffers
@@ -92,9 +108,8 @@ class OffersHandler(_Handler):
 def routes(base_url: str) -> list[tuple]:
     from jupyter_server.utils import url_path_join
 
-    name = r"([A-Za-z0-9][A-Za-z0-9_.-]{0,39})"
     return [
-        (url_path_join(base_url, "gpugeek", "clusters"), ClustersHandler),
-        (url_path_join(base_url, "gpugeek", "clusters", name), ClusterHandler),
+        (url_path_join(base_url, "gpugeek", "clusters") + "/?", ClustersHandler),
+        (url_path_join(base_url, "gpugeek", "clusters", "([^/]+)") + "/?", ClusterHandler),
         (url_path_join(base_url, "gpugeek", "offers"), OffersHandler),
     ]

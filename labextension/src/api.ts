@@ -7,10 +7,13 @@ import { ServerConnection } from '@jupyterlab/services';
 
 export type Backend = 'local' | 'sim' | 'attach' | 'aws' | 'gcp' | 'azure' | 'kuberay';
 
-export type ClusterState = 'running' | 'stopping' | 'stopped';
+/** `starting` while its `%gpugeek up` is still at work (for up to 10 minutes). */
+export type ClusterState = 'starting' | 'running' | 'stopping' | 'stopped';
 
-/** One cluster as `GET gpugeek/clusters` lists it. */
+/** One cluster (one run) as `GET gpugeek/clusters` lists it. */
 export interface ICluster {
+  /** Tells runs apart: a name is reused after `down`, so a live and a stopped run may share it. */
+  id: number;
   name: string;
   backend: Backend;
   live: boolean;
@@ -62,7 +65,8 @@ export interface INodeRow {
 export interface IUtilisation {
   node: string;
   gpu: number | null;
-  util_pct: number;
+  /** Null when the sample carried no utilisation figure. */
+  util_pct: number | null;
   mem_pct: number | null;
   at: number;
 }
@@ -73,14 +77,17 @@ export interface IClusterEvent {
   message: string;
 }
 
-/** `GET gpugeek/clusters/<name>`. */
+/** `GET gpugeek/clusters/<name>?id=<id>`. */
 export interface IClusterDetail extends ICluster {
   node_rows: INodeRow[];
   utilisation: IUtilisation[];
   events: IClusterEvent[];
 }
 
-/** `DELETE gpugeek/clusters/<name>`. */
+/**
+ * `DELETE gpugeek/clusters/<name>`: stops (an `attach` cluster: detaches) the live cluster of
+ * that name. 409 with a message when it is still starting or has already stopped.
+ */
 export interface IStopResult {
   name: string;
   stopped: boolean;
@@ -124,6 +131,16 @@ export class ApiError extends Error {
   }
 }
 
+/** Whether `error` is a request that got no response at all (network failure). */
+export function isUnreachable(error: unknown): boolean {
+  return error instanceof ApiError && error.status === null;
+}
+
+/** Whether `error` is an HTTP error response with this status. */
+export function hasStatus(error: unknown, status: number): boolean {
+  return error instanceof ApiError && error.status === status;
+}
+
 /** The message to show a user for any error thrown while talking to the server. */
 export function errorMessage(error: unknown): string {
   if (error instanceof Error) {
@@ -142,8 +159,12 @@ export class GpugeekApi {
     return this._request<IClusterList>('clusters');
   }
 
-  cluster(name: string): Promise<IClusterDetail> {
-    return this._request<IClusterDetail>(URLExt.join('clusters', encodeURIComponent(name)));
+  /** The run `id` of cluster `name`; without an id, the live one of that name, else its latest. */
+  cluster(name: string, id?: number): Promise<IClusterDetail> {
+    const query = id === undefined ? '' : URLExt.objectToQueryString({ id: String(id) });
+    return this._request<IClusterDetail>(
+      URLExt.join('clusters', encodeURIComponent(name)) + query
+    );
   }
 
   stop(name: string): Promise<IStopResult> {

@@ -1,6 +1,7 @@
 /**
- * One cluster in the sidebar. A card is built once per cluster name and updated in
- * place on every poll, so focus, hover and the expanded state survive refreshes.
+ * One cluster run in the sidebar. A card is built once per cluster id (a name comes back
+ * after `down`, so a live and a stopped run may share it) and updated in place on every
+ * poll, so focus, hover and the expanded state survive refreshes.
  */
 import { errorMessage, ICluster } from './api';
 import { renderDetail } from './details';
@@ -8,22 +9,28 @@ import { button, h, setText } from './dom';
 import { ago, budgetText, budgetUsed, shape, usd, usdPerHour } from './format';
 import { ClustersModel } from './model';
 
-/** What the card's buttons do; the sidebar routes them to the commands. */
+/** What the card's buttons do to run `id` of `name`; the sidebar routes them to the commands. */
 export interface ICardActions {
-  shutdown(name: string): void;
-  openDashboard(name: string): void;
-  insertAttach(name: string): void;
+  shutdown(name: string, id: number): void;
+  openDashboard(name: string, id: number): void;
+  insertAttach(name: string, id: number): void;
 }
 
 export class ClusterCard {
   readonly node = h('div', 'gpugeek-cluster');
+  readonly id: number;
+  readonly name: string;
 
   constructor(
-    readonly name: string,
+    cluster: ICluster,
     private readonly _model: ClustersModel,
     actions: ICardActions
   ) {
+    const { id, name } = cluster;
+    this.id = id;
+    this.name = name;
     this.node.dataset.name = name;
+    this.node.dataset.id = String(id);
 
     const head = h('div', 'gpugeek-cluster-head');
     this._toggle.type = 'button';
@@ -40,11 +47,13 @@ export class ClusterCard {
     this._budget.setAttribute('aria-valuemin', '0');
     this._budget.setAttribute('aria-valuemax', '100');
 
-    this._shutdown = button('gpugeek-shutdown', 'Shut down', () => actions.shutdown(name));
+    this._shutdown = button('gpugeek-shutdown', 'Shut down', () => actions.shutdown(name, id));
     this._dashboard = button('gpugeek-dashboard', 'Ray dashboard', () =>
-      actions.openDashboard(name)
+      actions.openDashboard(name, id)
     );
-    this._attach = button('gpugeek-attach', 'Insert attach code', () => actions.insertAttach(name));
+    this._attach = button('gpugeek-attach', 'Insert attach code', () =>
+      actions.insertAttach(name, id)
+    );
     this._attach.title = 'Insert a cell that attaches the current notebook to this cluster';
     this._actions.append(this._shutdown, this._dashboard, this._attach);
 
@@ -54,8 +63,9 @@ export class ClusterCard {
 
   /** Shows the cluster's latest figures. */
   update(cluster: ICluster): void {
-    const stopping = this._model.isStopping(cluster.name);
-    const state = stopping && cluster.live ? 'stopping' : cluster.state;
+    const stopping = cluster.live && this._model.isStopping(cluster.id);
+    const state = stopping ? 'stopping' : cluster.state;
+    const detach = cluster.backend === 'attach';
     this.node.dataset.state = state;
     this.node.classList.toggle('gpugeek-mod-stopped', !cluster.live);
     this.node.classList.toggle('gpugeek-mod-orphan', cluster.orphan);
@@ -63,7 +73,7 @@ export class ClusterCard {
     setText(this._toggle, cluster.name);
     setText(this._backend, cluster.backend);
     this._simBadge.hidden = !cluster.simulated;
-    setText(this._status, Private.status(cluster));
+    setText(this._status, Private.status(cluster, stopping));
 
     this._shape.hidden = !cluster.live;
     setText(this._shape, shape(cluster));
@@ -75,8 +85,14 @@ export class ClusterCard {
     this._updateBudget(cluster);
 
     this._actions.hidden = !cluster.live;
-    this._shutdown.disabled = stopping || cluster.state !== 'running';
-    setText(this._shutdown, stopping || cluster.state === 'stopping' ? 'stopping…' : 'Shut down');
+    // The server decides (409 with its reason when it cannot): a starting or stopping claim
+    // left behind by a dead process may be stale, so only our own stop in flight disables it.
+    this._shutdown.disabled = stopping;
+    setText(
+      this._shutdown,
+      stopping ? (detach ? 'detaching…' : 'stopping…') : detach ? 'Detach' : 'Shut down'
+    );
+    this._shutdown.title = Private.shutdownTitle(cluster, detach);
     this._dashboard.disabled = !cluster.dashboard_url;
     this._dashboard.title = cluster.dashboard_url
       ? `Open ${cluster.dashboard_url} in a new tab`
@@ -128,7 +144,7 @@ export class ClusterCard {
     this._loading = true;
     let content: HTMLElement;
     try {
-      content = renderDetail(await this._model.detail(this.name));
+      content = renderDetail(await this._model.detail(this.name, this.id));
     } catch (error) {
       content = h('div', 'gpugeek-error', errorMessage(error));
     } finally {
@@ -158,12 +174,35 @@ export class ClusterCard {
 
 namespace Private {
   /** The server's status line, plus when a stopped cluster stopped and why. */
-  export function status(cluster: ICluster): string {
+  export function status(cluster: ICluster, stopping: boolean): string {
+    if (stopping) {
+      return cluster.backend === 'attach' ? 'detaching…' : 'stopping…';
+    }
+    if (cluster.state === 'starting') {
+      return `starting… (began ${ago(cluster.created)})`;
+    }
+    if (cluster.state === 'stopping') {
+      return 'stopping…';
+    }
     if (cluster.live || cluster.stopped === null) {
       return cluster.status;
     }
     const reason = cluster.stop_reason ? ` (${cluster.stop_reason})` : '';
     const when = `stopped ${ago(cluster.stopped)}${reason}`;
     return cluster.status.startsWith('stopped') ? cluster.status : `${cluster.status} · ${when}`;
+  }
+
+  /** The shutdown button's tooltip. */
+  export function shutdownTitle(cluster: ICluster, detach: boolean): string {
+    const what = detach
+      ? 'Drop the link to this Ray cluster; nothing is stopped, it keeps running'
+      : 'Stop this cluster and every node it is billed for';
+    if (cluster.state === 'starting') {
+      return `${what}. Still starting: the server refuses until its %gpugeek up has finished.`;
+    }
+    if (cluster.state === 'stopping') {
+      return `${what}. It is already stopping elsewhere; ask again if that stop seems stuck.`;
+    }
+    return what;
   }
 }

@@ -13,7 +13,7 @@ import {
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { refreshIcon } from '@jupyterlab/ui-components';
 
-import { errorMessage, ICluster } from './api';
+import { errorMessage, hasStatus, ICluster } from './api';
 import { usd, usdPerHour } from './format';
 import { gpuIcon } from './icons';
 import { ClustersModel } from './model';
@@ -56,9 +56,9 @@ export function addCommands(options: ICommandsOptions): void {
 
   commands.addCommand(CommandIDs.shutdown, {
     label: args => (args.name ? `Shut down GPU cluster ${args.name}` : 'Shut down a GPU cluster…'),
-    caption: 'Stop a live cluster and every node it is billed for',
+    caption: 'Stop a live cluster and every node it is billed for (an attached one: detach)',
     execute: async args => {
-      const cluster = await Private.resolve(model, args.name, 'Shut down which GPU cluster?');
+      const cluster = await Private.resolve(model, args, 'Shut down which GPU cluster?');
       if (cluster) {
         await Private.shutdown(model, cluster);
       }
@@ -78,11 +78,7 @@ export function addCommands(options: ICommandsOptions): void {
         );
         return;
       }
-      const cluster = await Private.resolve(
-        model,
-        args.name,
-        'Attach the notebook to which cluster?'
-      );
+      const cluster = await Private.resolve(model, args, 'Attach the notebook to which cluster?');
       if (!cluster) {
         return;
       }
@@ -106,11 +102,7 @@ export function addCommands(options: ICommandsOptions): void {
     label: args => (args.name ? `Open Ray dashboard of ${args.name}` : 'Open a Ray dashboard…'),
     caption: "Open a cluster's Ray dashboard in a new browser tab",
     execute: async args => {
-      const cluster = await Private.resolve(
-        model,
-        args.name,
-        'Open the dashboard of which cluster?'
-      );
+      const cluster = await Private.resolve(model, args, 'Open the dashboard of which cluster?');
       if (!cluster) {
         return;
       }
@@ -133,22 +125,24 @@ export function addCommands(options: ICommandsOptions): void {
 
 namespace Private {
   /**
-   * The cluster a command is about: its `name` argument, or else the only live cluster,
-   * or else the one the user picks. Null (after telling the user why) when none.
+   * The cluster a command is about: its `name` argument (with `id`, that run of it; without,
+   * the live one of that name, else its latest), or else the only live cluster, or else the
+   * one the user picks. Null (after telling the user why) when none.
    */
   export async function resolve(
     model: ClustersModel,
-    nameArg: unknown,
+    args: { readonly name?: unknown; readonly id?: unknown },
     question: string
   ): Promise<ICluster | null> {
-    const name = typeof nameArg === 'string' ? nameArg : '';
+    const name = typeof args.name === 'string' ? args.name : '';
+    const id = typeof args.id === 'number' ? args.id : undefined;
     if (name) {
-      const known = model.find(name);
-      if (known) {
+      const known = id === undefined ? model.find(name) : model.findById(id);
+      if (known && known.name === name) {
         return known;
       }
       try {
-        return await model.detail(name);
+        return await model.detail(name, id);
       } catch (error) {
         Notification.error(`gpugeek: ${errorMessage(error)}`, { autoClose: 8000 });
         return null;
@@ -178,38 +172,68 @@ namespace Private {
     return picked.button.accept && picked.value ? (model.find(picked.value) ?? null) : null;
   }
 
-  /** Confirms, stops, and reports the final cost. */
+  /**
+   * Confirms, stops (an `attach` cluster: detaches), and reports the final cost. The server
+   * has the last word: a 409 (still starting, already stopped) shows its reason as a warning.
+   */
   export async function shutdown(model: ClustersModel, cluster: ICluster): Promise<void> {
     if (!cluster.live) {
       Notification.info(`${cluster.name} is already stopped.`, { autoClose: 4000 });
       return;
     }
-    if (model.isStopping(cluster.name)) {
+    if (model.isStopping(cluster.id)) {
       return;
     }
-    const sim = cluster.simulated ? ' (simulated)' : '';
-    const body =
-      `${cluster.name} (${cluster.backend}) costs ${usdPerHour(cluster.usd_per_hour)}${sim} ` +
-      `and has cost ${usd(cluster.spent_usd)} so far. Shutting it down stops its running ` +
-      'jobs and all its nodes.';
-    const answer = await showDialog({
-      title: `Shut down ${cluster.name}?`,
-      body,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Shut down' })]
-    });
+    const detach = cluster.backend === 'attach';
+    const answer = await showDialog(detach ? detachDialog(cluster) : shutdownDialog(cluster));
     if (!answer.button.accept) {
       return;
     }
+    const verb = detach ? 'detach from' : 'shut down';
     try {
-      const result = await model.stop(cluster.name);
+      const result = await model.stop(cluster);
       const final = `${usd(result.spent_usd)}${result.simulated ? ' (simulated)' : ''}`;
-      Notification.success(`Shut down ${result.name}: final cost ${final}.`, {
-        autoClose: 8000
-      });
+      Notification.success(
+        `${detach ? 'Detached from' : 'Shut down'} ${result.name}: final cost ${final}.`,
+        { autoClose: 8000 }
+      );
     } catch (error) {
-      Notification.error(`Could not shut down ${cluster.name}: ${errorMessage(error)}`, {
-        autoClose: false
-      });
+      if (hasStatus(error, 409)) {
+        // model.stop has already asked for a fresh list: the card shows the state the server has
+        Notification.warning(errorMessage(error), { autoClose: 8000 });
+      } else {
+        Notification.error(`Could not ${verb} ${cluster.name}: ${errorMessage(error)}`, {
+          autoClose: false
+        });
+      }
     }
+  }
+
+  function shutdownDialog(cluster: ICluster): Partial<Dialog.IOptions<unknown>> {
+    const sim = cluster.simulated ? ' (simulated)' : '';
+    const starting =
+      cluster.state === 'starting'
+        ? ' It is still starting: the server refuses until its %gpugeek up has finished.'
+        : '';
+    return {
+      title: `Shut down ${cluster.name}?`,
+      body:
+        `${cluster.name} (${cluster.backend}) costs ${usdPerHour(cluster.usd_per_hour)}${sim} ` +
+        `and has cost ${usd(cluster.spent_usd)} so far. Shutting it down stops its running ` +
+        `jobs and all its nodes.${starting}`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Shut down' })]
+    };
+  }
+
+  function detachDialog(cluster: ICluster): Partial<Dialog.IOptions<unknown>> {
+    const at = cluster.address ? ` at ${cluster.address}` : '';
+    return {
+      title: `Detach from ${cluster.name}?`,
+      body:
+        `${cluster.name} is a Ray cluster${at} that gpugeek attached to, not one it started. ` +
+        "Detaching only drops this notebook's link to it: nothing is stopped, and the " +
+        'cluster and its jobs keep running.',
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Detach' })]
+    };
   }
 }

@@ -75,11 +75,16 @@ function utilisationTable(samples: IUtilisation[]): HTMLElement {
   const rows = samples.map(s => [
     nodeCell(s.node),
     s.gpu === null ? 'host' : `GPU ${s.gpu}`,
-    `${Math.round(s.util_pct)} %`,
-    s.mem_pct === null ? '—' : `${Math.round(s.mem_pct)} %`,
+    pct(s.util_pct),
+    pct(s.mem_pct),
     ago(s.at)
   ]);
   return table('gpugeek-util-table', ['Node', 'Device', 'Util', 'Mem', 'Sampled'], rows);
+}
+
+/** `45 %`, or `—` when the sample has no such figure. */
+function pct(value: number | null): string {
+  return value === null || !Number.isFinite(value) ? '—' : `${Math.round(value)} %`;
 }
 
 function eventList(detail: IClusterDetail): HTMLElement {

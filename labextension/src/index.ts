@@ -46,9 +46,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       model,
       refresh: () => void app.commands.execute(CommandIDs.refresh),
       actions: {
-        shutdown: name => void app.commands.execute(CommandIDs.shutdown, { name }),
-        openDashboard: name => void app.commands.execute(CommandIDs.openDashboard, { name }),
-        insertAttach: name => void app.commands.execute(CommandIDs.insertAttachCode, { name })
+        shutdown: (name, id) => void app.commands.execute(CommandIDs.shutdown, { name, id }),
+        openDashboard: (name, id) =>
+          void app.commands.execute(CommandIDs.openDashboard, { name, id }),
+        insertAttach: (name, id) =>
+          void app.commands.execute(CommandIDs.insertAttachCode, { name, id })
       }
     });
     app.shell.add(sidebar, 'left', { rank: 850 });

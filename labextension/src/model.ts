@@ -7,11 +7,13 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import {
+  ApiError,
   errorMessage,
   GpugeekApi,
   ICluster,
   IClusterDetail,
   IClusterList,
+  isUnreachable,
   IStopResult
 } from './api';
 
@@ -52,6 +54,16 @@ export class ClustersModel {
     return this._error;
   }
 
+  /** The HTTP status of the last failed poll; null when it succeeded or got no response. */
+  get errorStatus(): number | null {
+    return this._errorStatus;
+  }
+
+  /** Whether the last poll failed for want of any response (a network failure). */
+  get unreachable(): boolean {
+    return this._unreachable;
+  }
+
   get live(): ICluster[] {
     return this._list?.clusters.filter(c => c.live) ?? [];
   }
@@ -64,13 +76,20 @@ export class ClustersModel {
     return this._poll.isDisposed;
   }
 
+  /** The live cluster of that name, else its latest stopped run. */
   find(name: string): ICluster | undefined {
-    return this._list?.clusters.find(c => c.name === name);
+    const runs = this._list?.clusters.filter(c => c.name === name) ?? [];
+    return runs.find(c => c.live) ?? runs[0];
   }
 
-  /** Whether a shutdown this page asked for is still in progress. */
-  isStopping(name: string): boolean {
-    return this._stopping.has(name);
+  /** One run, by its id. */
+  findById(id: number): ICluster | undefined {
+    return this._list?.clusters.find(c => c.id === id);
+  }
+
+  /** Whether a shutdown this page asked for (of run `id`) is still in progress. */
+  isStopping(id: number): boolean {
+    return this._stopping.has(id);
   }
 
   /** Starts polling (the first fetch happens at once). */
@@ -96,19 +115,22 @@ export class ClustersModel {
     await this._poll.tick.catch(() => undefined);
   }
 
-  /** Full view of one cluster: node rows, latest utilisation, events. */
-  detail(name: string): Promise<IClusterDetail> {
-    return this.api.cluster(name);
+  /** Full view of one cluster (the run `id`, if given): node rows, latest utilisation, events. */
+  detail(name: string, id?: number): Promise<IClusterDetail> {
+    return this.api.cluster(name, id);
   }
 
-  /** Shuts a cluster down, marking it "stopping" meanwhile, then refreshes. */
-  async stop(name: string): Promise<IStopResult> {
-    this._stopping.add(name);
+  /**
+   * Shuts a live cluster down (the server stops the live run of its name), marking it
+   * "stopping" meanwhile, then refreshes whatever the answer.
+   */
+  async stop(cluster: ICluster): Promise<IStopResult> {
+    this._stopping.add(cluster.id);
     this._changed.emit();
     try {
-      return await this.api.stop(name);
+      return await this.api.stop(cluster.name);
     } finally {
-      this._stopping.delete(name);
+      this._stopping.delete(cluster.id);
       this._changed.emit();
       void this.refresh();
     }
@@ -126,8 +148,12 @@ export class ClustersModel {
     try {
       this._list = await this.api.clusters();
       this._error = null;
+      this._errorStatus = null;
+      this._unreachable = false;
     } catch (error) {
       this._error = errorMessage(error);
+      this._errorStatus = error instanceof ApiError ? error.status : null;
+      this._unreachable = isUnreachable(error);
       throw error; // the poll backs off
     } finally {
       this._changed.emit();
@@ -136,10 +162,12 @@ export class ClustersModel {
 
   private _changed = new Signal<this, void>(this);
   private _error: string | null = null;
+  private _errorStatus: number | null = null;
   private _list: IClusterList | null = null;
   private _poll: Poll<void, unknown, 'standby'>;
   private _started = false;
-  private _stopping = new Set<string>();
+  private _stopping = new Set<number>();
+  private _unreachable = false;
 }
 
 namespace Private {

@@ -1,6 +1,7 @@
 /**
  * Left sidebar: totals, one card per live cluster, an empty state that says how to
- * start one, and a collapsed "Recently stopped" section with final costs.
+ * start one, and a collapsed "Recently stopped" section with final costs. Cards are
+ * keyed by cluster id: a live `local` and a stopped `local` are two cards.
  */
 import { refreshIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
@@ -104,25 +105,25 @@ export class ClustersSidebar extends Widget {
     this._stoppedSection.hidden = stopped.length === 0;
     setText(this._stoppedTitle, `Recently stopped (${stopped.length})`);
 
-    const seen = new Set<string>();
+    const seen = new Set<number>();
     this._place(this._liveList, live, seen);
     this._place(this._stoppedList, stopped, seen);
-    for (const [name, card] of this._cards) {
-      if (!seen.has(name)) {
+    for (const [id, card] of this._cards) {
+      if (!seen.has(id)) {
         card.dispose();
-        this._cards.delete(name);
+        this._cards.delete(id);
       }
     }
   }
 
   /** Updates the cards for `clusters` and puts them in `container`, in order. */
-  private _place(container: HTMLElement, clusters: ICluster[], seen: Set<string>): void {
+  private _place(container: HTMLElement, clusters: ICluster[], seen: Set<number>): void {
     clusters.forEach((cluster, index) => {
-      seen.add(cluster.name);
-      let card = this._cards.get(cluster.name);
+      seen.add(cluster.id);
+      let card = this._cards.get(cluster.id);
       if (!card) {
-        card = new ClusterCard(cluster.name, this._model, this._actions);
-        this._cards.set(cluster.name, card);
+        card = new ClusterCard(cluster, this._model, this._actions);
+        this._cards.set(cluster.id, card);
       }
       card.update(cluster);
       // Move a card only when it is out of place, so a focused button keeps its focus.
@@ -133,7 +134,7 @@ export class ClustersSidebar extends Widget {
   }
 
   private _actions: ICardActions;
-  private _cards = new Map<string, ClusterCard>();
+  private _cards = new Map<number, ClusterCard>();
   private _empty = h('div', 'gpugeek-empty');
   private _error = h('div', 'gpugeek-error');
   private _liveList = h('div', 'gpugeek-live-list');

@@ -1,6 +1,7 @@
 /**
- * Status-bar item: live clusters and what they cost, e.g. `2 clusters · $3.42 · $1.20/h`.
- * Clicking it opens the sidebar.
+ * Status-bar item: live clusters and what they cost, e.g. `2 clusters · $3.42 · $1.20/h`;
+ * `gpugeek: server unreachable` when a poll gets no response, `gpugeek: error` when the
+ * server answers with an error (its message in the tooltip). Clicking it opens the sidebar.
  */
 import { Widget } from '@lumino/widgets';
 
@@ -44,9 +45,14 @@ export class ClustersStatus extends Widget {
     let title: string;
     let state: 'loading' | 'ok' | 'error';
     if (error !== null) {
+      // no response at all is "unreachable"; an HTTP error (403, 500 …) reached the server
       state = 'error';
-      text = 'gpugeek: server unreachable';
-      title = `gpugeek: ${error}\nRetrying with back-off. Click to open the GPU clusters sidebar.`;
+      const status = this._model.errorStatus;
+      const code = status !== null && !error.includes(String(status)) ? ` (HTTP ${status})` : '';
+      text = this._model.unreachable ? 'gpugeek: server unreachable' : 'gpugeek: error';
+      title =
+        `gpugeek: ${error}${code}\n` +
+        'Retrying with back-off. Click to open the GPU clusters sidebar.';
     } else if (list === null) {
       state = 'loading';
       text = 'gpugeek …';

@@ -117,6 +117,28 @@ async def test_unknown_names_are_404_with_a_message(jp_fetch):
     assert code == 404 and "no cluster named 'nope'" in body["message"]
     code, body = await error_of(jp_fetch("gpugeek", "clusters", "nope", method="DELETE"))
     assert code == 404 and "nope" in body["message"]
+    code, body = await error_of(jp_fetch("gpugeek", "clusters", "no such name"))   # not a name at all
+    assert code == 404 and "no such name" in body["message"]
+    code, body = await error_of(jp_fetch("gpugeek", "clusters", "nope", params={"id": "x"}))
+    assert code == 400 and "id" in body["message"]
+    assert (await get_json(jp_fetch, "clusters/"))["live"] == 0                     # a trailing slash
+
+
+async def test_a_name_used_again_keeps_its_runs_apart_and_a_stopped_run_stops_costing(jp_fetch):
+    old = synthetic("again", hours=2.0, usd=10.0)
+    stop_at = time.time() - 3600                     # stopped an hour ago, one node never closed
+    registry.mark_stopped(old.id, "down", stop_at)
+    new = synthetic("again", hours=0.5, usd=10.0)
+    listed = await get_json(jp_fetch, "clusters")
+    runs = [c for c in listed["clusters"] if c["name"] == "again"]
+    assert [(c["id"], c["live"]) for c in runs] == [(new.id, True), (old.id, False)]
+    # the old run's dollars end at its stop: 1 h × ($1 + $10), not 2 h
+    assert runs[1]["spent_usd"] == pytest.approx(11.0, abs=0.01) and runs[1]["usd_per_hour"] == 0
+    assert (await get_json(jp_fetch, "clusters", "again"))["id"] == new.id          # the live one
+    past = await get_json(jp_fetch, "clusters", "again", id=str(old.id))
+    assert past["id"] == old.id and not past["live"]
+    code, _ = await error_of(jp_fetch("gpugeek", "clusters", "other", params={"id": str(old.id)}))
+    assert code == 404
 
 
 async def test_a_cluster_still_starting_says_so_and_is_not_stopped_half_way(jp_fetch):
@@ -188,6 +210,9 @@ async def test_offers_are_the_catalogs(jp_fetch):
     assert code == 400 and "cheap" in body["message"]
     code, body = await error_of(jp_fetch("gpugeek", "offers", params={"limit": "lots"}))
     assert code == 400 and "limit" in body["message"]
+    for bad in ({"count": "abc"}, {"gpu": "A1000"}, {"pricing": ""}, {"limit": "0"}):
+        code, body = await error_of(jp_fetch("gpugeek", "offers", params=bad))
+        assert code == 400 and body["message"], bad
 
 
 @pytest.mark.slow

@@ -51,9 +51,10 @@ labextension:
 	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error && \
 	  PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
 
+# opens on the quickstart notebook (the URL it prints goes there)
 lab: $(VENV)/.installed-test
 	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
-	  $(LAB_ARGS) notebooks/quickstart.ipynb
+	  --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb $(LAB_ARGS)
 
 # Both suites always run; `make test` fails if either does.
 test: $(VENV)/.installed-test chromium

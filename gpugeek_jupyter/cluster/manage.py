@@ -22,10 +22,10 @@ import pandas as pd
 from .. import store
 from ..config import BUDGET_WARN_AT, home, settings
 from ..errors import GpugeekError
-from ..units import duration
 from ..meter import ledger
 from ..meter.ledger import NodePrice
 from ..meter.raynodes import ClusterUnreachable, read_nodes
+from ..units import duration
 from . import processes, registry, sim
 from .backends import BACKENDS, LaunchConfig
 from .registry import ClusterRecord

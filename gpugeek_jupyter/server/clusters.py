@@ -2,7 +2,8 @@
 
 Read straight from SQLite — no pandas, no Ray — because the status bar asks every few seconds from
 every open Lab tab, and a stop here must work even when the kernel that started the cluster is gone.
-Dollars are the ledger's: Σ $/h × hours per node, open nodes up to now.
+Dollars are the ledger's: Σ $/h × hours per node, open nodes up to now (or to a stopped cluster's
+stop).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class NotFound(GpugeekError):
 
 
 class StillStarting(GpugeekError):
-    """Its ``up`` has not yet recorded anything that could be stopped."""
+    """Its ``up`` is still at work; a stop now would race it."""
 
 
 class AlreadyStopped(GpugeekError):

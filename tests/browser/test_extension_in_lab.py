@@ -13,10 +13,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
+import cluster_processes
+import nbformat
 import pytest
-from lab import PANEL, POLL_S, error_outputs, open_notebook_in_lab, put_notebook, screenshot, start_run_all, \
-    wait_run_done
+from lab import (
+    PANEL,
+    POLL_S,
+    error_outputs,
+    open_notebook_in_lab,
+    put_notebook,
+    screenshot,
+    start_run_all,
+    wait_run_done,
+)
 
 ROOT = Path(__file__).parent.parent.parent
 STATUS = ".gpugeek-statusbar"
@@ -38,28 +47,6 @@ def dollars(text: str) -> list[float]:
     return [float(x.replace(",", "")) for x in re.findall(r"\$([\d,]+\.\d\d)", text)]
 
 
-def session_processes(record) -> list[psutil.Process]:
-    procs = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getsid(proc.pid) in (record.session_id, record.watchdog_pid):
-                procs.append(proc)
-        except OSError:
-            continue
-    return procs
-
-
-def alive(procs: list[psutil.Process]) -> list[int]:
-    out = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeypatch):
@@ -68,8 +55,8 @@ def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeyp
     from gpugeek_jupyter.cluster import registry
     from gpugeek_jupyter.meter import ledger
 
-    path = put_notebook(lab, __import__("nbformat").v4.new_notebook(
-        cells=[__import__("nbformat").v4.new_code_cell("")]), "ext/attach-here.ipynb")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
+    path = put_notebook(lab, notebook, "ext/attach-here.ipynb")
     open_notebook_in_lab(page, lab.base_url, lab.token, path)
     page.wait_for_function(f"() => document.querySelector('{STATUS}')?.innerText.includes('no clusters')")
 
@@ -85,7 +72,7 @@ def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeyp
     assert started.returncode == 0, started.stderr[-2000:]
     up_at = time.monotonic()
     record = registry.live("lab-local")
-    ours = session_processes(record)
+    ours = cluster_processes.of_cluster(record)
     assert record.watchdog_pid in [p.pid for p in ours] and len(ours) >= 3
 
     # the ticker shows it, priced, within a poll or two of `up` returning
@@ -139,10 +126,7 @@ def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeyp
     dialog.locator("button.jp-mod-accept").click()
     toast = page.locator(".Toastify__toast", has_text="final cost")
     toast.wait_for(timeout=60_000)
-    deadline = time.monotonic() + 15
-    while alive(ours) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(ours) == [], "processes of the cluster still running after Shut down"
+    assert cluster_processes.still_running(ours, wait=15) == [], "processes of the cluster run on"
     final = registry.get(record.id)
     assert final.stopped is not None and final.stop_reason == "down (from JupyterLab)"
     shown = dollars(toast.inner_text())

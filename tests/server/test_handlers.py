@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.parse
 
-import psutil
+import cluster_processes
 import pytest
 from tornado.httpclient import HTTPClientError
 
@@ -225,8 +225,8 @@ async def test_delete_stops_an_orphaned_local_cluster_and_returns_its_cost(jp_fe
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)}, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-2000:]
     record = registry.live("orphan")
-    ours = _session_processes(record)
-    assert record.watchdog_pid in ours and len(ours) >= 3          # GCS, raylet, watchdog, ...
+    ours = cluster_processes.of_cluster(record)
+    assert record.watchdog_pid in [p.pid for p in ours] and len(ours) >= 3   # GCS, raylet, watchdog…
 
     listed = await get_json(jp_fetch, "clusters")
     assert listed["live"] == 1 and listed["clusters"][0]["orphan"]
@@ -234,10 +234,7 @@ async def test_delete_stops_an_orphaned_local_cluster_and_returns_its_cost(jp_fe
     data = json.loads(response.body)
     assert response.code == 200 and data["stopped"] and data["reason"] == "down (from JupyterLab)"
 
-    deadline = time.time() + 10
-    while _alive(ours) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _alive(ours) == [], "processes of the stopped cluster still running"
+    assert cluster_processes.still_running(ours, wait=10) == [], "processes of the stopped cluster run on"
     final = registry.get(record.id)
     assert final.stopped is not None and final.stop_reason == "down (from JupyterLab)"
     assert data["spent_usd"] == pytest.approx(ledger.spend(record.id), abs=1e-9) and data["spent_usd"] > 0
@@ -245,25 +242,3 @@ async def test_delete_stops_an_orphaned_local_cluster_and_returns_its_cost(jp_fe
 
     code, body = await error_of(jp_fetch("gpugeek", "clusters", "orphan", method="DELETE"))
     assert code == 409 and "already stopped" in body["message"]
-
-
-def _session_processes(record) -> list[int]:
-    pids = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(proc.pid) in (record.session_id, record.watchdog_pid):
-                pids.append(proc.pid)
-        except OSError:
-            continue
-    return pids
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            pass
-    return out

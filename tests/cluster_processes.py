@@ -1,0 +1,37 @@
+"""The processes of one cluster we started, found by process session, for tests that stop it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+
+def of_cluster(record) -> list[psutil.Process]:
+    """Every process in the cluster's Ray session or its watchdog's session."""
+    procs = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) in (record.session_id, record.watchdog_pid):
+                procs.append(proc)
+        except OSError:
+            continue
+    return procs
+
+
+def still_running(procs: list[psutil.Process], wait: float = 0.0) -> list[int]:
+    """PIDs of ``procs`` still running (psutil checks the start time, so a reused PID is not
+    taken for ours) after waiting up to ``wait`` seconds for them to end."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = []
+        for proc in procs:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)

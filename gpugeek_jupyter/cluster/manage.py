@@ -571,7 +571,9 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
     )
 
 
-def state_of(record: ClusterRecord) -> str:
+def state_of(record: ClusterRecord, attached: list[int] | None = None) -> str:
+    """``running``, with ``orphan`` and ``not watched`` when they apply; ``attached`` saves a
+    second look at the attached kernels when the caller already has them."""
     if record.stopped:
         return f"stopped ({record.stop_reason}) {duration(time.time() - record.stopped)} ago"
     if record.stopping:
@@ -579,7 +581,7 @@ def state_of(record: ClusterRecord) -> str:
     if starting(record):
         return "starting"
     state = "running"
-    if not registry.attached_kernels(record.id):
+    if not (registry.attached_kernels(record.id) if attached is None else attached):
         state += " — orphan: no notebook attached"
     if record.watchdog_pid and not processes.alive(record.watchdog_pid):
         state += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
@@ -604,12 +606,13 @@ def clusters() -> pd.DataFrame:
     rows = []
     for record in registry.all_records():
         frame = ledger.nodes_frame(record.id)
+        attached = registry.attached_kernels(record.id) if record.live else []
         rows.append({
-            "name": record.name, "backend": record.backend, "state": state_of(record),
+            "name": record.name, "backend": record.backend, "state": state_of(record, attached),
             "nodes": int(frame["alive"].sum()), "gpus": float(frame.loc[frame["alive"], "gpus"].sum()),
             "spent_usd": float(frame["usd"].sum()), "simulated": record.simulated,
             "budget_usd": record.budget_usd, "created": pd.Timestamp(record.created, unit="s"),
-            "orphan": record.live and not registry.attached_kernels(record.id),
+            "orphan": record.live and not attached,
         })
     return pd.DataFrame(rows, columns=["name", "backend", "state", "nodes", "gpus", "spent_usd",
                                        "simulated", "budget_usd", "created", "orphan"])

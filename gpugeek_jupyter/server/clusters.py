@@ -160,14 +160,15 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
     budget = record.budget_usd
     state = ("stopped" if record.stopped else "stopping" if record.stopping
              else "starting" if manage.starting(record) else "running")
-    orphan = state == "running" and not registry.attached_kernels(record.id)
+    attached = registry.attached_kernels(record.id) if state == "running" else []
+    orphan = state == "running" and not attached
     return {
         "id": record.id,        # names come back after `down`; the id tells the runs apart
         "name": record.name,
         "backend": record.backend,
         "live": record.live,
         "state": state,
-        "status": manage.state_of(record),
+        "status": manage.state_of(record, attached),
         "simulated": record.simulated,
         "nodes": int(money.get("nodes") or 0),
         "gpus": float(money.get("gpus") or 0.0),

@@ -69,9 +69,7 @@ class ClusterHandler(_Handler):
             self.reply(await asyncio.to_thread(clusters.stop, name))
         except clusters.NotFound as exc:
             self.fail(404, str(exc))
-        except clusters.AlreadyStopped as exc:
-            self.fail(409, str(exc))
-        except GpugeekError as exc:
+        except GpugeekError as exc:   # already stopped, still starting, or stopping elsewhere
             self.fail(409, str(exc))
 
 

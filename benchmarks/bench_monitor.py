@@ -22,7 +22,7 @@ from pathlib import Path
 from jupyter_client.manager import start_new_kernel
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_run import LOGGED, LOOP  # noqa: E402
+from bench_run import LOGGED, LOOP
 
 
 def execute(client, code: str, timeout: float = 600) -> tuple[str | None, int]:
@@ -69,7 +69,8 @@ def main() -> None:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
     with_monitor, without = statistics.median(watched), statistics.median(unwatched)
-    print(f"cpus: {os.cpu_count()}, 2 workers (gloo, CPU), {args.steps} steps per cell, {args.rounds} rounds alternated")
+    print(f"cpus: {os.cpu_count()}, 2 workers (gloo, CPU), {args.steps} steps per cell, "
+          f"{args.rounds} rounds alternated")
     print(f"with monitor: {', '.join(f'{v:.1f}' for v in watched)} steps/s; "
           f"messages per monitored cell: {messages}")
     print(f"without:      {', '.join(f'{v:.1f}' for v in unwatched)} steps/s")

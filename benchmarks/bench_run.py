@@ -101,8 +101,8 @@ def torch_trainer_seconds(storage: str) -> float:
     from ray.train.torch import TorchTrainer
 
     def loop():
-        import torch
         import ray.train.torch as rt
+        import torch
 
         model = rt.prepare_model(torch.nn.Linear(8, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -29,8 +29,8 @@ from pathlib import Path
 def populate(clusters: int, stopped: int) -> None:
     from gpugeek_jupyter.cluster import registry
     from gpugeek_jupyter.meter import ledger, telemetry
-    from gpugeek_jupyter.meter.ledger import NodePrice
-    from gpugeek_jupyter.meter.raynodes import RayNode
+    from gpugeek_jupyter.raynodes import RayNode
+    from gpugeek_jupyter.vocab import NodePrice
 
     now = time.time()
     prices = {"head": NodePrice(None, "on-demand", 0.5), "gpu": NodePrice("o1", "spot", 12.0, 30.0)}

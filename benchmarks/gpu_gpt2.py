@@ -20,12 +20,10 @@ so the GPU machine needs only torch (and nvidia-ml-py for utilisation), not the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -36,18 +34,11 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, 
 
 
 def load_helper():
-    """gpugeek_jupyter.run.helper without running the package's __init__ (no Ray/pandas needed)."""
-    root = Path(__file__).resolve().parent.parent / "gpugeek_jupyter"
-    for name, path in (("gpugeek_jupyter", root), ("gpugeek_jupyter.run", root / "run"),
-                       ("gpugeek_jupyter.plan", root / "plan")):
-        if name not in sys.modules:
-            module = types.ModuleType(name)
-            module.__path__ = [str(path)]
-            sys.modules[name] = module
-    spec = importlib.util.spec_from_file_location("gpugeek_jupyter.run.helper", root / "run" / "helper.py")
-    helper = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = helper
-    spec.loader.exec_module(helper)
+    """The worker-side ``gg`` helper. The package root is lazy, so this loads torch and the
+    helper only — no Ray, pandas or widgets (the GPU machine has none of them)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from gpugeek_jupyter.workers import helper
+
     return helper
 
 

@@ -1,56 +1,63 @@
 """gpugeek-jupyter: price → plan → provision → run → meter → view, from a notebook.
 
 ``%load_ext gpugeek_jupyter`` registers ``%gpugeek``; the same steps are plain functions here.
+Importing the package loads none of its layers: a Ray worker, the watchdog and the Jupyter
+server import only the modules they use, and ``gpugeek_jupyter.up`` (say) loads the API on first
+use. This is also where the notebook layer plugs itself in: in a kernel, the first use of the
+API (or ``%load_ext``) registers the widgets that the API's results show as.
 """
 
 from __future__ import annotations
 
-from .api import (
-    Cluster,
-    ClusterStatus,
-    CostReport,
-    LaunchConfig,
-    Plan,
-    clusters,
-    cost,
-    down,
-    offers,
-    plan,
-    preempt,
-    price_performance,
-    reset,
-    run,
-    scale,
-    status,
-    up,
-)
-from .errors import GpugeekError
-
+API = ("Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
+       "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
 __version__ = "0.1.0"
-__all__ = [
-    "Cluster", "ClusterPanel", "ClusterStatus", "CostDashboard", "CostReport", "GpugeekError",
-    "JobMonitor", "LaunchConfig", "OfferPicker", "Plan", "clusters",
-    "cost", "down", "load_ipython_extension", "offers", "plan", "preempt", "price_performance",
-    "reset", "run", "scale", "status", "up",
-]
+__all__ = [*API, *WIDGETS, "GpugeekError", "load_ipython_extension"]
 
 
 def __getattr__(name: str):
-    """Widgets load on first use: a Ray worker importing this package needs none of them."""
-    if name in WIDGETS:
+    """The API and the widgets load on first use."""
+    if name == "GpugeekError":
+        from .errors import GpugeekError as value
+    elif name in API:
+        from . import api
+
+        _plug_in_widgets()
+        value = getattr(api, name)
+    elif name in WIDGETS:
         from . import widgets
 
-        return getattr(widgets, name)
-    raise AttributeError(f"module 'gpugeek_jupyter' has no attribute {name!r}")
+        value = getattr(widgets, name)
+    else:
+        raise AttributeError(f"module 'gpugeek_jupyter' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _plug_in_widgets() -> None:
+    """In a kernel, the API's results show as live widgets (a script never loads ipywidgets)."""
+    from .display import in_kernel
+
+    if in_kernel():
+        from .widgets import register
+
+        register()
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext gpugeek_jupyter``: the magic, and after every cell the node samplers'
+    """``%load_ext gpugeek_jupyter``: the magic and the widgets (each result still shows as HTML
+    and text where no front end can render a widget); and after every cell the node samplers'
     reports go to the ledger (so time between cells — idle GPUs — is recorded too)."""
     from .magics import GpugeekMagics, drain_telemetry
+    from .widgets import register
 
+    register()
     ipython.register_magics(GpugeekMagics)
     if drain_telemetry not in ipython.events.callbacks["post_execute"]:
         ipython.events.register("post_execute", drain_telemetry)

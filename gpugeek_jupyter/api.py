@@ -2,47 +2,44 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import display
 from .catalog.offers import find_offers as offers
+from .cluster.actions import Cluster, down, preempt, scale
 from .cluster.backends import LaunchConfig
-from .cluster.manage import Cluster, ClusterStatus, clusters, down, preempt, scale, status, up
-from .cluster.manage import _live, _sync
+from .cluster.lifecycle import sync_ledger
+from .cluster.session import any_cluster, current
+from .cluster.status import ClusterStatus, clusters, status
+from .cluster.up import up
 from .meter import ledger
-from .plan.planner import Plan
-from .plan.planner import plan as _plan
-from . import run as _run_package  # noqa: F401  - bound before `run` below, so gg.run is the function
 from .meter.telemetry import node_samples_frame
+from .sizing import planner
+from .sizing.planner import Plan
 from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
 from .views.utilisation import idle_dollars, utilisation_heatmap
+from .vocab import CostGrouping
+from .workers.options import JobWatch
 
 __all__ = [
     "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
     "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
 ]
 
-_last_plan: Plan | None = None
-
 
 def plan(*args, **kwargs) -> Plan:
-    """Size a training run and pick the cheapest offer that fits (see ``plan.planner.plan``)."""
-    global _last_plan
-    _last_plan = _plan(*args, **kwargs)
-    return _last_plan
+    """Size a training run and pick the cheapest offer that fits (see ``sizing.planner.plan``)."""
+    made = planner.plan(*args, **kwargs)
+    current().last_plan = made
+    return made
 
 
-plan.__doc__ = _plan.__doc__
-
-
-def last_plan() -> Plan | None:
-    """The plan made last in this kernel (an out-of-memory diagnosis compares against it)."""
-    return _last_plan
+plan.__doc__ = planner.plan.__doc__
 
 
 def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
@@ -57,31 +54,33 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
     In a notebook a live job monitor shows progress, loss, throughput and $ (``monitor=False``
     hides it) and leaves a static figure of the job when it ends.
     """
-    from .run import jobs  # torch and Ray load with the first job
+    from .workers import jobs  # torch and Ray load with the first job
 
     return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
                     max_failures=max_failures, push=push, pull=pull, all_ranks=all_ranks, name=name,
-                    plan=_last_plan, watch=_job_monitor() if monitor else None)
-
-
-def _job_monitor():
-    """The live job monitor, where a notebook front end can show it."""
-    from .widgets._base import in_kernel
-
-    if not in_kernel():
-        return None
-    from .widgets.job import JobMonitor
-
-    return JobMonitor
+                    plan=current().last_plan,
+                    watch=display.view_maker(JobWatch) if monitor else None)
 
 
 def reset() -> bool:
     """Stop the worker group; the next ``run`` builds a fresh one."""
-    from .run import jobs
+    if current().group is None:
+        return False
+    from .workers import jobs
 
     return jobs.reset()
+
+
+def drain_telemetry() -> int:
+    """The node samplers' latest reports into the ledger. Only a kernel that has run a job has
+    samplers, so the others never load torch for this."""
+    if current().group is None:
+        return 0
+    from .workers import jobs
+
+    return jobs.drain_telemetry()
 
 
 @dataclass
@@ -110,7 +109,8 @@ class CostReport:
     def summary(self) -> str:
         what = "simulated — what these offers would have cost" if self.simulated else "from the ledger"
         saved = f"; spot saved ${self.spot_saved_usd:,.2f} against on-demand" if self.spot_saved_usd > 0 else ""
-        budget = f"; budget ${self.budget_usd:,.2f} ({self.total_usd / self.budget_usd:.0%} used)" if self.budget_usd else ""
+        budget = (f"; budget ${self.budget_usd:,.2f} ({self.total_usd / self.budget_usd:.0%} used)"
+                  if self.budget_usd else "")
         idle = f"; idle GPUs cost ${self.idle_usd:,.2f}" if self.idle_usd is not None else ""
         return f"{self.name}: ${self.total_usd:,.2f} ({what}){saved}{budget}{idle}"
 
@@ -127,21 +127,15 @@ class CostReport:
                 f"{self.table.to_html(index=False)}{figures}")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        from .widgets._base import bundle, in_kernel
-
-        widget = None
-        if in_kernel():
-            from .widgets.cost import CostDashboard
-
-            widget = CostDashboard(self.name, by=self.by, report=self)
-        return bundle(repr(self), self._repr_html_(), widget)
+        """The live dashboard in a notebook; HTML and text wherever widgets cannot show."""
+        return display.bundle(self, repr(self), self._repr_html_())
 
 
 def news() -> list[str]:
     """Watchdog events on the active cluster no notebook has shown yet, as lines to print."""
-    from .cluster import manage, registry
+    from .cluster import registry
 
-    name = manage.active()
+    name = current().active
     record = (registry.live(name) or registry.latest(name)) if name else None
     if record is None:
         return []
@@ -150,20 +144,15 @@ def news() -> list[str]:
 
 
 def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> CostReport:
-    """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, job or pricing.
-    ``sync=False`` reads the ledger only (no call into Ray: the dashboards' background refresh)."""
-    from .cluster import manage, registry
-    from .errors import GpugeekError
-
-    name = name or manage.active()
-    record = (registry.live(name) or registry.latest(name)) if name else _live(None)
-    if record is None:
-        raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    """Dollars a cluster has cost so far (live or stopped), grouped ``by`` node, node_type,
+    pricing or job. ``sync=False`` reads the ledger only (no call into Ray: the dashboards'
+    background refresh)."""
+    by = CostGrouping.parse(by, "--by").value
+    record = any_cluster(name)
     if sync:
-        _sync(record)
-        jobs = sys.modules.get("gpugeek_jupyter.run.jobs")  # loaded only if this kernel ran a job
-        if record.live and jobs is not None:
-            jobs.drain_telemetry()
+        sync_ledger(record)
+        if record.live:
+            drain_telemetry()
     now = time.time()
     table = ledger.cost_table(record.id, by, now)
     nodes = ledger.nodes_frame(record.id, now)

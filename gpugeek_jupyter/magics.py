@@ -6,7 +6,6 @@ the same function the Python API exposes, so the two can never disagree.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 from IPython.core.error import UsageError
@@ -16,6 +15,7 @@ from IPython.display import display
 
 from . import api
 from .errors import GpugeekError
+from .vocab import Amp, Choice, CostGrouping, Objective, Optimizer, Precision, Pricing, Strategy
 
 Subcommand = Callable[["GpugeekMagics", str], object]
 SUBCOMMANDS: dict[str, Subcommand] = {}
@@ -40,6 +40,44 @@ def _positive_float(flag: str) -> Callable[[str], float]:
     return parse
 
 
+def choice(kind: type[Choice], flag: str) -> Callable[[str], str]:
+    """A flag whose value is one of ``kind``'s: checked by the vocabulary's one validator."""
+    def parse(text: str) -> str:
+        try:
+            return kind.parse(text, flag).value
+        except GpugeekError as exc:
+            raise UsageError(str(exc)) from None
+    parse.__name__ = flag.lstrip("-")         # argparse names the flag's type in its messages
+    return parse
+
+
+def flags(*arguments: Callable) -> Callable:
+    """Several ``argument`` decorators as one, shared by the subcommands that take them (the way
+    ipyparallel's magics share ``exec_args``/``output_args``)."""
+    def apply(func: Callable) -> Callable:
+        for add in reversed(arguments):
+            func = add(func)
+        return func
+    return apply
+
+
+def _pricing(help_text: str = "how the offer is bought") -> Callable:
+    return argument("--pricing", default=Pricing.ON_DEMAND.value, type=choice(Pricing, "--pricing"),
+                    metavar="|".join(Pricing.values()), help=help_text)
+
+
+# what narrows the catalog, in offers, plan and the picker
+offer_filters = flags(
+    argument("--gpu", help="GPU families or provider spellings, comma-separated (H100,A100)"),
+    argument("--provider", help="providers, comma-separated (aws,lambda)"),
+    argument("--region", help="region or zone pattern (us-*, europe)"),
+    _pricing(),
+    argument("--catalog", help="a CSV of your own offers (same columns as the bundled one)"),
+)
+# the cluster a command is about
+cluster_name = argument("name", nargs="?", help="cluster name (default: the active one)")
+
+
 def _positive_int(flag: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -54,17 +92,13 @@ def _positive_int(flag: str) -> Callable[[str], int]:
 
 @subcommand
 @magic_arguments()
-@argument("--gpu", help="GPU families or provider spellings, comma-separated (H100,A100)")
+@offer_filters
 @argument("--count", help="GPUs per instance: 8, or 8+ for at least 8")
 @argument("--min-gpu-mem", type=_positive_float("--min-gpu-mem"), help="GiB per GPU, at least")
-@argument("--provider", help="providers, comma-separated (aws,lambda)")
-@argument("--region", help="region or zone pattern (us-*, europe)")
 @argument("--max-price", type=_positive_float("--max-price"), help="$/h per instance, at most")
-@argument("--pricing", default="on-demand", choices=["on-demand", "spot", "reserved"])
 @argument("--top", type=_positive_int("--top"), help="show only the K cheapest")
 @argument("--chart", action="store_true", help="add the price–performance chart")
 @argument("--pick", action="store_true", help="an interactive picker: filters, table, chart, Plan, Provision")
-@argument("--catalog", help="a CSV of your own offers (same columns as the bundled one)")
 def offers(self: GpugeekMagics, line: str):
     """Compare GPU offers, cheapest first by the chosen pricing."""
     args = parse_argstring(offers, line)
@@ -91,24 +125,23 @@ def offers(self: GpugeekMagics, line: str):
 @argument("--params", help="parameter count, like 7B or 350M")
 @argument("--model", help="name of a torch.nn.Module in the notebook")
 @argument("--example", help="name of one input batch for --model (when it can't be inferred)")
-@argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
-@argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"])
+@argument("--precision", default="bf16", type=choice(Precision, "--precision"),
+          metavar="|".join(Precision.values()))
+@argument("--optimizer", default="adam", type=choice(Optimizer, "--optimizer"),
+          metavar="|".join(Optimizer.values()))
 @argument("--batch", type=_positive_int("--batch"), default=1, help="micro-batch per GPU")
 @argument("--seq", type=_positive_int("--seq"), help="sequence length (default 2048 with --params)")
 @argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
 @argument("--grad-ckpt-class", help="block class to checkpoint (default: nn.ModuleList children)")
-@argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
 @argument("--gpus", type=_positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
 @argument("--tokens", help="tokens (or samples) to train on, like 2B")
 @argument("--hours", type=_positive_float("--hours"), help="or: hours to train for")
-@argument("--pricing", default="on-demand", choices=["on-demand", "spot", "reserved"])
-@argument("--objective", default="cost", choices=["cost", "time"])
+@argument("--objective", default="cost", type=choice(Objective, "--objective"),
+          metavar="|".join(Objective.values()))
 @argument("--mfu", type=_positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
-@argument("--gpu", help="only these GPU families")
-@argument("--provider", help="only these providers")
-@argument("--region", help="only regions or zones matching this pattern")
+@offer_filters
 @argument("--top", type=_positive_int("--top"), default=10, help="rows to show")
-@argument("--catalog", help="a CSV of your own offers")
 def plan(self: GpugeekMagics, line: str):
     """Size a training run against your model and pick the cheapest offer that fits."""
     args = parse_argstring(plan, line)
@@ -149,7 +182,7 @@ def _number(flag: str, kind: type = float) -> Callable[[str], float]:
 @argument("--workers", type=_number("--workers", int), help="worker nodes kept up")
 @argument("--min-workers", type=_number("--min-workers", int), help="same as --workers")
 @argument("--max-workers", type=_number("--max-workers", int), help="ceiling the autoscaler may grow to")
-@argument("--pricing", default="on-demand", choices=["on-demand", "spot", "reserved"])
+@_pricing()
 @argument("--spot-fallback", action="store_true", help="replace a preempted spot node with on-demand")
 @argument("--budget", type=_number("--budget"), help="USD: warn at 80%%, stop everything at 100%%")
 @argument("--idle", type=_number("--idle"), help="minutes without a job before the cluster stops")
@@ -172,7 +205,7 @@ def up(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("name", nargs="?", help="cluster name (default: the active one)")
+@cluster_name
 def status(self: GpugeekMagics, line: str):
     """Nodes, GPUs, dollars spent, burn rate, budget and autostop of a cluster."""
     return api.status(parse_argstring(status, line).name)
@@ -181,7 +214,7 @@ def status(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @argument("workers", type=_number("workers", int), help="worker nodes to keep")
-@argument("name", nargs="?", help="cluster name (default: the active one)")
+@cluster_name
 def scale(self: GpugeekMagics, line: str):
     """Resize a cluster to N worker nodes."""
     args = parse_argstring(scale, line)
@@ -190,7 +223,7 @@ def scale(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("name", nargs="?", help="cluster name (default: the active one)")
+@cluster_name
 @argument("--all", action="store_true", help="every live cluster")
 def down(self: GpugeekMagics, line: str):
     """Stop a cluster: its jobs, its nodes, its processes — only those we started."""
@@ -211,8 +244,8 @@ def clusters(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("name", nargs="?", help="cluster name (default: the active one)")
-@argument("--by", default="node", choices=["node", "node_type", "job", "pricing"])
+@cluster_name
+@argument("--by", default="node", type=choice(CostGrouping, "--by"), metavar="|".join(CostGrouping.values()))
 def cost(self: GpugeekMagics, line: str):
     """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
     args = parse_argstring(cost, line)
@@ -222,7 +255,7 @@ def cost(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @argument("node", help="node id, or its last characters as `status` shows them")
-@argument("name", nargs="?", help="cluster name (default: the active one)")
+@cluster_name
 def preempt(self: GpugeekMagics, line: str):
     """Rehearse a spot preemption on a sim cluster: the node vanishes."""
     args = parse_argstring(preempt, line)
@@ -240,12 +273,13 @@ def _names(text: str | None) -> list[str]:
 @magic_arguments()
 @argument("--workers", type=_number("--workers", int), default=2, help="workers (one rank each)")
 @argument("--gpus-per-worker", type=_number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)")
-@argument("--amp", default="off", choices=["bf16", "fp16", "off"], help="mixed precision for gg.autocast()")
+@argument("--amp", default="off", type=choice(Amp, "--amp"), metavar="|".join(Amp.values()),
+          help="mixed precision for gg.autocast()")
 @argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",
           help="activation checkpointing of repeated blocks (or of CLASS)")
 @argument("--accumulate", type=_number("--accumulate", int), default=1, help="micro-batches per step")
 @argument("--clip", type=_number("--clip"), help="clip gradients to this norm")
-@argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
 @argument("--checkpoint-every", type=_number("--checkpoint-every", int), help="save every N steps")
 @argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)")
 @argument("--max-failures", type=_number("--max-failures", int), default=0,
@@ -279,13 +313,9 @@ def reset(self: GpugeekMagics, line: str):
 
 
 def drain_telemetry() -> None:
-    """After each cell: the node samplers' reports into the ledger (never an error in the cell).
-    Only a kernel that has run a job has samplers; the others never load torch for this."""
-    jobs = sys.modules.get("gpugeek_jupyter.run.jobs")
-    if jobs is None:
-        return
+    """After each cell: the node samplers' reports into the ledger (never an error in the cell)."""
     try:
-        jobs.drain_telemetry()
+        api.drain_telemetry()
     except Exception:  # noqa: BLE001 - a lost sampler reports next time or not at all
         pass
 

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS clusters (
     ready         REAL,
     stopping      REAL,
     stopped       REAL,
-    stop_reason   TEXT
+    stop_reason   TEXT,
+    start_failed  TEXT                    -- `up` failed, and so did stopping what it had started
 );
 CREATE INDEX IF NOT EXISTS clusters_by_name ON clusters(name, stopped);
 
@@ -138,7 +139,8 @@ def connect() -> sqlite3.Connection:
     return conn
 
 
-ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"}}
+ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"},
+                 "clusters": {"start_failed": "TEXT"}}
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

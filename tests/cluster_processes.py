@@ -1,4 +1,5 @@
-"""The processes of one cluster we started, found by process session, for tests that stop it."""
+"""For tests that start real clusters: their settings, waiting on them, and the processes of one
+cluster we started, found by process session, for tests that stop it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,24 @@ import os
 import time
 
 import psutil
+
+
+def settings(home, **cluster) -> None:
+    """Write ``[cluster]`` settings into the test's ``config.toml``."""
+    home.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"{key} = {value}\n" for key, value in cluster.items())
+    (home / "config.toml").write_text(f"[cluster]\n{body}")
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """``predicate()``'s first truthy value, polled for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def of_cluster(record) -> list[psutil.Process]:

@@ -147,7 +147,7 @@ def test_config_entry_adds_a_user_catalog(gpugeek_home, tmp_path):
     assert frame.iloc[0]["id"] == "ourdeal/8xa100/eu-1"
     assert frame.iloc[0]["variant"] == "80GB" and frame.iloc[0]["gpu_mem_gib"] == 80
     (gpugeek_home / "config.toml").write_text("[catalog\n")
-    with pytest.raises(GpugeekError, match="config.toml: cannot read settings"):
+    with pytest.raises(GpugeekError, match=r"config\.toml: cannot read settings"):
         offers()
 
 

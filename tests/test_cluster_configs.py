@@ -99,7 +99,8 @@ def _one_line(ipython, capsys, line):
 
 @pytest.mark.parametrize("line, expected", [
     ("up --backend moon", "unknown backend 'moon' — use one of local, sim, aws, gcp, azure, kuberay"),
-    ("up --backend sim --offer aws/p5.48xlarge/us-east-9", "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
+    ("up --backend sim --offer aws/p5.48xlarge/us-east-9",
+     "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
     ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0: must be at least 1"),
     ("up --backend sim --gpu A100 --count 8 --budget -5", "--budget -5.0: must be a positive number"),
     ("up --backend sim --gpu A100 --count 8 --budget lots", "--budget 'lots' is not a number"),

@@ -10,29 +10,15 @@ import sys
 import time
 
 import pytest
+from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.meter.raynodes import use_token_auth
+from gpugeek_jupyter.raynodes import use_token_auth
+from gpugeek_jupyter.vocab import ClusterPhase
 
 pytestmark = pytest.mark.slow
-
-
-def _settings(home, **cluster):
-    home.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"{key} = {value}\n" for key, value in cluster.items())
-    (home / "config.toml").write_text(f"[cluster]\n{body}")
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _leftovers(record, grace: float = 5.0) -> list:
@@ -67,7 +53,7 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
 
     # scale to one node: Ray's autoscaler removes the other and the ledger closes it
     gg.scale(1)
-    _wait(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,
+    wait_until(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,
           "the autoscaler to remove a node")
     time.sleep(2)
     record = registry.live("s1")
@@ -107,7 +93,7 @@ def test_preempted_spot_node_is_replaced_on_demand(ipython, capsys):
         time.sleep(120)
 
     running = train_step.options(scheduling_strategy=NodeAffinitySchedulingStrategy(victim, soft=False)).remote()
-    _wait(lambda: ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"], 30,
+    wait_until(lambda: ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"], 30,
           "the task to start on the node")
     ipython.run_line_magic("gpugeek", f"preempt {victim[-6:]}")
     assert "an on-demand replacement is on its way" in capsys.readouterr().out
@@ -116,7 +102,7 @@ def test_preempted_spot_node_is_replaced_on_demand(ipython, capsys):
 
     def replaced():
         return "on-demand" in set(gg.status("p1").nodes["pricing"])
-    _wait(replaced, 120, "an on-demand replacement")
+    wait_until(replaced, 120, "an on-demand replacement")
     record = registry.live("p1")
     gg.down("p1")
     by_node = ledger.nodes_frame(record.id).set_index("node_id")
@@ -143,7 +129,7 @@ time.sleep(600)
 
 def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
     # $36,000/h is $10/s: a few seconds cost dollars
-    _settings(gpugeek_home, local_usd_per_hour=36000, meter_interval_s=0.5)
+    settings(gpugeek_home, local_usd_per_hour=36000, meter_interval_s=0.5)
     usd_per_s, budget, interval_s = 10.0, 300.0, 0.5
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(budget)], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
@@ -163,9 +149,9 @@ def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
 
     def head_dead():  # watched from outside: when did the cluster's last process go?
         return not processes.session_processes(record.session_id, record.created, record.marker)
-    _wait(head_dead, 90, "the watchdog to stop the cluster")
+    wait_until(head_dead, 90, "the watchdog to stop the cluster")
     died = time.time()
-    _wait(lambda: registry.get(cluster_id).stopped, 10, "the stop to be recorded")
+    wait_until(lambda: registry.get(cluster_id).stopped, 10, "the stop to be recorded")
     record = registry.get(cluster_id)
     assert record.stop_reason == "budget cap reached"
     spent = ledger.spend(cluster_id)
@@ -184,7 +170,7 @@ def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
 def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
     import ray
 
-    _settings(gpugeek_home, meter_interval_s=0.5)
+    settings(gpugeek_home, meter_interval_s=0.5)
     gg.up("i1", idle=0.1)                                  # six seconds
     record = registry.live("i1")
     ledger.job_started(record.id, "j1", "training")
@@ -201,11 +187,13 @@ def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
         ray.get(step.remote())
         time.sleep(1.5)
     assert registry.get(record.id).stopped is None, "Ray tasks between looks keep the cluster up"
-    _wait(lambda: registry.get(record.id).stopped, 40, "the idle autostop")
+    wait_until(lambda: registry.get(record.id).stopped, 40, "the idle autostop")
     assert registry.get(record.id).stop_reason == "idle 0.1 min"
     assert not _leftovers(registry.get(record.id))
-    with pytest.raises(gg.GpugeekError, match="stopped \\(idle 0.1 min\\)"):
-        gg.status()
+    shown = gg.status()                 # the active cluster, stopped: its final state, said as a value
+    assert shown.phase is ClusterPhase.STOPPED and shown.state.startswith("stopped (idle 0.1 min)")
+    with pytest.raises(gg.GpugeekError, match=r"stopped \(idle 0\.1 min\) — `%gpugeek up i1` starts it again"):
+        gg.scale(1)
 
 
 def test_local_cluster_outlives_a_kernel_restart_and_is_reattached_by_name(gpugeek_home):

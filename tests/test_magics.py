@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from IPython.core.error import UsageError
 from models import TinyGPT
 
 import gpugeek_jupyter as gg
@@ -67,7 +68,7 @@ def test_help_lists_subcommands(ipython, capsys):
 
 @pytest.mark.parametrize("cell, expected", [
     ("%%gpugeek run --workers 0\nx = 1", "--workers 0: must be at least 1"),
-    ("%%gpugeek run --amp fp8\nx = 1", "argument --amp: invalid choice: 'fp8'"),
+    ("%%gpugeek run --amp fp8\nx = 1", "--amp 'fp8': use one of bf16, fp16, off"),
     ("%%gpugeek run --accumulate two\nx = 1", "--accumulate 'two' is not a whole number"),
     ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
     ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0: a worker is one rank on at most one GPU"),
@@ -81,3 +82,18 @@ def test_bad_run_input_is_one_line(ipython, capsys, cell, expected):
     lines = (out.out + out.err).strip().splitlines()
     assert result.error_in_exec is not None or result.error_before_exec is not None or lines
     assert len(lines) == 1 and expected in lines[0], lines
+
+
+@pytest.mark.parametrize("line, call", [
+    ("offers --pricing cheap", lambda: gg.offers(pricing="cheap")),
+    ("plan --params 7B --strategy zero3", lambda: gg.plan(params="7B", strategy="zero3")),
+    ("cost --by month", lambda: gg.cost(by="month")),
+])
+def test_a_wrong_choice_reads_the_same_from_the_magic_and_the_api(ipython, line, call):
+    """One validator per value: the magic's usage error is the API's error, word for word."""
+    with pytest.raises(gg.GpugeekError) as from_api:
+        call()
+    with pytest.raises(UsageError) as from_magic:
+        ipython.run_line_magic("gpugeek", line)
+    assert str(from_magic.value) == str(from_api.value)
+    assert "use one of" in str(from_api.value)

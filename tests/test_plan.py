@@ -11,7 +11,7 @@ from models import MLP, TinyGPT
 
 from gpugeek_jupyter import GpugeekError, plan
 from gpugeek_jupyter.catalog import load_catalog
-from gpugeek_jupyter.plan import memory
+from gpugeek_jupyter.sizing import memory
 
 GIB = 1024**3
 
@@ -121,7 +121,7 @@ def test_model_without_sequence_and_with_example():
     ({"params": "7B", "model": MLP()}, "exactly one of --params"),
     ({}, "exactly one of --params"),
     ({"params": "7B", "strategy": "fsdp", "gpus": 1}, "fsdp needs more than one GPU"),
-    ({"params": "7B", "precision": "fp8"}, "--precision 'fp8' is not one of"),
+    ({"params": "7B", "precision": "fp8"}, "--precision 'fp8': use one of bf16, fp16, fp32"),
     ({"params": "7B", "tokens": "1T", "hours": 3}, "--tokens or --hours"),
     ({"params": "-1"}, "is not a number"),
 ])

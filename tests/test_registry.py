@@ -12,8 +12,8 @@ import time
 from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.meter.ledger import NodePrice
-from gpugeek_jupyter.meter.raynodes import RayNode
+from gpugeek_jupyter.raynodes import RayNode
+from gpugeek_jupyter.vocab import NodePrice
 
 WRITER = """
 import sys, time

@@ -11,7 +11,7 @@ import pytest
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.run.group import Interrupted, RemoteError
+from gpugeek_jupyter.workers.group import Interrupted, RemoteError
 
 pytestmark = pytest.mark.slow
 
@@ -61,17 +61,19 @@ def cluster(home):
     yield
     import ray
 
-    from gpugeek_jupyter.run import jobs
+    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.workers import jobs
 
     try:
         gg.run("pass", workers=2, monitor=False)
-        assert jobs._group.connected(), "the group of the cluster this kernel drives"
+        group = current().group
+        assert group.connected(), "the group of the cluster this kernel drives"
     finally:
         gg.down("runs")   # with the worker group still up, as a user would
         if old is not None:
             os.environ["GPUGEEK_HOME"] = old
     # after the cluster is gone nothing may call Ray: an actor call would start a new local Ray
-    assert not jobs._group.connected()
+    assert not group.connected()
     assert jobs.drain_telemetry() == 0 and not ray.is_initialized()
     assert gg.reset() and not ray.is_initialized()
 

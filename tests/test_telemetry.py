@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import types
+from itertools import pairwise
 
 import psutil
 import pytest
@@ -257,7 +258,7 @@ def test_samplers_on_a_real_ray_node(monkeypatch):
         assert all(s["node_id"] == node_ids[0] and "gpus" not in s for s in samples)
         assert all(set(s["host"]) == {"cpu_percent", "mem_used", "mem_total"} for s in samples)
         times = [s["t"] for s in samples + left]
-        assert all(b - a >= 0.99 for a, b in zip(times, times[1:])), times
+        assert all(b - a >= 0.99 for a, b in pairwise(times)), times
 
         cluster_id = make_cluster()
         assert telemetry.record_node_samples(cluster_id, samples + left) == len(samples + left)

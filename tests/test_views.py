@@ -10,11 +10,11 @@ import pytest
 
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.meter.ledger import NodePrice
-from gpugeek_jupyter.meter.raynodes import RayNode
+from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost
 from gpugeek_jupyter.views.jobs import job_figure, job_summary
 from gpugeek_jupyter.views.utilisation import idle_dollars, utilisation_heatmap
+from gpugeek_jupyter.vocab import NodePrice
 
 T0 = 1_700_000_000.0
 PRICES = {

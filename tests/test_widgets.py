@@ -10,6 +10,7 @@ import pytest
 
 import gpugeek_jupyter.api as api
 from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.cluster.session import current
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.widgets import ClusterPanel, OfferPicker
@@ -44,7 +45,7 @@ def test_every_filter_change_requeries_the_catalog():
 def test_plan_button_plans_against_the_filtered_offers():
     picker = OfferPicker(gpu="H100", count=8, pricing="spot", params="7B")
     picker.plan_button.click()
-    plan = api.last_plan()
+    plan = current().last_plan
     assert plan is not None and picker.message.value == ""
     assert set(plan.table["gpu"]) == {"H100"} and plan.pricing == "spot"
     assert plan.best is not None and plan.memory.gpus == 8
@@ -146,7 +147,7 @@ def test_a_finished_job_leaves_a_static_summary_and_figure():
     assert report.usd == float(ledger.cost_table(record.id, "job")["usd"].iloc[0])
     figure = report.figure_bundle()
     assert {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(figure)
-    loss = [t for t in report.figure().data if t.name == "rank 0"][0]
+    loss = next(t for t in report.figure().data if t.name == "rank 0")
     assert list(loss.y) == pytest.approx([2.0 - i / 10 for i in range(10)])
 
 
@@ -166,7 +167,7 @@ def test_objects_fall_back_to_html_and_text_outside_a_kernel():
 
 
 def test_total_steps_follow_the_loop_with_accumulation_across_epochs():
-    from gpugeek_jupyter.run.helper import _last_step
+    from gpugeek_jupyter.workers.helper import _last_step
 
     assert _last_step(range(10), 3, 3, None, 0) == 10          # 30 micro-batches // 3
     assert _last_step(range(10), 3, 3, 7, 0) == 7               # max_steps is absolute
@@ -198,3 +199,22 @@ def test_showing_a_panel_again_stops_the_older_refresher():
     assert ticks["a"] == seen and ticks["b"] > 0
     second.stop()
     assert not second.thread.is_alive()
+
+
+def test_results_show_as_their_widget_only_where_a_front_end_can(ipython, monkeypatch):
+    """The notebook layer plugs itself in (``%load_ext`` registered it): a cost report is text and
+    HTML in plain IPython, and gains its dashboard only inside a kernel."""
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from gpugeek_jupyter import display
+    from gpugeek_jupyter.api import CostReport
+
+    report = CostReport(name="x", by="node", table=pd.DataFrame({"usd": [1.0]}), figure=go.Figure(),
+                        total_usd=1.0, spot_saved_usd=0.0, simulated=False, budget_figure=go.Figure(),
+                        utilisation_figure=go.Figure())
+    assert set(report._repr_mimebundle_()) == {"text/plain", "text/html"}      # plain IPython
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
+    bundle = report._repr_mimebundle_()
+    assert {"text/plain", "text/html", display.WIDGET_MIME} <= set(bundle)
+    assert "x: $1.00" in bundle["text/plain"]

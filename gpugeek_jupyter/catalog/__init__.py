@@ -1,6 +1,6 @@
 """Price: GPU offers from the bundled catalog (and the user's own), normalised and filtered."""
 
 from .gpus import GpuSpec, family_of, spec
-from .offers import PRICINGS, find_offers, load_catalog, with_pricing
+from .offers import find_offers, load_catalog, with_pricing
 
-__all__ = ["PRICINGS", "GpuSpec", "family_of", "find_offers", "load_catalog", "spec", "with_pricing"]
+__all__ = ["GpuSpec", "family_of", "find_offers", "load_catalog", "spec", "with_pricing"]

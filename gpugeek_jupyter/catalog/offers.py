@@ -19,9 +19,9 @@ import pandas as pd
 from .. import config
 from ..errors import GpugeekError, NoMatchingOffers
 from ..units import positive_number, whole_number
+from ..vocab import Pricing
 from . import gpus
 
-PRICINGS = ("on-demand", "spot", "reserved")
 REQUIRED_COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "region", "price_hour")
 OPTIONAL_COLUMNS = ("gpu_mem_gib", "vcpus", "mem_gib", "zone", "spot_price_hour")
 SHOWN_COLUMNS = [
@@ -101,9 +101,9 @@ def _normalise(frame: pd.DataFrame, reserved_discount: float) -> pd.DataFrame:
     frame["gpu"] = [gpus.family_of(n) for n in frame["gpu_name"]]
     frame["variant"] = [
         gpus.variant_of(n, t, m)
-        for n, t, m in zip(frame["gpu_name"], frame["instance_type"], frame["gpu_mem_gib"])
+        for n, t, m in zip(frame["gpu_name"], frame["instance_type"], frame["gpu_mem_gib"], strict=True)
     ]
-    specs = [gpus.spec(f, v) for f, v in zip(frame["gpu"], frame["variant"])]
+    specs = [gpus.spec(f, v) for f, v in zip(frame["gpu"], frame["variant"], strict=True)]
     spec_mem = pd.Series([s.mem_gib if s else math.nan for s in specs], index=frame.index)
     frame["gpu_mem_from_spec"] = frame["gpu_mem_gib"].isna() & spec_mem.notna()
     frame["gpu_mem_gib"] = frame["gpu_mem_gib"].fillna(spec_mem)
@@ -172,12 +172,13 @@ def load_catalog(
     return _load(tuple(keyed), float(discount))
 
 
+PRICE_COLUMNS = {Pricing.ON_DEMAND: "on_demand_price", Pricing.SPOT: "spot_price",
+                 Pricing.RESERVED: "reserved_price"}
+
+
 def price_column(pricing: str) -> str:
-    if pricing not in PRICINGS:
-        raise GpugeekError(f"unknown pricing {pricing!r} — use one of {', '.join(PRICINGS)}")
-    return {"on-demand": "on_demand_price", "spot": "spot_price", "reserved": "reserved_price"}[
-        pricing
-    ]
+    """The catalog column holding $/h under ``pricing`` (one line if it is not a pricing)."""
+    return PRICE_COLUMNS[Pricing.parse(pricing, "--pricing")]
 
 
 def _split(names: str | Iterable[str] | None) -> list[str]:
@@ -235,7 +236,7 @@ def with_pricing(catalog: pd.DataFrame, pricing: str) -> pd.DataFrame:
     """Add ``price`` (effective $/h under ``pricing``) and ``price_per_gpu_hour``; drop unpriced rows."""
     column = price_column(pricing)
     frame = catalog[catalog[column].notna()].copy()
-    frame["pricing"] = pricing
+    frame["pricing"] = str(pricing)
     frame["price"] = frame[column]
     frame["price_per_gpu_hour"] = frame["price"] / frame["gpu_count"]
     return frame
@@ -261,8 +262,8 @@ def find_offers(
     top = whole_number(top, "--top")
     max_price = positive_number(max_price, "--max-price")
     min_gpu_mem = positive_number(min_gpu_mem, "--min-gpu-mem")
+    pricing = Pricing.parse(pricing, "--pricing").value   # early, and a plain string from here
     everything = load_catalog(catalog)
-    price_column(pricing)  # validate early
 
     masks = {
         "gpu": gpu_mask(everything, gpu),
@@ -286,8 +287,8 @@ def find_offers(
     frame = frame.sort_values(["price", "price_per_gpu_hour", "id"], kind="stable")
     if top is not None:
         frame = frame.head(top)
-    shown = frame[SHOWN_COLUMNS + ["pricing"]].reset_index(drop=True)
-    shown.attrs["pricing"] = pricing
+    shown = frame[[*SHOWN_COLUMNS, "pricing"]].reset_index(drop=True)
+    shown.attrs["pricing"] = str(pricing)
     if pricing == "reserved":
         discount = 1 - (frame["reserved_price"] / frame["on_demand_price"]).iloc[0]
         shown.attrs["note"] = (
@@ -328,7 +329,7 @@ def region_mask(catalog: pd.DataFrame, pattern: str | None) -> pd.Series | None:
     zones = catalog["zone"].str.lower()
     return pd.Series(
         [fnmatch.fnmatchcase(r, pattern) or fnmatch.fnmatchcase(z, pattern)
-         for r, z in zip(regions, zones)],
+         for r, z in zip(regions, zones, strict=True)],
         index=catalog.index,
     )
 
@@ -379,7 +380,7 @@ def _no_match(
             hints.append(
                 "similar GPUs: "
                 + ", ".join(f"{g}×{c} ${p:.2f}/h" for g, c, p in
-                            zip(best["gpu"], best["gpu_count"], best["price"]))
+                            zip(best["gpu"], best["gpu_count"], best["price"], strict=True))
             )
     if max_price is not None:
         rest = with_pricing(without(), pricing)

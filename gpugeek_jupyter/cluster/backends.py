@@ -21,7 +21,7 @@ import yaml
 
 from ..config import home
 from ..errors import GpugeekError
-from ..meter.raynodes import read_nodes
+from ..raynodes import read_nodes
 from . import head, kuberay, launcher, processes, registry, sim
 from .registry import ClusterRecord
 from .spec import ClusterSpec

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GpugeekError
-from ..meter.raynodes import use_token_auth
+from ..raynodes import use_token_auth
 from . import processes
 
 HOST = "127.0.0.1"

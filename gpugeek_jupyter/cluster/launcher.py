@@ -122,7 +122,7 @@ def validate(config: dict) -> dict:
     try:
         prepared = prepare_config(copy.deepcopy(config))
         validate_config(prepared)
-    except Exception as exc:  # jsonschema.ValidationError, ValueError: Ray's words, one line
+    except Exception as exc:  # noqa: BLE001 - jsonschema.ValidationError, ValueError, …: Ray's words, one line
         message = getattr(exc, "message", None) or str(exc).splitlines()[0]
         raise GpugeekError(f"Ray rejects the generated {config['provider']['type']} config: {message}") from None
     finally:

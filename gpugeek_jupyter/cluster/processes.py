@@ -10,6 +10,7 @@ CLI's own stop command, which would kill every Ray on the machine, a user's own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -64,16 +65,12 @@ def session_processes(session_id: int, since: float, marker: str | None = None) 
 def stop_processes(procs: Sequence[psutil.Process], grace: float = 3.0) -> int:
     """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. Returns how many stopped."""
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.terminate()
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=grace)
     return len(procs)
 
@@ -96,19 +93,15 @@ def preempt_tree(proc: psutil.Process, grace: float = 2.0) -> int:
     except psutil.Error:
         return 0
     for member in family:
-        try:
+        with contextlib.suppress(psutil.Error):
             member.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_running(m) for m in family):
         time.sleep(0.05)
     for member in family:
         if _running(member):
-            try:
+            with contextlib.suppress(psutil.Error):
                 member.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
     return len(family)
 
 

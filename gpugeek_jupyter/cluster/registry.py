@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, fields
@@ -17,6 +18,8 @@ from pathlib import Path
 from .. import store
 from ..config import home
 from . import processes
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")   # a cluster's name: also a path and URL part
 
 
 @dataclass
@@ -39,6 +42,7 @@ class ClusterRecord:
     stopping: float | None
     stopped: float | None
     stop_reason: str | None
+    start_failed: str | None = None   # its `up` failed and so did stopping what had started
 
     @property
     def live(self) -> bool:

@@ -14,9 +14,11 @@ import os
 import time
 from pathlib import Path
 
+import psutil
+
 from ..errors import GpugeekError
 from ..meter import ledger
-from ..meter.raynodes import RayNode, read_nodes
+from ..raynodes import RayNode, read_nodes
 from . import processes
 from .spec import ClusterSpec
 
@@ -142,5 +144,5 @@ def scale(name: str, spec: ClusterSpec, address: str, temp_dir: str, workers: in
 def _cmdline(proc) -> list[str]:
     try:
         return proc.cmdline()
-    except Exception:
+    except psutil.Error:       # gone, or not ours to read
         return []

@@ -1,24 +1,16 @@
-"""What to provision: node types made from catalog offers, each with its price.
+"""What a cluster is made of: node types, each an offer bought one way at its $/h.
 
 Every backend turns the same ``ClusterSpec`` into its own form — autoscaler node types for the
 simulated cluster, a cluster-launcher YAML for a cloud, a RayCluster manifest for KubeRay — and the
-ledger prices nodes from it. Offers come from ``--offer ID``, a plan's ``.best`` or ``--gpu/--count``
-(the cheapest match); prices come from the catalog only.
+ledger prices nodes from it. Plain data, stored as JSON in the registry and read by every process
+(the watchdog too), so it loads nothing heavy; ``nodetypes`` builds it from the catalog.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 from dataclasses import asdict, dataclass, field, fields
 
-import pandas as pd
-
-from ..catalog.offers import find_offers, load_catalog, price_column
-from ..errors import GpugeekError, NoMatchingOffers
-from ..meter.ledger import NodePrice
-
-CLOUD_PROVIDERS = ("aws", "gcp", "azure")
+from ..vocab import NodePrice
 
 
 @dataclass
@@ -84,88 +76,3 @@ class ClusterSpec:
         data["node_types"] = [NodeType(**t) for t in data.get("node_types", [])]
         data["head_price"] = NodePrice(**data["head_price"])
         return cls(**data)
-
-
-def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None,
-                  count: int | None = None, pricing: str = "on-demand",
-                  provider: str | None = None, catalog: str | None = None) -> tuple[pd.Series, int | None]:
-    """The offer to build from, and the node count a plan asks for (else None)."""
-    given = [name for name, value in (("--offer", offer), ("--plan", plan), ("--gpu", gpu)) if value is not None]
-    if len(given) > 1:
-        raise GpugeekError(f"give one of {', '.join(given)}, not several")
-    price_column(pricing)
-    if plan is not None:
-        best = getattr(plan, "best", None)
-        if best is None:
-            why = getattr(plan, "why_empty", "") or "it has no offer that fits"
-            raise GpugeekError(f"--plan: the plan has no best offer ({why})")
-        row, nodes = _offer_by_id(best["id"], catalog), int(best.get("nodes", 1))
-    elif offer is not None:
-        row, nodes = _offer_by_id(offer, catalog), None
-    elif gpu is not None:
-        frame = find_offers(gpu=gpu, count=count, pricing=pricing, provider=provider, catalog=catalog)
-        row, nodes = _offer_by_id(frame.iloc[0]["id"], catalog), None
-    else:
-        raise GpugeekError("say what to run on: --offer ID, --plan VAR or --gpu NAME [--count N]")
-    if provider and row["provider"] != provider:
-        raise GpugeekError(
-            f"offer {row['id']} is a {row['provider']} offer — the {provider} backend needs a "
-            f"{provider} offer (try --gpu {row['gpu']} --count {int(row['gpu_count'])})")
-    column = price_column(pricing)
-    if pd.isna(row[column]):
-        raise GpugeekError(f"offer {row['id']} has no {pricing} price in the catalog — "
-                           f"use --pricing on-demand or another offer")
-    return row, nodes
-
-
-def _offer_by_id(offer_id: str, extra: str | None = None) -> pd.Series:
-    catalog = load_catalog(extra)
-    hits = catalog[catalog["id"] == offer_id]
-    if hits.empty:
-        close = difflib.get_close_matches(offer_id, catalog["id"].tolist(), n=3, cutoff=0.6)
-        hint = f" — did you mean {', '.join(close)}?" if close else " — `%gpugeek offers` lists ids"
-        raise NoMatchingOffers(f"no offer with id {offer_id!r}{hint}", close)
-    return hits.iloc[0]
-
-
-def node_type_name(row: pd.Series, pricing: str) -> str:
-    """``a100x8-spot``: readable in ``ray status`` and valid as a Kubernetes group name."""
-    base = re.sub(r"[^a-z0-9]+", "-", f"{row['gpu']}x{int(row['gpu_count'])}".lower()).strip("-")
-    return f"{base}-{pricing}"
-
-
-def build_spec(backend: str, row: pd.Series, *, pricing: str, workers: int, max_workers: int,
-               spot_fallback: bool) -> ClusterSpec:
-    """Node types for ``row``: the chosen pricing, plus an on-demand stand-in with --spot-fallback."""
-    if spot_fallback and pricing != "spot":
-        raise GpugeekError("--spot-fallback only makes sense with --pricing spot")
-    on_demand = _price(row, "on-demand")
-    common = dict(
-        offer_id=row["id"], provider=row["provider"], instance_type=row["instance_type"],
-        region=row["region"] or "", zone=row["zone"] or "", gpu=row["gpu"],
-        gpu_count=int(row["gpu_count"]), gpu_mem_gib=_num(row["gpu_mem_gib"]),
-        vcpus=_num(row["vcpus"]), mem_gib=_num(row["mem_gib"]), on_demand_usd_per_hour=on_demand,
-    )
-    primary = NodeType(name=node_type_name(row, pricing), pricing=pricing,
-                       usd_per_hour=_price(row, pricing), min_workers=workers,
-                       max_workers=max_workers, **common)
-    spec = ClusterSpec(backend=backend, node_types=[primary], pricing=pricing,
-                       spot_fallback=spot_fallback)
-    if pricing == "reserved":
-        spec.notes.append("reserved $/h is an estimate: on-demand less the configured discount")
-    if spot_fallback:
-        if on_demand is None:
-            raise GpugeekError(f"offer {row['id']} has no on-demand price to fall back to")
-        spec.node_types.append(NodeType(
-            name=node_type_name(row, "on-demand"), pricing="on-demand", usd_per_hour=on_demand,
-            min_workers=0, max_workers=max_workers, replaces_preempted=primary.name, **common))
-    return spec
-
-
-def _price(row: pd.Series, pricing: str) -> float | None:
-    value = row[price_column(pricing)]
-    return None if pd.isna(value) else float(value)
-
-
-def _num(value) -> float | None:
-    return None if pd.isna(value) else float(value)

@@ -18,11 +18,11 @@ import sys
 import time
 import traceback
 
-from ..config import settings
+from ..config import BUDGET_WARN_AT, settings
 from ..meter import ledger
-from ..meter.raynodes import ClusterUnreachable, read_nodes
+from ..raynodes import ClusterUnreachable, read_nodes
 from . import processes, registry
-from .manage import BUDGET_WARN_AT, shutdown
+from .lifecycle import shutdown
 from .spec import ClusterSpec
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone

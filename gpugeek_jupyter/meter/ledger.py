@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-
-import pandas as pd
+from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from .. import store
-from ..errors import GpugeekError
-from .raynodes import RayNode
+from ..raynodes import RayNode
+from ..vocab import UNPRICED, CostGrouping, NodePrice
 
-BY = ("node", "job", "pricing", "node_type")
-
-
-@dataclass(frozen=True)
-class NodePrice:
-    """What one node of a node type costs: the offer, how it was bought, and $/h."""
-
-    offer_id: str | None
-    pricing: str                      # on-demand | spot | reserved | local | unpriced
-    usd_per_hour: float
-    on_demand_usd_per_hour: float | None = None
-
-
-UNPRICED = NodePrice(offer_id=None, pricing="unpriced", usd_per_hour=0.0)
+if TYPE_CHECKING:  # pandas loads with the first table: the watchdog and the server need none
+    import pandas as pd
 
 
 def sync_nodes(cluster_id: int, nodes: Iterable[RayNode], prices: Mapping[str, NodePrice]) -> int:
@@ -119,7 +106,8 @@ def last_job_end(cluster_id: int) -> float | None:
     return store.query("SELECT MAX(ended) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
 
 
-def idle_since(cluster_id: int, nodes: Iterable[RayNode], since: float | None, now: float | None = None) -> float | None:
+def idle_since(cluster_id: int, nodes: Iterable[RayNode], since: float | None,
+               now: float | None = None) -> float | None:
     """When the cluster became idle — no job running, every node idle by Ray's own account —
     or None while anything runs. ``since`` is the previous answer: Ray reports how long a node
     had been idle when it last changed state, so idleness is carried forward between looks."""
@@ -148,6 +136,8 @@ def record_samples(cluster_id: int, job_id: str, samples: Iterable[dict]) -> int
 
 def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
     import json
+
+    import pandas as pd
 
     sql = "SELECT * FROM samples WHERE cluster_id=?" + (" AND job_id=?" if job_id else "") + " ORDER BY at"
     rows = store.query(sql, (cluster_id, job_id) if job_id else (cluster_id,))
@@ -183,6 +173,8 @@ def take_unshown_events(cluster_id: int) -> list[dict]:
 
 def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
     """One row per node: lifetime (open nodes run to ``now``), hours, $ and what spot saved."""
+    import pandas as pd
+
     now = time.time() if now is None else now
     rows = [dict(r) for r in store.query(
         "SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id", (cluster_id,))]
@@ -200,8 +192,12 @@ def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
 
 
 def spend(cluster_id: int, now: float | None = None) -> float:
-    """Dollars so far: Σ $/h × hours over every node, open ones up to ``now``."""
-    return float(nodes_frame(cluster_id, now)["usd"].sum())
+    """Dollars so far: Σ $/h × hours over every node, open ones up to ``now`` (what
+    ``nodes_frame``'s ``usd`` column adds up to, in SQL: the watchdog asks every few seconds)."""
+    now = time.time() if now is None else now
+    return float(store.query(
+        "SELECT COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0) / 3600.0"
+        " FROM nodes WHERE cluster_id=?", (now, cluster_id))[0][0])
 
 
 def burn_rate(cluster_id: int) -> float:
@@ -213,8 +209,9 @@ def burn_rate(cluster_id: int) -> float:
 
 def cost_table(cluster_id: int, by: str = "node", now: float | None = None) -> pd.DataFrame:
     """Dollars grouped ``by`` node, node_type, pricing or job."""
-    if by not in BY:
-        raise GpugeekError(f"--by {by!r}: use one of {', '.join(BY)}")
+    import pandas as pd
+
+    by = CostGrouping.parse(by, "--by")
     nodes = nodes_frame(cluster_id, now)
     if by == "node":
         return nodes[["node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "started",
@@ -233,6 +230,8 @@ def cost_table(cluster_id: int, by: str = "node", now: float | None = None) -> p
 def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataFrame:
     """Jobs share the cluster's burn while they run: at each instant the $/h of the nodes alive is
     split evenly among the jobs running, so the jobs never add up to more than the cluster cost."""
+    import pandas as pd
+
     now = time.time() if now is None else now
     jobs = [dict(r) for r in store.query(
         "SELECT * FROM jobs WHERE cluster_id=? ORDER BY started", (cluster_id,))]
@@ -242,7 +241,7 @@ def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataF
     rate = nodes["usd_per_hour"].astype(float).to_numpy()
     cuts = sorted({t for span in spans for t in span} | set(n_start) | set(n_end))
     usd = [0.0] * len(jobs)
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in pairwise(cuts):
         mid = (a + b) / 2
         running = [i for i, (j0, j1) in enumerate(spans) if j0 <= mid < j1]
         if not running:
@@ -252,5 +251,5 @@ def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataF
             usd[i] += burn * (b - a) / 3600.0 / len(running)
     out = [{"job_id": j["job_id"], "name": j["name"], "status": j["status"], "workers": j.get("workers"),
             "nodes": j.get("nodes"), "hours": (j1 - j0) / 3600.0, "usd": u}
-           for j, (j0, j1), u in zip(jobs, spans, usd)]
+           for j, (j0, j1), u in zip(jobs, spans, usd, strict=True)]
     return pd.DataFrame(out, columns=["job_id", "name", "status", "workers", "nodes", "hours", "usd"])

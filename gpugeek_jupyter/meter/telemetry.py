@@ -18,11 +18,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import psutil
 
 from .. import store
+
+if TYPE_CHECKING:  # the samplers on the nodes never build a table
+    import pandas as pd
 
 MIN_INTERVAL_S = 1.0          # the cap: at most one sample per second per node
 BUFFER_SAMPLES = 3600         # an hour at 1 Hz; if undrained, the oldest are dropped (and counted)
@@ -49,7 +52,7 @@ def _nvml_state() -> tuple[bool, str | None]:
                 _nvml = (True, None)
             except ImportError as exc:
                 _nvml = (False, f"NVML not available: pynvml not installed ({exc})")
-            except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, …
+            except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, …
                 _nvml = (False, f"NVML not available: {exc}")
         return _nvml
 
@@ -88,13 +91,13 @@ def gpu_samples() -> list[dict]:
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         row: dict = {"gpu": index, "uuid": _text(pynvml.nvmlDeviceGetUUID(handle))}
-        util = supported(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
+        util = supported(lambda handle=handle: pynvml.nvmlDeviceGetUtilizationRates(handle))
         if util is not None:
             row["gpu_util"] = util.gpu
-        memory = supported(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))
+        memory = supported(lambda handle=handle: pynvml.nvmlDeviceGetMemoryInfo(handle))
         if memory is not None:
             row["gpu_mem_used"], row["gpu_mem_total"] = int(memory.used), int(memory.total)
-        milliwatts = supported(lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
+        milliwatts = supported(lambda handle=handle: pynvml.nvmlDeviceGetPowerUsage(handle))
         if milliwatts is not None:
             row["power_w"] = milliwatts / 1000.0
         rows.append(row)
@@ -162,7 +165,7 @@ class NodeSampler:
         for name, read in self._sources:
             try:
                 sample[name] = read()
-            except Exception as exc:  # keep sampling the rest; info() shows what failed
+            except Exception as exc:  # noqa: BLE001 - keep sampling the rest; info() shows what failed
                 self._errors[name] = f"{type(exc).__name__}: {exc}"
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
@@ -244,14 +247,16 @@ def node_samples_frame(cluster_id: int, since: float | None = None,
     """Rows with ``since <= at < until``, sorted by ``at``: node_id, at, device, uuid, then one
     float column per metric (NaN where that device did not report it). ``metrics`` picks a few
     (read by SQLite's ``json_extract``: hours of samples load in a fraction of the time)."""
+    import pandas as pd
+
     if metrics is not None:
         return _metrics_frame(cluster_id, since, until, list(metrics))
     sql = "SELECT node_id, at, device, metrics FROM node_samples WHERE cluster_id=?"
     params: list = [cluster_id]
     if since is not None:
-        sql, params = sql + " AND at>=?", params + [since]
+        sql, params = sql + " AND at>=?", [*params, since]
     if until is not None:
-        sql, params = sql + " AND at<?", params + [until]
+        sql, params = sql + " AND at<?", [*params, until]
     records = [{"node_id": r["node_id"], "at": r["at"], "device": r["device"],
                 **json.loads(r["metrics"])}
                for r in store.query(sql + " ORDER BY at, node_id, device", tuple(params))]
@@ -264,6 +269,8 @@ def node_samples_frame(cluster_id: int, since: float | None = None,
 
 
 def _metrics_frame(cluster_id: int, since, until, metrics: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
     unknown = set(metrics) - set(METRICS)
     if unknown:
         raise ValueError(f"unknown metrics: {sorted(unknown)}")
@@ -271,9 +278,9 @@ def _metrics_frame(cluster_id: int, since, until, metrics: list[str]) -> pd.Data
     sql = f"SELECT node_id, at, device{picks} FROM node_samples WHERE cluster_id=?"
     params: list = [cluster_id]
     if since is not None:
-        sql, params = sql + " AND at>=?", params + [since]
+        sql, params = sql + " AND at>=?", [*params, since]
     if until is not None:
-        sql, params = sql + " AND at<?", params + [until]
+        sql, params = sql + " AND at<?", [*params, until]
     rows = store.query(sql + " ORDER BY at, node_id, device", tuple(params))
     frame = pd.DataFrame([tuple(r) for r in rows], columns=["node_id", "at", "device", *metrics])
     return frame.astype({"at": float, **{m: float for m in metrics}})

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 
 from .. import store
-from ..cluster import manage, registry
+from ..cluster import lifecycle, registry
 from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
+from ..vocab import ClusterPhase
 
 STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
 UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
@@ -108,14 +109,14 @@ def stop(name: str) -> dict:
         spent = _money([past.id], time.time()).get(past.id, {}).get("spent_usd", 0.0)
         raise AlreadyStopped(f"cluster {name!r} already stopped ({past.stop_reason}); it cost "
                              f"${spent:,.2f}{' (simulated)' if past.simulated else ''}")
-    if manage.starting(record):
+    if lifecycle.starting(record):
         # `up` is still at work (`ray up` on a cloud, a head starting here): a stop now would race
         # it and could leave half a cluster running that the ledger calls stopped
         raise StillStarting(f"cluster {name!r} is still starting — shut it down once it is up "
                             f"(its `up` cell has finished)")
     detaching = record.backend == "attach"
     reason = "detached (from JupyterLab)" if detaching else "down (from JupyterLab)"
-    manage.shutdown(record, reason, sync=False)
+    lifecycle.shutdown(record, reason, sync=False)
     record = registry.get(record.id)
     if record.stopped is None:
         raise GpugeekError(f"cluster {name!r} is still stopping elsewhere — refresh in a minute")
@@ -158,17 +159,16 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
     money = money or {}
     spent = float(money.get("spent_usd") or 0.0)
     budget = record.budget_usd
-    state = ("stopped" if record.stopped else "stopping" if record.stopping
-             else "starting" if manage.starting(record) else "running")
-    attached = registry.attached_kernels(record.id) if state == "running" else []
-    orphan = state == "running" and not attached
+    phase = lifecycle.phase_of(record)
+    state = lifecycle.state_of(record, registry.attached_kernels(record.id)
+                               if phase is ClusterPhase.RUNNING else [])
     return {
         "id": record.id,        # names come back after `down`; the id tells the runs apart
         "name": record.name,
         "backend": record.backend,
         "live": record.live,
-        "state": state,
-        "status": manage.state_of(record, attached),
+        "state": state.phase.value,
+        "status": state.describe(record.name),
         "simulated": record.simulated,
         "nodes": int(money.get("nodes") or 0),
         "gpus": float(money.get("gpus") or 0.0),
@@ -178,7 +178,8 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
         "budget_used": spent / budget if budget else None,
         "budget_warn_at": BUDGET_WARN_AT,
         "idle_minutes": record.idle_minutes,
-        "orphan": orphan,
+        "orphan": state.orphan,
+        "watchdog_gone": state.watchdog_gone,
         "address": record.address,
         "dashboard_url": record.spec.get("dashboard_url") if record.live else None,
         "attach_code": attach_code(record.name),

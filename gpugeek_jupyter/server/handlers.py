@@ -14,7 +14,7 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
-from ..cluster.manage import NAME
+from ..cluster.registry import NAME
 from ..errors import GpugeekError
 from . import clusters
 

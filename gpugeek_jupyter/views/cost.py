@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..config import BUDGET_WARN_AT as WARN_AT   # where the watchdog warns
+from ..config import BUDGET_WARN_AT as WARN_AT  # where the watchdog warns
 
 
 def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:

@@ -73,7 +73,8 @@ def job_figure(samples: pd.DataFrame, *, title: str) -> go.Figure:
                 x=rows["seconds"], y=rows[y_col], mode="lines+markers", marker={"size": 4},
                 name=f"rank {rank}", legendgroup=f"rank {rank}", showlegend=i == _first_panel(data),
                 line={"color": COLOURS[int(rank) % len(COLOURS)]},
-                customdata=rows["step"], hovertemplate=f"step %{{customdata}}: %{{y:.4g}} {unit}<extra>rank {rank}</extra>",
+                customdata=rows["step"],
+                hovertemplate=f"step %{{customdata}}: %{{y:.4g}} {unit}<extra>rank {rank}</extra>",
             ), row=row + 1, col=col + 1)
         fig.update_xaxes(title_text="seconds", row=row + 1, col=col + 1)
     fig.update_layout(title=title, template="plotly_white", height=520, legend_title="worker",

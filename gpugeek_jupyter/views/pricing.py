@@ -13,7 +13,7 @@ def frontier(offers: pd.DataFrame) -> pd.DataFrame:
     data = data.sort_values(["price_per_gpu_hour", "peak_tflops"], ascending=[True, False])
     best = -np.inf
     keep = []
-    for index, tflops in zip(data.index, data["peak_tflops"]):
+    for index, tflops in zip(data.index, data["peak_tflops"], strict=True):
         if tflops > best:
             keep.append(index)
             best = tflops

@@ -62,7 +62,8 @@ def utilisation_heatmap(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: fl
     gpus = _gpu_rows(samples)
     fig = go.Figure()
     if not gpus.empty:
-        metric, rows = "gpu_util", gpus.assign(label=[_label(n, d) for n, d in zip(gpus["node_id"], gpus["device"])])
+        labels = [_label(n, d) for n, d in zip(gpus["node_id"], gpus["device"], strict=True)]
+        metric, rows = "gpu_util", gpus.assign(label=labels)
         idle = idle_dollars(samples, nodes, below=below, now=now) if idle is None else idle
         idle_usd, usd = float(idle["idle_usd"].sum()), float(idle["usd"].sum())
         sim = " (simulated $)" if simulated else ""

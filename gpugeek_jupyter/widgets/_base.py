@@ -1,5 +1,5 @@
-"""What every widget here shares: knowing when a widget can be shown, one mimebundle with a
-widget, HTML and text, a figure redrawn in place, a background refresher, and the panel base."""
+"""What every widget here shares: one mimebundle with the widget, HTML and text, a figure
+redrawn in place, a background refresher, and the panel base."""
 
 from __future__ import annotations
 
@@ -7,32 +7,24 @@ import html
 import json
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 import ipywidgets as w
 import plotly.graph_objects as go
 
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+from ..display import WIDGET_MIME
+from ..errors import GpugeekError
 
 
-def in_kernel() -> bool:
-    """True inside a Jupyter kernel (JupyterLab, VS Code, nbclient): there widgets can render.
-    In plain IPython or a script there is no front end, so only HTML and text are produced."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+def widget_view(widget: w.Widget) -> dict:
+    """The widget's own view bundle (not an override of ours): what a front end renders."""
+    view = w.Widget._repr_mimebundle_(widget)
+    return {WIDGET_MIME: view[WIDGET_MIME]} if view and WIDGET_MIME in view else {}
 
 
-def bundle(text: str, html_text: str, widget=None) -> dict:
-    """A display bundle: the widget where a front end can show it, else HTML, else text."""
-    data = {"text/plain": text, "text/html": html_text}
-    if widget is not None:
-        view = w.Widget._repr_mimebundle_(widget)   # the view itself, not our override
-        if WIDGET_MIME in view:
-            data[WIDGET_MIME] = view[WIDGET_MIME]
-    return data
+def bundle(text: str, html_text: str, widget: w.Widget | None = None) -> dict:
+    """A widget's display bundle: the widget where a front end can show it, else HTML, else text."""
+    return {"text/plain": text, "text/html": html_text, **(widget_view(widget) if widget is not None else {})}
 
 
 def lines_html(lines: list[str]) -> str:
@@ -82,7 +74,7 @@ class Refresher:
     threads never pile up. ``lock`` is held around each refresh; the panel's buttons take it too.
     """
 
-    _running: dict[tuple, Refresher] = {}
+    _running: ClassVar[dict[tuple, Refresher]] = {}
     _registry_lock = threading.Lock()
 
     def __init__(self, refresh: Callable[[], bool], period: float, on_error: Callable[[str], None],
@@ -135,8 +127,6 @@ class LivePanel(w.VBox):
 
     def _act(self, action) -> None:
         """Run a button's action with the refresh paused; a bad input is one line, not a traceback."""
-        from ..errors import GpugeekError
-
         try:
             with self.refresher.lock:
                 action()

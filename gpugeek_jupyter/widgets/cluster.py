@@ -13,9 +13,10 @@ import html
 
 import ipywidgets as w
 
-from ..cluster import manage
+from .. import api
 from ..config import BUDGET_WARN_AT
 from ..units import duration
+from ..vocab import ClusterPhase
 from ._base import LivePanel, Refresher, bundle, lines_html
 
 REFRESH_S = 2.0
@@ -48,20 +49,20 @@ class ClusterPanel(LivePanel):
         self.refresh()
         self.refresher = Refresher(self.refresh, period, self._error, key=("cluster", name))
         self.refresher.on_superseded = self._say
-        if start and not self.status.state.startswith("stopped"):
+        if start and self.status.phase.live:
             self.refresher.start()
 
     # -- state ------------------------------------------------------------------------------------
 
     @property
     def live(self) -> bool:
-        return self.status is not None and not self.status.state.startswith(("stopped", "stopping"))
+        return self.status is not None and self.status.phase not in (ClusterPhase.STOPPING, ClusterPhase.STOPPED)
 
     def refresh(self) -> bool:
         """Read the cluster's status once and show it; False once it has stopped (a cluster
         that is stopping is looked at again, so the panel ends on its final cost)."""
         first = self.status is None
-        status = manage.status(self.name, sync=first)     # later looks read the ledger only
+        status = api.status(self.name, sync=first)     # later looks read the ledger only
         self.status = status
         sim = " <b style='color:#b35c00'>SIMULATED $</b>" if status.simulated else ""
         self.header.value = (f"<b>{html.escape(status.name)}</b> · {html.escape(status.backend)} · "
@@ -88,7 +89,7 @@ class ClusterPanel(LivePanel):
             self.workers.value = workers
         for button in (self.scale_button, self.down_button, self.workers):
             button.disabled = not self.live
-        return not status.state.startswith("stopped")
+        return status.phase.live
 
     @staticmethod
     def _idle_text(status) -> str:
@@ -103,7 +104,7 @@ class ClusterPanel(LivePanel):
     # -- buttons ----------------------------------------------------------------------------------
 
     def scale(self) -> None:
-        manage.scale(int(self.workers.value), self.name)
+        api.scale(int(self.workers.value), self.name)
         self._say(f"scaling to {self.workers.value} worker node(s)")
 
     def shut_down(self) -> None:
@@ -117,7 +118,7 @@ class ClusterPanel(LivePanel):
         self.down_button.description = "Shut down"
         self._say("shutting down…")
         self.refresher.stop(wait=0)      # the click holds its lock: no refresh is in progress or can start
-        manage.down(self.name)
+        api.down(self.name)
         self.refresh()
         self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
                   + (" (simulated)" if self.status.simulated else ""))

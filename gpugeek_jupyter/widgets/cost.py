@@ -12,10 +12,11 @@ import threading
 
 import ipywidgets as w
 
+from .. import api
+from ..vocab import CostGrouping
 from ._base import LiveFigure, LivePanel, Refresher, bundle
 
 REFRESH_S = 5.0
-GROUPINGS = ("node", "node_type", "pricing", "job")
 
 
 class CostDashboard(LivePanel):
@@ -23,7 +24,7 @@ class CostDashboard(LivePanel):
                  start: bool = True):
         self.name = name
         self.summary = w.HTML()
-        self.by = w.ToggleButtons(options=GROUPINGS, value=by, description="by",
+        self.by = w.ToggleButtons(options=CostGrouping.values(), value=by, description="by",
                                   style={"button_width": "90px"})
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.table = w.HTML()
@@ -43,10 +44,8 @@ class CostDashboard(LivePanel):
 
     def refresh(self, report=None) -> bool:
         """Redraw from the ledger; False once the cluster has stopped (nothing more to add)."""
-        from ..api import cost
-
         if report is None or report.by != self.by.value:     # the thread reads the ledger only
-            report = cost(self.name, by=self.by.value, sync=threading.current_thread() is threading.main_thread())
+            report = api.cost(self.name, by=self.by.value, sync=threading.current_thread() is threading.main_thread())
         self.report = report
         self.summary.value = f"<b>{html.escape(report.summary())}</b>"
         self.table.value = report.table.to_html(index=False, float_format=lambda x: f"{x:,.4f}",

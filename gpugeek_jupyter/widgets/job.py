@@ -20,8 +20,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..units import duration
 from ..meter import ledger
+from ..units import duration
 from ..views.jobs import job_figure, job_summary
 from ._base import LiveFigure, figure_json
 
@@ -223,7 +223,7 @@ def _live_spec(layout: dict, loss: list[tuple[int, float]], speed: list[tuple[fl
     """Plotly JSON of the live chart, written directly (a figure object per redraw costs ~50 ms
     of the kernel's CPU, which the workers share on a small machine)."""
     def trace(points, axis: str, name: str) -> dict:
-        x, y = (list(v) for v in zip(*points)) if points else ([], [])
+        x, y = (list(v) for v in zip(*points, strict=True)) if points else ([], [])
         return {"type": "scatter", "mode": "lines+markers", "marker": {"size": 3}, "name": name,
                 "x": x, "y": y, "xaxis": f"x{axis}", "yaxis": f"y{axis}"}
     return {"data": [trace(loss, "", "loss"), trace(speed, "2", "samples/s")], "layout": layout}

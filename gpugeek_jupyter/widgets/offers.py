@@ -11,10 +11,12 @@ import html
 import ipywidgets as w
 from IPython.display import display
 
+from .. import api
 from ..catalog.gpus import families
 from ..catalog.offers import load_catalog
 from ..errors import GpugeekError
 from ..views.pricing import price_performance
+from ..vocab import Pricing, Strategy
 from ._base import LiveFigure, bundle
 
 ANY = "any"
@@ -43,7 +45,7 @@ class OfferPicker(w.VBox):
                                           description="min GiB/GPU")
         self.provider = w.Dropdown(options=[ANY, *sorted(everything["provider"].unique())],
                                    value=provider or ANY, description="provider")
-        self.pricing = w.ToggleButtons(options=["on-demand", "spot", "reserved"], value=pricing,
+        self.pricing = w.ToggleButtons(options=Pricing.values(), value=Pricing.parse(pricing, "--pricing").value,
                                        description="pricing", style={"button_width": "90px"})
         self.max_price = w.BoundedFloatText(value=max_price or 0, min=0, max=1e4, step=1,
                                             description="max $/h", tooltip="0: no limit")
@@ -96,11 +98,9 @@ class OfferPicker(w.VBox):
 
     def requery(self) -> None:
         """Ask the catalog again with the current filters; table, chart and choices follow."""
-        from ..api import offers
-
         self.queries += 1
         try:
-            frame = offers(**self.filters())
+            frame = api.offers(**self.filters())
         except GpugeekError as exc:        # nothing matches: say why, keep the last view
             self._say(str(exc), error=True)
             self.offers = None
@@ -121,19 +121,15 @@ class OfferPicker(w.VBox):
     def plan(self):
         """Size a model of ``model size`` parameters against the filtered offers (sharded with
         FSDP over the chosen GPUs per node, if any)."""
-        from ..api import plan
-
         f = self.filters()
-        result = plan(params=self.params.value, gpu=f["gpu"], provider=f["provider"], gpus=f["count"],
-                      strategy="fsdp" if f["count"] and f["count"] > 1 else "ddp",
+        result = api.plan(params=self.params.value, gpu=f["gpu"], provider=f["provider"], gpus=f["count"],
+                      strategy=Strategy.FSDP if f["count"] and f["count"] > 1 else Strategy.DDP,
                       pricing=f["pricing"], catalog=f["catalog"])
         self._show(result)
         return result
 
     def provision(self):
         """Start a cluster on the chosen offer: a sim rehearsal, a dry run, or the real cloud."""
-        from ..api import up
-
         if not self.choice.value:
             raise GpugeekError("no offer chosen — widen the filters")
         offer = self.choice.value
@@ -151,7 +147,7 @@ class OfferPicker(w.VBox):
         self._confirming = False
         self.provision_button.description = "Provision"
         self._say(f"starting {backend} cluster on {offer} …")
-        cluster = up(backend=backend, offer=offer, workers=int(self.workers.value),
+        cluster = api.up(backend=backend, offer=offer, workers=int(self.workers.value),
                      pricing=self.pricing.value, budget=self.budget.value or None,
                      idle=self.idle.value or None, dry_run=kind == "cloud-dry-run", yes=kind == "cloud",
                      catalog=self.catalog)

@@ -7,8 +7,12 @@ import { ServerConnection } from '@jupyterlab/services';
 
 export type Backend = 'local' | 'sim' | 'attach' | 'aws' | 'gcp' | 'azure' | 'kuberay';
 
-/** `starting` while its `%gpugeek up` is still at work (for up to 10 minutes). */
-export type ClusterState = 'starting' | 'running' | 'stopping' | 'stopped';
+/**
+ * Where a cluster is in its life (the server's `ClusterPhase`). `starting` while its
+ * `%gpugeek up` is still at work (for up to 10 minutes); `failed` when that `up` failed and
+ * stopping what it had started failed too: it may still be billing, and a shut down retries.
+ */
+export type ClusterState = 'starting' | 'running' | 'failed' | 'stopping' | 'stopped';
 
 /** One cluster (one run) as `GET gpugeek/clusters` lists it. */
 export interface ICluster {
@@ -18,7 +22,7 @@ export interface ICluster {
   backend: Backend;
   live: boolean;
   state: ClusterState;
-  /** Human-readable, e.g. "running — orphan: no notebook attached". */
+  /** The state said for people, e.g. "running — orphan: no notebook attached". */
   status: string;
   simulated: boolean;
   nodes: number;
@@ -31,6 +35,8 @@ export interface ICluster {
   budget_warn_at: number;
   idle_minutes: number | null;
   orphan: boolean;
+  /** Its watchdog is gone: the budget cap and idle stop are not enforced. */
+  watchdog_gone: boolean;
   address: string | null;
   dashboard_url: string | null;
   /** Notebook-cell source that re-attaches a kernel to this cluster. */

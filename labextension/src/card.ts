@@ -69,6 +69,8 @@ export class ClusterCard {
     this.node.dataset.state = state;
     this.node.classList.toggle('gpugeek-mod-stopped', !cluster.live);
     this.node.classList.toggle('gpugeek-mod-orphan', cluster.orphan);
+    this.node.classList.toggle('gpugeek-mod-failed', cluster.state === 'failed');
+    this.node.classList.toggle('gpugeek-mod-unwatched', cluster.watchdog_gone);
 
     setText(this._toggle, cluster.name);
     setText(this._backend, cluster.backend);
@@ -173,23 +175,24 @@ export class ClusterCard {
 }
 
 namespace Private {
-  /** The server's status line, plus when a stopped cluster stopped and why. */
+  /** The status line, from the cluster's state: the server's words for a live one, and when
+   * and why a stopped one stopped. */
   export function status(cluster: ICluster, stopping: boolean): string {
     if (stopping) {
       return cluster.backend === 'attach' ? 'detaching…' : 'stopping…';
     }
-    if (cluster.state === 'starting') {
-      return `starting… (began ${ago(cluster.created)})`;
+    switch (cluster.state) {
+      case 'starting':
+        return `starting… (began ${ago(cluster.created)})`;
+      case 'stopping':
+        return 'stopping…';
+      case 'stopped': {
+        const reason = cluster.stop_reason ? ` (${cluster.stop_reason})` : '';
+        return cluster.stopped === null ? `stopped${reason}` : `stopped ${ago(cluster.stopped)}${reason}`;
+      }
+      default:
+        return cluster.status;
     }
-    if (cluster.state === 'stopping') {
-      return 'stopping…';
-    }
-    if (cluster.live || cluster.stopped === null) {
-      return cluster.status;
-    }
-    const reason = cluster.stop_reason ? ` (${cluster.stop_reason})` : '';
-    const when = `stopped ${ago(cluster.stopped)}${reason}`;
-    return cluster.status.startsWith('stopped') ? cluster.status : `${cluster.status} · ${when}`;
   }
 
   /** The shutdown button's tooltip. */

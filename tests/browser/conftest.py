@@ -20,8 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from lab import (CHROMIUM, CHROMIUM_ARGS, VIEWPORT, screenshot,  # noqa: E402
-                 shutdown_sessions, start_lab, stop_lab)
+from lab import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, screenshot, shutdown_sessions, start_lab, stop_lab
 
 
 @pytest.hookimpl(wrapper=True)

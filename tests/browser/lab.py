@@ -18,6 +18,7 @@ never used (no internet to its CDN).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -178,27 +179,19 @@ def stop_lab(server: LabServer, timeout: float = 20) -> list[str]:
     except OSError:
         pass
     procs = list(server.processes().values())
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
     deadline = time.monotonic() + 5
     while _alive(procs) and time.monotonic() < deadline:
         time.sleep(0.2)
     left = _alive(procs)
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     server.proc.wait()
     return left
 
@@ -257,12 +250,12 @@ _WATCH_JS = """(panel) => {
   window.__ggObserver.observe(p, {subtree: true, childList: true, characterData: true});
 }"""
 
-_DONE_JS = """(panel) => {
+_DONE_JS = f"""(panel) => {{
   const p = document.querySelector(panel);
   if (!p || !window.__ggRunStarted) return false;
   const busy = [...p.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'));
-  return !busy && (%s)(panel);
-}""" % _KERNEL_IDLE_JS
+  return !busy && ({_KERNEL_IDLE_JS})(panel);
+}}"""
 
 
 @dataclass

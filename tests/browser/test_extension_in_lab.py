@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 import cluster_processes
@@ -89,7 +90,7 @@ def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeyp
         if now != last:
             changes.append(time.monotonic())
             last = now
-    gaps = [b - a for a, b in zip(changes, changes[1:])]
+    gaps = [b - a for a, b in pairwise(changes)]
     assert len(changes) >= 4 and max(gaps) <= POLL_S + 1.0, (changes, gaps)
     api = gpugeek_api(lab, "clusters")
     assert abs(dollars(status_text(page))[0] - api["spent_usd"]) <= 0.01 + USD_PER_HOUR / 3600 * (POLL_S + 1)

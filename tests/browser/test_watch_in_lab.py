@@ -1,6 +1,7 @@
 """The views in a real JupyterLab: a notebook provisions a sim cluster, runs a short job, shows the
-cluster panel — and the browser sees the live job monitor (progress bar, plotly loss chart), the
-static summary and figure the job leaves, and the panel's non-zero simulated dollars."""
+cluster panel and the cost dashboard — and the browser sees the live job monitor (progress bar,
+plotly loss chart), the static summary and figure the job leaves, the panel's non-zero simulated
+dollars, and the dashboard's cost table and figures."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import re
 
 import nbformat
 import pytest
-from lab import (PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot, start_run_all,
-                 wait_run_done)
+from lab import PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot, start_run_all, wait_run_done
 
 CELLS = [
     "%load_ext gpugeek_jupyter\n%gpugeek up lab-sim --backend sim --gpu A100 --count 8 --workers 1 --budget 5",
@@ -27,6 +27,7 @@ for x, y in gg.steps(loader, epochs=8):
     time.sleep(0.02)
 gg.step""",
     "%gpugeek status",
+    "%gpugeek cost --by pricing",
     "%gpugeek down lab-sim",
 ]
 
@@ -60,6 +61,15 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     assert dollars > 0, spend.inner_text()
     assert "SIMULATED" in status.inner_text() and "budget" in status.inner_text()
 
+    # the cost dashboard of `cost`: its summary, the table grouped as asked, and its three figures
+    dashboard = cells.nth(3).locator(".gpugeek-cost-dashboard")
+    dashboard.wait_for(timeout=120_000)
+    dashboard.locator(".jp-RenderedPlotly svg.main-svg").nth(2).wait_for(timeout=30_000)
+    text = dashboard.inner_text()
+    assert "lab-sim: $" in text and "simulated" in text and "on-demand" in text, text
+    assert dashboard.locator(".gpugeek-cost-table").count() == 1
+    screenshot(page, "watch-3-cost-dashboard", dashboard)
+
     run = wait_run_done(page, timeout=120, path=path)
     assert run.executed == len(CELLS), run
 
@@ -71,10 +81,10 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     assert "lab-job: finished" in summary.inner_text() and "(simulated)" in summary.inner_text()
     done.locator(".jp-RenderedPlotly svg.main-svg").first.wait_for(timeout=30_000)
     assert done.locator(".gpugeek-job").count() == 0, "the live widget was replaced"
-    assert "stopped: lab-sim" in cells.nth(3).inner_text()
+    assert "stopped: lab-sim" in cells.nth(4).inner_text()
     # the panel's own refresh (every 2 s, from a thread in the kernel) ends on the stop
     page.wait_for_function("(el) => el.innerText.includes('stopped (down)')",
                            arg=status.element_handle(), timeout=30_000)
-    screenshot(page, "watch-3-after-the-run")
+    screenshot(page, "watch-4-after-the-run")
     assert float(re.sub(r"[$,]", "", status.locator(".gpugeek-spend").inner_text())) >= dollars
     assert error_outputs(page, stderr=False) == []

@@ -15,8 +15,8 @@ from tornado.httpclient import HTTPClientError
 
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.meter.ledger import NodePrice
-from gpugeek_jupyter.meter.raynodes import RayNode
+from gpugeek_jupyter.raynodes import RayNode
+from gpugeek_jupyter.vocab import NodePrice
 
 
 def node(node_id: str, started: float, gpus: float = 8, ended: float | None = None, head=False) -> RayNode:

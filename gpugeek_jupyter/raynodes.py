@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import GpugeekError
+from .errors import GpugeekError
 
 
 class ClusterUnreachable(GpugeekError):
@@ -69,14 +69,19 @@ def use_token_auth() -> None:
 
 
 def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:
-    """Every node the cluster at ``address`` (host:port of its GCS) has known, dead ones too."""
+    """Every node the cluster at ``address`` (host:port of its GCS) has known, dead ones too.
+    ``ClusterUnreachable`` when nothing answers there; any other error is raised as it is."""
     from ray._raylet import GcsClient
+    from ray.exceptions import RpcError
 
     use_token_auth()
     try:
         client = GcsClient(address=address)
         table = client.get_all_node_info(timeout=timeout)
-    except Exception as exc:  # grpc errors come through as several Ray exception types
+    # Only what means "nothing answered": Ray's RPC failure (refused, timed out, GCS gone) and the
+    # OS's. Anything else — a TypeError after a Ray upgrade changed this private API, say — is a
+    # bug and surfaces: called "unreachable", it would have the watchdog stop a healthy cluster.
+    except (RpcError, ConnectionError, TimeoutError) as exc:
         raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
     return [_node(info) for info in table.values()]
 

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..blocks import repeated_blocks
 from ..errors import GpugeekError
 
 InputMaker = Callable[[int, "int | None", torch.device], tuple]
@@ -33,17 +34,6 @@ class Sample:
     saved_bytes: float
     largest_block_bytes: float
     forward_flops: float
-
-
-def repeated_blocks(model: nn.Module, class_name: str | None = None) -> list[nn.Module]:
-    """The blocks to checkpoint: children of every ``nn.ModuleList`` (or modules of ``class_name``)."""
-    if class_name:
-        return [m for m in model.modules() if type(m).__name__ == class_name]
-    blocks = []
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList):
-            blocks.extend(child for child in module if any(True for _ in child.parameters()))
-    return blocks
 
 
 def input_maker(model: nn.Module, example: object = None) -> InputMaker:
@@ -154,10 +144,7 @@ def _run(model: nn.Module, inputs: tuple, precision: str, blocks: list[nn.Module
     try:
         with torch.enable_grad(), _autocast(device, precision), flops, \
                 torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
-            if params is None:
-                output = model(*inputs)
-            else:
-                output = torch.func.functional_call(model, params, inputs)
+            output = model(*inputs) if params is None else torch.func.functional_call(model, params, inputs)
             # The loss keeps a tensor the size of the output (e.g. log-probabilities).
             for out in _tensors(output):
                 if out.requires_grad:
@@ -214,7 +201,7 @@ def measure(model: nn.Module, batch: int, seq: int | None, precision: str, grad_
             return _measure_scaled(model, make, blocks, batch, seq, precision, grad_ckpt, device)
     except GpugeekError:
         raise
-    except Exception as exc:  # the user's forward failed on our synthetic batch
+    except Exception as exc:  # noqa: BLE001 - the user's forward failed on our synthetic batch
         first_line = (str(exc).strip().splitlines() or [""])[0][:200]
         raise GpugeekError(
             f"running {type(model).__name__} on a test batch failed ({type(exc).__name__}: "
@@ -263,7 +250,7 @@ def _measure_scaled(model, make, blocks, batch, seq, precision, grad_ckpt, devic
 def _quadratic(xs: tuple[int, ...], ys: list[float], x: float) -> float:
     """Lagrange interpolation through three points (exact for a + b·s + c·s²)."""
     total = 0.0
-    for i, (xi, yi) in enumerate(zip(xs, ys)):
+    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):
         term = yi
         for j, xj in enumerate(xs):
             if j != i:

@@ -17,9 +17,6 @@ if TYPE_CHECKING:  # torch loads when a model is planned, not when the package i
 from ..errors import GpugeekError
 
 GIB = 1024**3
-PRECISIONS = ("bf16", "fp16", "fp32")
-OPTIMIZERS = ("adam", "adamw", "sgd")
-STRATEGIES = ("ddp", "fsdp")
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}  # tensors of param size: m, v / momentum
 STEP_TENSOR_BYTES = 4  # Adam keeps a float32 'step' scalar per parameter tensor
 CUDA_OVERHEAD_GIB = 1.0  # CUDA context, cuBLAS workspace, NCCL buffers (an estimate)
@@ -89,12 +86,6 @@ class MemoryEstimate:
 
 def total_with_overhead(tensor_gib: float) -> float:
     return tensor_gib * (1 + FRAGMENTATION) + CUDA_OVERHEAD_GIB
-
-
-def check_choice(value: str, choices: tuple[str, ...], flag: str) -> str:
-    if value not in choices:
-        raise GpugeekError(f"{flag} {value!r} is not one of {', '.join(choices)}")
-    return value
 
 
 def from_params(n_params: float, precision: str = "bf16", optimizer: str = "adam",

@@ -19,6 +19,7 @@ import pandas as pd
 from ..catalog import offers as catalog_offers
 from ..errors import GpugeekError
 from ..units import human_count, parse_count, positive_number, whole_number
+from ..vocab import Objective, Optimizer, Precision, Pricing, Strategy
 from . import memory
 
 if TYPE_CHECKING:  # torch loads when a model is planned
@@ -26,7 +27,6 @@ if TYPE_CHECKING:  # torch loads when a model is planned
 
 DEFAULT_MFU = 0.40
 CHINCHILLA_TOKENS_PER_PARAM = 20
-OBJECTIVES = ("cost", "time")
 TABLE_COLUMNS = [
     "id", "provider", "instance_type", "gpu", "gpu_count", "nodes", "gpu_mem_gib",
     "mem_per_gpu_gib", "headroom_gib", "peak_tflops", "est_hours", "est_tokens", "price",
@@ -133,11 +133,11 @@ def plan(
     """
     batch, top = whole_number(batch, "--batch"), whole_number(top, "--top")
     seq, gpus = whole_number(seq, "--seq"), whole_number(gpus, "--gpus")
-    memory.check_choice(precision, memory.PRECISIONS, "--precision")
-    memory.check_choice(optimizer, memory.OPTIMIZERS, "--optimizer")
-    memory.check_choice(strategy, memory.STRATEGIES, "--strategy")
-    memory.check_choice(objective, OBJECTIVES, "--objective")
-    catalog_offers.price_column(pricing)
+    precision = Precision.parse(precision, "--precision").value
+    optimizer = Optimizer.parse(optimizer, "--optimizer").value
+    strategy = Strategy.parse(strategy, "--strategy").value
+    objective = Objective.parse(objective, "--objective").value
+    pricing = Pricing.parse(pricing, "--pricing").value
     if (params is None) == (model is None):
         raise GpugeekError("give exactly one of --params (like 7B) or --model VAR")
     mfu = positive_number(mfu, "--mfu")

@@ -21,30 +21,15 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .options import RunOptions
+
 REPORT_EVERY_S = 1.0
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What ``%%gpugeek run`` asks of the workers. Only ``workers`` and ``gpus_per_worker`` shape
-    the group; the rest are read by ``gg`` at each call, so changing them keeps the namespace."""
-
-    workers: int = 2
-    gpus_per_worker: float = 0.0
-    amp: str = "off"                  # bf16 | fp16 | off
-    grad_ckpt: str | bool = False     # True: nn.ModuleList children; a string: that block class
-    accumulate: int = 1
-    clip: float | None = None
-    strategy: str = "ddp"             # ddp | fsdp
-    checkpoint_every: int | None = None
-    checkpoint_dir: str | None = None
 
 
 class Helper:
@@ -103,7 +88,7 @@ class Helper:
         if self.options.strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            from ..plan.activations import repeated_blocks
+            from ..blocks import repeated_blocks
 
             for block in repeated_blocks(model):
                 fully_shard(block)
@@ -127,7 +112,7 @@ class Helper:
             checkpoint_wrapper,
         )
 
-        from ..plan.activations import repeated_blocks
+        from ..blocks import repeated_blocks
 
         name = self.options.grad_ckpt if isinstance(self.options.grad_ckpt, str) else None
         blocks = set(map(id, repeated_blocks(model, name)))
@@ -154,8 +139,7 @@ class Helper:
         return type(optimizer)(self.model.parameters(), **settings)
 
     def _prepare_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
-        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
-        from torch.utils.data import SequentialSampler
+        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
         if isinstance(loader.sampler, DistributedSampler) or self.world_size == 1:
             return loader
@@ -405,5 +389,5 @@ def _gpu_utilisation(device: torch.device) -> float | None:
         uuid = str(torch.cuda.get_device_properties(device).uuid)
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
         return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML here (or not for this GPU): the report goes without it
         return None

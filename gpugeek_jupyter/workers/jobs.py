@@ -13,58 +13,31 @@ import hashlib
 import uuid
 from dataclasses import replace
 
-from ..cluster import manage, registry
+from ..cluster import registry
+from ..cluster.actions import Cluster
+from ..cluster.registry import ClusterRecord
+from ..cluster.session import current
+from ..cluster.up import up
 from ..config import home
 from ..errors import GpugeekError
 from ..meter import ledger, telemetry
-from .group import RemoteError, WorkerDied, WorkerGroup
-from .helper import RunOptions
-
-_group: WorkerGroup | None = None
-AMP = ("bf16", "fp16", "off")
-STRATEGIES = ("ddp", "fsdp")
+from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
+from .options import JobWatch, Report, RunOptions, options
 
 
-def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
-            grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
-            strategy: str = "ddp", checkpoint_every: int | None = None,
-            checkpoint_dir: str | None = None, name: str | None = None) -> RunOptions:
-    """Check the flags in one place, one line per mistake."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise GpugeekError(f"--workers {workers!r}: must be at least 1")
-    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 1):
-        raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: a worker is one rank on at most one GPU "
-                           f"(a fraction shares one) — for more GPUs use more --workers")
-    if amp not in AMP:
-        raise GpugeekError(f"--amp {amp!r}: use one of {', '.join(AMP)}")
-    if strategy not in STRATEGIES:
-        raise GpugeekError(f"--strategy {strategy!r}: use ddp or fsdp")
-    if not isinstance(accumulate, int) or accumulate < 1:
-        raise GpugeekError(f"--accumulate {accumulate!r}: must be a whole number ≥ 1")
-    if clip is not None and not clip > 0:
-        raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
-    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-        raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
-    if amp == "fp16" and strategy == "fsdp":
-        raise GpugeekError("--amp fp16 with --strategy fsdp needs a sharded gradient scaler — use --amp bf16")
-    return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
-                      grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
-                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
-
-
-def _cluster():
+def _cluster() -> ClusterRecord:
     """The active cluster, or the local default started now (and said so)."""
-    name = manage.active()
+    name = current().active
     record = registry.live(name) if name else None
     if record is None:
         live = registry.all_records(include_stopped=False)
         record = next((r for r in live if r.backend in ("local", "sim", "attach")), None)
         if record is None:
             print("no cluster yet: starting the local one (`%gpugeek up` chooses another)", flush=True)
-            manage.up()
+            up()
             record = registry.live("local")
         else:
-            manage.Cluster(record.name).connect()
+            Cluster(record.name).connect()
     return record
 
 
@@ -73,51 +46,52 @@ def _shape(opts: RunOptions) -> tuple:
     return opts.workers, opts.gpus_per_worker
 
 
-def group_for(opts: RunOptions) -> tuple[WorkerGroup, object]:
+def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster, built if needed."""
-    global _group
+    session = current()
     record = _cluster()
-    changed = _group is not None and _shape(_group.options) != _shape(opts)
-    if _group is not None and (_group.broken or changed or _group.address != record.address):
-        if changed and not _group.broken and _group.address == record.address:
+    old = session.group
+    changed = old is not None and _shape(old.options) != _shape(opts)
+    if old is not None and (old.broken or changed or old.address != record.address):
+        if changed and not old.broken and old.address == record.address:
             print("note: a different number of workers or GPUs — a new worker group; variables "
                   "defined on the old one are gone", flush=True)
-        _group.stop()
-        _group = None
-    if _group is None:
+        old.stop()
+        session.group = None
+    if session.group is None:
         cluster_id = record.id
         group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
                             on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s))
         group.start()
-        _group = group
+        session.group = group
         for note in group.notes:
             print(f"note: {note}", flush=True)
-    return _group, record
+    return session.group, record
 
 
 def drain_telemetry() -> int:
     """Bring the node samplers' latest reports into the ledger (between cells too)."""
-    return _group.drain_telemetry() if _group is not None and not _group.broken else 0
+    group = current().group
+    return group.drain_telemetry() if group is not None and not group.broken else 0
 
 
 def reset() -> bool:
     """Stop the worker group (its namespace goes with it); the next run builds a new one."""
-    global _group
-    if _group is None:
+    session = current()
+    if session.group is None:
         return False
-    _group.stop()
-    _group = None
+    session.group.stop()
+    session.group = None
     return True
 
 
 def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         all_ranks: bool = False, name: str | None = None, max_failures: int = 0, plan=None,
-        watch=None, **flags):
+        watch: type[JobWatch] | None = None, **flags):
     """Run ``source`` on every worker; returns (rank 0's last value, pulled variables).
 
-    ``watch(cluster_id=, job_id=, name=, workers=, simulated=)`` makes an object whose
-    ``update(samples)`` gets the workers' reports as they arrive and ``finish(status)`` the end
-    (the notebook's job monitor); it can never break the job."""
+    ``watch`` makes, per job, what watches it (the notebook's job monitor): it gets the workers'
+    reports as they arrive and the end, and can never break the job."""
     opts = options(name=name, **flags)
     if not isinstance(max_failures, int) or max_failures < 0:
         raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
@@ -134,7 +108,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
-    def on_samples(samples: list[dict]) -> None:
+    def on_samples(samples: list[Report]) -> None:
         ledger.record_samples(cluster_id, job_id, samples)
         watcher.update(samples)
 
@@ -164,7 +138,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         status = "interrupted"
         raise
     except GpugeekError as error:
-        status = "interrupted" if type(error).__name__ == "Interrupted" else "failed"
+        status = "interrupted" if isinstance(error, Interrupted) else "failed"
         raise
     finally:
         ledger.job_ended(cluster_id, job_id, status)
@@ -177,7 +151,7 @@ class _Watcher:
     def __init__(self, monitor):
         self.monitor = monitor
 
-    def update(self, samples: list[dict]) -> None:
+    def update(self, samples: list[Report]) -> None:
         self._call("update", samples)
 
     def finish(self, status: str) -> None:

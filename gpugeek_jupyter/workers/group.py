@@ -13,10 +13,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-
+from ..cluster import connection
 from ..errors import GpugeekError
 from ..meter import telemetry
-from .helper import RunOptions
+from .options import RunOptions
 from .worker import Worker
 
 READY_TIMEOUT_S = 120
@@ -139,11 +139,9 @@ class WorkerGroup:
         connection would quietly start a new local Ray instance."""
         import ray
 
-        from ..cluster import manage
-
         # the address we connected with: Ray's own view of it differs (127.0.0.1 becomes this
         # host's IP), so it cannot be compared
-        return ray.is_initialized() and manage.connected_address() == self.address
+        return ray.is_initialized() and connection.connected_address() == self.address
 
     def stop(self) -> None:
         import ray
@@ -267,7 +265,7 @@ class WorkerGroup:
             drained = ray.get([self.workers[r].drain.remote() for r in ranks], timeout=5)
         except Exception:  # noqa: BLE001 - a dying worker shows up through its execute ref
             return
-        for rank, part in zip(ranks, drained):
+        for rank, part in zip(ranks, drained, strict=True):
             printer.show(rank, part["output"])
             if on_samples and part["samples"]:
                 on_samples(part["samples"])

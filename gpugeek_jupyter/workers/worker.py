@@ -15,9 +15,9 @@ import sys
 import threading
 from datetime import timedelta
 
-
 from .cell import Cell, user_traceback
-from .helper import Helper, RunOptions
+from .helper import Helper
+from .options import RunOptions
 
 MAX_VALUE_BYTES = 20 * 2**20
 

@@ -1,0 +1,121 @@
+"""What a notebook does to a running cluster — ``down``, ``scale``, ``preempt`` — and the
+``Cluster`` handle whose methods are these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import GpugeekError
+from ..meter import ledger
+from . import connection, registry, sim
+from .backends import BACKENDS
+from .lifecycle import shutdown
+from .registry import ClusterRecord
+from .session import current, live_cluster
+from .spec import ClusterSpec
+from .status import ClusterStatus, status
+
+
+def check_numbers(**values) -> None:
+    """Worker counts, budgets and idle minutes as flags: one line for anything that is not a
+    positive number (a whole one for workers; ``min_workers`` may be 0)."""
+    for flag, value in values.items():
+        if value is None:
+            continue
+        flag = "--" + flag.replace("_", "-")
+        if flag == "--min-workers" and value == 0:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value <= 0
+                or value == float("inf")):
+            what = "at least 1" if "workers" in flag else "a positive number"
+            extra = " (`%gpugeek down` stops a cluster)" if "workers" in flag else ""
+            raise GpugeekError(f"{flag} {value!r}: must be {what}{extra}")
+        if "workers" in flag and int(value) != value:
+            raise GpugeekError(f"{flag} {value!r}: must be a whole number")
+
+
+def stop(record: ClusterRecord, reason: str, **kwargs) -> bool:
+    """``lifecycle.shutdown`` from a kernel: this kernel lets go of the cluster first."""
+    return shutdown(record, reason, before_stop=connection.disconnect, **kwargs)
+
+
+def down(name: str | None = None, *, all: bool = False) -> list[str]:
+    """Stop a cluster (or every live one). Attached clusters are only detached, never stopped."""
+    session = current()
+    records = registry.all_records(include_stopped=False) if all else [live_cluster(name)]
+    done = []
+    for record in records:
+        stop(record, "detached" if record.backend == "attach" else "down")
+        if registry.get(record.id).stopped is None:
+            raise GpugeekError(f"cluster {record.name!r} is still stopping elsewhere — check `%gpugeek status "
+                               f"{record.name}` in a minute")
+        done.append(record.name)
+        if record.name == session.active:
+            session.active = None
+    return done
+
+
+def scale(workers: int, name: str | None = None) -> Cluster:
+    check_numbers(workers=workers)
+    record = live_cluster(name)
+    spec = ClusterSpec.from_json(record.spec)
+    spec = BACKENDS[record.backend].scale(record, spec, int(workers))
+    registry.update(record.id, spec=spec.to_json())
+    ledger.event(record.id, "scale", f"scaled to {workers} worker node(s)")
+    return Cluster(record.name)
+
+
+def preempt(node: str, name: str | None = None) -> str:
+    record = live_cluster(name)
+    if record.backend != "sim":
+        raise GpugeekError("preempt rehearses losing a spot node, on the sim backend only")
+    spec = ClusterSpec.from_json(record.spec)
+    gone, spec = sim.preempt(record.id, record.name, spec, record.address, record.session_id,
+                             record.created, record.marker, record.temp_dir, node)
+    registry.update(record.id, spec=spec.to_json())
+    what = ("an on-demand replacement is on its way" if spec.spot_fallback
+            else "no fallback: the autoscaler retries spot")
+    return f"preempted node {gone.node_id[-6:]} ({gone.node_type}); {what}"
+
+
+@dataclass
+class Cluster:
+    """A handle on a cluster by name: what ``up`` returns and what ``status``/``cost`` describe."""
+
+    name: str
+
+    @property
+    def record(self) -> ClusterRecord:
+        record = registry.live(self.name) or registry.latest(self.name)
+        if record is None:
+            raise GpugeekError(f"no cluster named {self.name!r}")
+        return record
+
+    @property
+    def address(self) -> str | None:
+        return self.record.address
+
+    def connect(self) -> None:
+        """Make this kernel a Ray driver of the cluster (local, sim, attach)."""
+        connection.connect(self.record)
+
+    def status(self) -> ClusterStatus:
+        return status(self.name)
+
+    def scale(self, workers: int) -> Cluster:
+        return scale(workers, self.name)
+
+    def preempt(self, node: str) -> str:
+        return preempt(node, self.name)
+
+    def down(self) -> None:
+        down(self.name)
+
+    def __repr__(self) -> str:
+        return repr(self.status())
+
+    def _repr_html_(self) -> str:
+        return self.status()._repr_html_()
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return self.status()._repr_mimebundle_(include, exclude)

@@ -1,0 +1,97 @@
+"""How a kernel reaches a cluster: the one room that knows. Everything above calls ``connect``,
+``disconnect`` and ``connected_address`` and nothing else of Ray's connection machinery.
+
+Today the kernel becomes a Ray driver (``ray.init(address)``) of local, sim and attached clusters,
+and only records itself attached to cloud and KubeRay ones. A driver whose cluster is stopped
+elsewhere (the watchdog, JupyterLab, another kernel) must let go at once — a Ray driver whose GCS
+has gone ends its own process a minute later — so a watcher thread drops the connection when the
+registry says a stop has begun.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import store
+from . import registry
+from .registry import ClusterRecord
+from .session import current
+
+WATCH_INTERVAL_S = 2.0
+DRIVER_BACKENDS = ("local", "sim", "attach")   # the kernel joins these as a Ray driver
+
+
+@dataclass(frozen=True)
+class Connection:
+    address: str      # as ``ray.init`` was given it (Ray rewrites 127.0.0.1 to the host's IP)
+    db: Path          # the registry it was made from (the watcher reads it from its own thread)
+    cluster_id: int
+
+
+_watcher: threading.Thread | None = None
+
+
+def connected_address() -> str | None:
+    """The address of the cluster this process is a Ray driver of, as ``ray.init`` was given it."""
+    connection = current().connection
+    return connection.address if connection is not None else None
+
+
+def connect(record: ClusterRecord) -> None:
+    """Make this kernel a Ray driver of the cluster (local, sim, attach), and attached to it."""
+    global _watcher
+    session = current()
+    if not record.address or record.backend not in DRIVER_BACKENDS:
+        registry.attach(record.id)     # this notebook looks after it, even without a driver
+        return
+    import ray
+
+    if ray.is_initialized():
+        if session.connection and session.connection.address == record.address:
+            registry.attach(record.id)
+            return
+        if session.connection is None:
+            print(f"note: this kernel's own Ray connection is closed; it now drives {record.name!r}")
+        ray.shutdown()
+        session.connection = None
+    # simulated nodes share one log folder, so every node's log monitor would repeat every line:
+    # there we keep Ray's logs in the files and show status instead
+    ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
+             configure_logging=True, log_to_driver=not record.simulated)
+    session.connection = Connection(record.address, store.path(), record.id)
+    registry.attach(record.id)
+    if _watcher is None:
+        _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
+        _watcher.start()
+
+
+def disconnect(record: ClusterRecord) -> None:
+    """Let go of the cluster before it goes away under this kernel, and detach from it."""
+    session = current()
+    if session.connection is not None and session.connection.address == record.address:
+        import ray
+
+        ray.shutdown()
+        session.connection = None
+    registry.detach(record.id)
+
+
+def _watch() -> None:
+    """Disconnect this kernel when its cluster is stopped elsewhere (watchdog, another kernel)."""
+    session = current()
+    while True:
+        time.sleep(WATCH_INTERVAL_S)
+        connection = session.connection
+        if connection is None:
+            continue
+        if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
+            try:
+                import ray
+
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - the cluster is gone already; nothing left to close
+                pass
+            session.connection = None

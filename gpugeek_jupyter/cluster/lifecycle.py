@@ -1,0 +1,142 @@
+"""A cluster's life as the registry records it — starting, running, failed, stopping, stopped —
+and the one way it ends.
+
+Whoever stops a cluster (a notebook's ``down``, the watchdog, JupyterLab's shut-down button)
+first claims the stop in the registry, so it happens exactly once. The watchdog and the Jupyter
+server use this module; it never touches a kernel's Ray connection (a kernel passes its own
+``before_stop`` to drop it) and loads no pandas.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..meter import ledger
+from ..raynodes import ClusterUnreachable, read_nodes
+from ..units import duration
+from ..vocab import ClusterPhase
+from . import processes, registry
+from .backends import BACKENDS
+from .registry import ClusterRecord
+from .spec import ClusterSpec
+
+STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
+WATCHDOG_GRACE_S = 2.0
+
+
+def phase_of(record: ClusterRecord) -> ClusterPhase:
+    if record.stopped:
+        return ClusterPhase.STOPPED
+    if record.stopping:
+        return ClusterPhase.STOPPING
+    if record.start_failed:
+        return ClusterPhase.FAILED
+    if record.ready is None and time.time() - record.created < STARTING_AT_MOST_S:
+        return ClusterPhase.STARTING
+    return ClusterPhase.RUNNING
+
+
+def starting(record: ClusterRecord) -> bool:
+    """``up`` is still bringing the cluster up (it marks it ready at the end): a stop now would
+    race it."""
+    return phase_of(record) is ClusterPhase.STARTING
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """Where a cluster is, as values: its phase, and for a live one whether a notebook is
+    attached and whether its watchdog (budget cap, idle stop) still runs."""
+
+    phase: ClusterPhase
+    orphan: bool = False
+    watchdog_gone: bool = False
+    stop_reason: str | None = None
+    stopped_at: float | None = None
+    failure: str | None = None
+
+    def describe(self, name: str, now: float | None = None) -> str:
+        """One line for people: ``running — orphan: no notebook attached``."""
+        now = time.time() if now is None else now
+        if self.phase is ClusterPhase.STOPPED:
+            return f"stopped ({self.stop_reason}) {duration(now - (self.stopped_at or now))} ago"
+        text = self.phase.value
+        if self.phase is ClusterPhase.FAILED:
+            text += (f": {self.failure} — it may still be running and billing; "
+                     f"`%gpugeek down {name}` tries the stop again")
+        if self.orphan:
+            text += " — orphan: no notebook attached"
+        if self.watchdog_gone:
+            text += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
+        return text
+
+
+def state_of(record: ClusterRecord, attached: list[int] | None = None) -> ClusterState:
+    """``attached`` saves a second look at the attached kernels when the caller has them."""
+    phase = phase_of(record)
+    if not phase.live:
+        return ClusterState(phase, stop_reason=record.stop_reason, stopped_at=record.stopped)
+    if phase is ClusterPhase.RUNNING:
+        orphan = not (registry.attached_kernels(record.id) if attached is None else attached)
+    else:
+        orphan = False
+    gone = bool(record.watchdog_pid) and not processes.alive(record.watchdog_pid)
+    return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed)
+
+
+def sync_ledger(record: ClusterRecord) -> None:
+    """Pull Ray's node table into the ledger (cheap; the kernel and the watchdog both do it).
+    A cluster that does not answer is left as the ledger has it."""
+    if not record.address or record.stopped:
+        return
+    try:
+        nodes = read_nodes(record.address, timeout=3)
+    except ClusterUnreachable:
+        return
+    ledger.sync_nodes(record.id, nodes, ClusterSpec.from_json(record.spec).prices())
+
+
+def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False, sync: bool = True,
+             grace: float = 3.0, before_stop: Callable[[ClusterRecord], None] | None = None) -> bool:
+    """Stop the cluster's jobs and nodes and close its ledger. Exactly once, whoever calls it:
+    returns False when another stop was under way (after waiting for it).
+
+    Nodes are billed until their processes are gone (the time is taken after the stop). If the
+    stop itself fails (``ray down`` errors, say) the cluster is *not* marked stopped — it may still
+    be billing — the claim is released, the failure recorded, the watchdog left running, and the
+    error raised. ``before_stop`` runs once the stop is ours (a kernel drops its Ray connection).
+    """
+    if not registry.claim_stop(record.id):
+        wait_stopped(record.id)
+        return False
+    ledger.stop_running_jobs(record.id, f"stopped: {reason}")
+    if sync:
+        sync_ledger(record)
+    if before_stop is not None:
+        before_stop(record)
+    try:
+        BACKENDS[record.backend].stop(record, grace=grace)
+    except BaseException as exc:
+        registry.release_stop(record.id)
+        ledger.event(record.id, "stop-failed", f"stopping failed ({exc}) — the cluster may still be running")
+        raise
+    at = time.time()
+    ledger.end_all_nodes(record.id, at, reason)
+    registry.mark_stopped(record.id, reason, at)
+    if record.watchdog_pid and not from_watchdog:
+        # only now: a watchdog outlives a failed stop, to keep metering what may still be billing
+        processes.stop_processes(
+            [p for p in processes.session_processes(record.watchdog_pid, record.created, record.marker)
+             if p.pid == record.watchdog_pid], grace=WATCHDOG_GRACE_S)
+    return True
+
+
+def wait_stopped(cluster_id: int, timeout: float = 60) -> None:
+    """Wait for a stop another process claimed: until it is done, or it gave up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = registry.get(cluster_id)
+        if record.stopped is not None or record.stopping is None:
+            return
+        time.sleep(0.2)

@@ -1,0 +1,136 @@
+"""From what the user asked for — an offer id, a plan's best offer, or the cheapest ``--gpu`` —
+to the node types a cluster is made of, priced from the catalog and nothing else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import pandas as pd
+
+from ..catalog.offers import find_offers, load_catalog, price_column
+from ..config import settings
+from ..errors import GpugeekError, NoMatchingOffers
+from ..vocab import NodePrice, Pricing
+from . import sim
+from .spec import ClusterSpec, NodeType
+
+CLOUD_PROVIDERS = ("aws", "gcp", "azure")
+
+
+def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, count: int | None = None,
+             workers: int | None = None, min_workers: int | None = None, max_workers: int | None = None,
+             pricing: str = Pricing.ON_DEMAND, spot_fallback: bool = False,
+             catalog: str | None = None) -> ClusterSpec:
+    """The spec ``up`` starts: this machine for ``local``, nothing of ours for ``attach``, else
+    the chosen offer's node types (``workers`` kept up, up to ``max_workers``)."""
+    if backend in ("local", "attach"):
+        given = [f for f, v in (("--offer", offer), ("--plan", plan), ("--gpu", gpu), ("--workers", workers),
+                                ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
+        if given or spot_fallback:
+            what = "this machine" if backend == "local" else "the cluster at --address"
+            raise GpugeekError(f"{', '.join(given) or '--spot-fallback'}: the {backend} backend runs on {what} "
+                               f"— use --backend sim or a cloud to choose offers and workers")
+        usd = settings().local_usd_per_hour if backend == "local" else 0.0
+        return ClusterSpec(backend=backend, pricing="local",
+                           head_price=NodePrice(None, "local" if backend == "local" else "unpriced", usd))
+    if workers is not None and min_workers is not None and workers != min_workers:
+        raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up); give one")
+    row, plan_nodes = resolve_offer(offer=offer, plan=plan, gpu=gpu, count=count, pricing=pricing,
+                                    provider=backend if backend in CLOUD_PROVIDERS else None, catalog=catalog)
+    keep = workers if workers is not None else (min_workers if min_workers is not None else plan_nodes or 1)
+    most = max_workers or max(keep, 1)
+    if most < keep:
+        raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
+    spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
+                      spot_fallback=spot_fallback)
+    if backend == "sim":
+        spec.notes.append(sim.cpu_note(spec))
+    return spec
+
+
+def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None,
+                  count: int | None = None, pricing: str = "on-demand",
+                  provider: str | None = None, catalog: str | None = None) -> tuple[pd.Series, int | None]:
+    """The offer to build from, and the node count a plan asks for (else None)."""
+    given = [name for name, value in (("--offer", offer), ("--plan", plan), ("--gpu", gpu)) if value is not None]
+    if len(given) > 1:
+        raise GpugeekError(f"give one of {', '.join(given)}, not several")
+    pricing = Pricing.parse(pricing, "--pricing")
+    if plan is not None:
+        best = getattr(plan, "best", None)
+        if best is None:
+            why = getattr(plan, "why_empty", "") or "it has no offer that fits"
+            raise GpugeekError(f"--plan: the plan has no best offer ({why})")
+        row, nodes = _offer_by_id(best["id"], catalog), int(best.get("nodes", 1))
+    elif offer is not None:
+        row, nodes = _offer_by_id(offer, catalog), None
+    elif gpu is not None:
+        frame = find_offers(gpu=gpu, count=count, pricing=pricing, provider=provider, catalog=catalog)
+        row, nodes = _offer_by_id(frame.iloc[0]["id"], catalog), None
+    else:
+        raise GpugeekError("say what to run on: --offer ID, --plan VAR or --gpu NAME [--count N]")
+    if provider and row["provider"] != provider:
+        raise GpugeekError(
+            f"offer {row['id']} is a {row['provider']} offer — the {provider} backend needs a "
+            f"{provider} offer (try --gpu {row['gpu']} --count {int(row['gpu_count'])})")
+    column = price_column(pricing)
+    if pd.isna(row[column]):
+        raise GpugeekError(f"offer {row['id']} has no {pricing} price in the catalog — "
+                           f"use --pricing on-demand or another offer")
+    return row, nodes
+
+
+def _offer_by_id(offer_id: str, extra: str | None = None) -> pd.Series:
+    catalog = load_catalog(extra)
+    hits = catalog[catalog["id"] == offer_id]
+    if hits.empty:
+        close = difflib.get_close_matches(offer_id, catalog["id"].tolist(), n=3, cutoff=0.6)
+        hint = f" — did you mean {', '.join(close)}?" if close else " — `%gpugeek offers` lists ids"
+        raise NoMatchingOffers(f"no offer with id {offer_id!r}{hint}", close)
+    return hits.iloc[0]
+
+
+def node_type_name(row: pd.Series, pricing: str) -> str:
+    """``a100x8-spot``: readable in ``ray status`` and valid as a Kubernetes group name."""
+    base = re.sub(r"[^a-z0-9]+", "-", f"{row['gpu']}x{int(row['gpu_count'])}".lower()).strip("-")
+    return f"{base}-{pricing}"
+
+
+def build_spec(backend: str, row: pd.Series, *, pricing: str, workers: int, max_workers: int,
+               spot_fallback: bool) -> ClusterSpec:
+    """Node types for ``row``: the chosen pricing, plus an on-demand stand-in with --spot-fallback."""
+    pricing = Pricing.parse(pricing, "--pricing")
+    if spot_fallback and pricing != Pricing.SPOT:
+        raise GpugeekError("--spot-fallback only makes sense with --pricing spot")
+    on_demand = _price(row, "on-demand")
+    common = dict(
+        offer_id=row["id"], provider=row["provider"], instance_type=row["instance_type"],
+        region=row["region"] or "", zone=row["zone"] or "", gpu=row["gpu"],
+        gpu_count=int(row["gpu_count"]), gpu_mem_gib=_num(row["gpu_mem_gib"]),
+        vcpus=_num(row["vcpus"]), mem_gib=_num(row["mem_gib"]), on_demand_usd_per_hour=on_demand,
+    )
+    primary = NodeType(name=node_type_name(row, pricing), pricing=pricing,
+                       usd_per_hour=_price(row, pricing), min_workers=workers,
+                       max_workers=max_workers, **common)
+    spec = ClusterSpec(backend=backend, node_types=[primary], pricing=pricing,
+                       spot_fallback=spot_fallback)
+    if pricing == "reserved":
+        spec.notes.append("reserved $/h is an estimate: on-demand less the configured discount")
+    if spot_fallback:
+        if on_demand is None:
+            raise GpugeekError(f"offer {row['id']} has no on-demand price to fall back to")
+        spec.node_types.append(NodeType(
+            name=node_type_name(row, "on-demand"), pricing="on-demand", usd_per_hour=on_demand,
+            min_workers=0, max_workers=max_workers, replaces_preempted=primary.name, **common))
+    return spec
+
+
+def _price(row: pd.Series, pricing: str) -> float | None:
+    value = row[price_column(pricing)]
+    return None if pd.isna(value) else float(value)
+
+
+def _num(value) -> float | None:
+    return None if pd.isna(value) else float(value)

@@ -1,0 +1,67 @@
+"""What one kernel holds between cells, in one object: the cluster its commands mean when they
+name none, its connection to a cluster, its warm worker group, and the plan it made last.
+
+Everything else lives in the registry and ledger (SQLite), which every process shares; this is
+the only per-kernel state, so a kernel restart loses exactly this and ``up NAME`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import GpugeekError
+from . import registry
+from .registry import ClusterRecord
+
+if TYPE_CHECKING:
+    from ..sizing.planner import Plan
+    from ..workers.group import WorkerGroup
+    from .connection import Connection
+
+
+@dataclass
+class KernelSession:
+    active: str | None = None                 # the cluster commands mean by default
+    connection: Connection | None = None      # the cluster this process is a Ray driver of
+    group: WorkerGroup | None = None          # the warm workers `%%gpugeek run` uses
+    last_plan: Plan | None = None             # an out-of-memory diagnosis compares against it
+
+
+_SESSION = KernelSession()
+
+
+def current() -> KernelSession:
+    return _SESSION
+
+
+def live_cluster(name: str | None = None) -> ClusterRecord:
+    """The live cluster a command means: the one named, else this kernel's active one, else the
+    only live one; one line saying which exist otherwise."""
+    name = name or _SESSION.active
+    if name is None:
+        live = registry.all_records(include_stopped=False)
+        if len(live) == 1:
+            return live[0]
+        names = ", ".join(r.name for r in live) or "none"
+        raise GpugeekError(f"which cluster? none is active in this kernel — live clusters: {names}")
+    record = registry.live(name)
+    if record is None:
+        past = registry.latest(name)
+        if past is not None:
+            raise GpugeekError(f"cluster {name!r} stopped ({past.stop_reason}) — `%gpugeek up {name}` starts it again")
+        live = ", ".join(r.name for r in registry.all_records(include_stopped=False)) or "none"
+        raise GpugeekError(f"no cluster named {name!r} — live clusters: {live}")
+    return record
+
+
+def any_cluster(name: str | None = None) -> ClusterRecord:
+    """Like ``live_cluster``, but a named cluster that has stopped is its latest run (status and
+    cost describe the past too)."""
+    name = name or _SESSION.active
+    if name is None:
+        return live_cluster(None)
+    record = registry.live(name) or registry.latest(name)
+    if record is None:
+        raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    return record

@@ -1,0 +1,136 @@
+"""What a cluster looks like from the ledger: ``status`` (one cluster) and ``clusters`` (all).
+
+``ClusterStatus`` shows itself as text and HTML; in a notebook the notebook layer adds its live
+panel through ``display`` — this module never imports a widget.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import display
+from ..meter import ledger
+from ..units import duration
+from ..vocab import ClusterPhase
+from . import registry
+from .lifecycle import state_of, sync_ledger
+from .registry import ClusterRecord
+from .session import any_cluster
+from .spec import ClusterSpec
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    backend: str
+    phase: ClusterPhase
+    state: str                        # the phase, said for people (orphan, not watched, …)
+    address: str | None
+    simulated: bool
+    nodes: pd.DataFrame
+    spend_usd: float
+    burn_usd_per_hour: float
+    budget_usd: float | None
+    idle_minutes: float | None
+    idle_for_s: float | None
+    events: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> float:
+        return float(self.nodes["gpus"].sum()) if not self.nodes.empty else 0.0
+
+    @property
+    def budget_left_hours(self) -> float | None:
+        if not self.budget_usd or self.burn_usd_per_hour <= 0:
+            return None
+        return max(0.0, self.budget_usd - self.spend_usd) / self.burn_usd_per_hour
+
+    def lines(self) -> list[str]:
+        tag = " (simulated $)" if self.simulated else ""
+        out = [f"{self.name}: {self.backend} cluster, {self.state}" + (f" at {self.address}" if self.address else ""),
+               f"nodes: {len(self.nodes)} alive, {self.gpus:g} GPUs"
+               + (" declared" if self.simulated else "")]
+        money = f"spent ${self.spend_usd:,.2f}{tag}; burning ${self.burn_usd_per_hour:,.2f}/h"
+        if self.budget_usd:
+            money += f"; budget ${self.budget_usd:,.2f} ({self.spend_usd / self.budget_usd:.0%} used)"
+            left = self.budget_left_hours
+            if left is not None and self.phase is ClusterPhase.RUNNING:
+                money += f", reached in {duration(left * 3600)} at this rate"
+        elif self.burn_usd_per_hour > 0:
+            money += f" → ${self.burn_usd_per_hour * 24:,.2f} per day at this rate"
+        out.append(money)
+        if self.idle_minutes:
+            idle = f"idle for {duration(self.idle_for_s)}" if self.idle_for_s is not None else "busy"
+            out.append(f"autostop after {self.idle_minutes:g} min idle ({idle})")
+        out += [f"{pd.Timestamp(e['at'], unit='s'):%H:%M:%S} {e['kind']}: {e['message']}" for e in self.events[-5:]]
+        out += self.notes
+        return out
+
+    def __repr__(self) -> str:
+        table = self.nodes.to_string(index=False) if not self.nodes.empty else ""
+        return "\n".join(self.lines()) + ("\n" + table if table else "")
+
+    def _repr_html_(self) -> str:
+        body = "<br>".join(html.escape(line) for line in self.lines())
+        table = self.nodes.to_html(index=False) if not self.nodes.empty else ""
+        return f"<div>{body}</div>{table}"
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """The live panel in a notebook; HTML and text wherever widgets cannot show."""
+        return display.bundle(self, repr(self), self._repr_html_())
+
+
+def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
+    """A cluster's state from the ledger. ``sync`` first copies Ray's node table in; without it
+    (the panels' background refresh) nothing talks to Ray — the watchdog keeps the ledger's
+    nodes current every few seconds and open nodes accrue up to now either way."""
+    record = any_cluster(name)
+    if sync:
+        sync_ledger(record)
+    now = time.time()
+    frame = ledger.nodes_frame(record.id, now)
+    alive = frame[frame["alive"]]
+    nodes = pd.DataFrame({
+        "node": alive["node_id"].str[-6:], "type": alive["node_type"], "gpus": alive["gpus"],
+        "pricing": alive["pricing"], "usd_per_hour": alive["usd_per_hour"],
+        "up_for": [duration(now - s) for s in alive["started"]],
+    })
+    state = state_of(record)
+    return ClusterStatus(
+        name=record.name, backend=record.backend, phase=state.phase,
+        state=state.describe(record.name, now), address=record.address,
+        simulated=record.simulated, nodes=nodes.reset_index(drop=True),
+        spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
+        budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
+        idle_for_s=_idle_for(record) if record.live else None,
+        events=ledger.events(record.id), notes=list(ClusterSpec.from_json(record.spec).notes),
+    )
+
+
+def _idle_for(record: ClusterRecord) -> float | None:
+    """Seconds idle as the watchdog last saw it (None while busy or unwatched)."""
+    return time.time() - record.idle_since if record.idle_since else None
+
+
+def clusters() -> pd.DataFrame:
+    """Every cluster this machine has run, newest last; live ones say if they are orphans."""
+    rows = []
+    now = time.time()
+    for record in registry.all_records():
+        frame = ledger.nodes_frame(record.id, now)
+        state = state_of(record, registry.attached_kernels(record.id) if record.live else [])
+        rows.append({
+            "name": record.name, "backend": record.backend, "phase": state.phase.value,
+            "state": state.describe(record.name, now),
+            "nodes": int(frame["alive"].sum()), "gpus": float(frame.loc[frame["alive"], "gpus"].sum()),
+            "spent_usd": float(frame["usd"].sum()), "simulated": record.simulated,
+            "budget_usd": record.budget_usd, "created": pd.Timestamp(record.created, unit="s"),
+            "orphan": state.orphan,
+        })
+    return pd.DataFrame(rows, columns=["name", "backend", "phase", "state", "nodes", "gpus", "spent_usd",
+                                       "simulated", "budget_usd", "created", "orphan"])

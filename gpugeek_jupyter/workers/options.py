@@ -1,0 +1,81 @@
+"""What ``%%gpugeek run`` asks of the workers, checked in one place — and the protocol of whatever
+watches a job (the notebook's job monitor). Torch-free: the kernel validates flags and the
+widgets name the protocol without loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+from ..errors import GpugeekError
+from ..vocab import Amp, Strategy
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Only ``workers`` and ``gpus_per_worker`` shape the group; the rest are read by ``gg`` at
+    each call, so changing them keeps the namespace."""
+
+    workers: int = 2
+    gpus_per_worker: float = 0.0
+    amp: str = Amp.OFF
+    grad_ckpt: str | bool = False     # True: nn.ModuleList children; a string: that block class
+    accumulate: int = 1
+    clip: float | None = None
+    strategy: str = Strategy.DDP
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
+
+
+def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
+            grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
+            strategy: str = "ddp", checkpoint_every: int | None = None,
+            checkpoint_dir: str | None = None, name: str | None = None) -> RunOptions:
+    """Check the flags in one place, one line per mistake."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise GpugeekError(f"--workers {workers!r}: must be at least 1")
+    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 1):
+        raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: a worker is one rank on at most one GPU "
+                           f"(a fraction shares one) — for more GPUs use more --workers")
+    amp = Amp.parse(amp, "--amp").value
+    strategy = Strategy.parse(strategy, "--strategy").value
+    if not isinstance(accumulate, int) or accumulate < 1:
+        raise GpugeekError(f"--accumulate {accumulate!r}: must be a whole number ≥ 1")
+    if clip is not None and not clip > 0:
+        raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
+    if amp == Amp.FP16 and strategy == Strategy.FSDP:
+        raise GpugeekError("--amp fp16 with --strategy fsdp needs a sharded gradient scaler — use --amp bf16")
+    return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
+                      grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
+                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+
+
+class Report(TypedDict, total=False):
+    """One worker's report, at most once a second (``gg.log``): what the ledger stores as a
+    sample and the job monitor draws. Keys beyond these are the user's own metrics."""
+
+    rank: int
+    t: float
+    step: int | None
+    loss: float
+    samples_per_s: float
+    tokens_per_s: float
+    memory_bytes: int
+    gpu_util: float
+    total_steps: int
+    loop_start: float
+
+
+class JobWatch(Protocol):
+    """What watches a running job: made per job, fed the reports as they arrive (in the kernel's
+    main thread), told how the job ended. Its errors never fail the job."""
+
+    def __init__(self, *, cluster_id: int, job_id: str, name: str, workers: int,
+                 simulated: bool) -> None: ...
+
+    def update(self, samples: list[Report]) -> None: ...
+
+    def finish(self, status: str) -> None: ...

@@ -1,0 +1,126 @@
+"""Failures that must not cost money unseen, on real local clusters with their real watchdogs.
+
+- ``up`` fails half-way and stopping what it started fails too: the cluster may still be billing,
+  so it stays live, listed as failed, watched and metered — and ``down`` retries the stop.
+- A bug in reading Ray's node table (a ``TypeError`` after a Ray upgrade) is a bug, not an
+  unreachable cluster: it surfaces, and the watchdog does not stop a healthy cluster as lost.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cluster_processes import settings, wait_until
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.cluster.backends import LocalBackend
+from gpugeek_jupyter.cluster.lifecycle import phase_of
+from gpugeek_jupyter.cluster.watchdog import UNREACHABLE_LIMIT, Watch
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.raynodes import read_nodes
+from gpugeek_jupyter.server import clusters as server
+from gpugeek_jupyter.vocab import ClusterPhase
+
+pytestmark = pytest.mark.slow
+
+
+def _processes_of(record) -> list:
+    return processes.session_processes(record.session_id, record.created, record.marker)
+
+
+def _gone(record, timeout: float = 15.0) -> bool:
+    """Every process of the cluster's session and its watchdog ended (by PID, not by Ray's word)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _processes_of(record) and not processes.alive(record.watchdog_pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_failed_stop_in_ups_clean_up_stays_listed_watched_and_metered(gpugeek_home, monkeypatch):
+    settings(gpugeek_home, local_usd_per_hour=36.0, meter_interval_s=0.5)
+    stop_breaks = {"on": True}
+    real_stop = LocalBackend.stop
+
+    def never_ready(self, record, spec, timeout=0):
+        raise gg.GpugeekError("the head never reported ready")
+
+    def stop(self, record, grace=3.0):      # a stop that fails, as `ray down` can on a cloud
+        if stop_breaks["on"]:
+            raise RuntimeError("the stop itself failed")
+        return real_stop(self, record, grace)
+
+    monkeypatch.setattr(LocalBackend, "wait_ready", never_ready)
+    monkeypatch.setattr(LocalBackend, "stop", stop)
+    with pytest.raises(gg.GpugeekError) as failed:
+        gg.up("flaky")
+    message = str(failed.value)
+    assert "failed to start: the head never reported ready" in message
+    assert "stopping what had started failed too (the stop itself failed)" in message
+    assert "`%gpugeek down flaky` tries the stop again" in message and "\n" not in message
+
+    # visible: still live, and said to be failed wherever clusters are listed
+    record = registry.live("flaky")
+    assert record is not None, "a cluster that may still be billing was closed"
+    assert phase_of(record) is ClusterPhase.FAILED
+    assert "may still be running and billing" in gg.status("flaky").state
+    listed = gg.clusters().set_index("name").loc["flaky"]
+    assert listed["phase"] == "failed"
+    assert server.detail("flaky")["state"] == "failed"
+    assert [e["kind"] for e in ledger.events(record.id, "stop-failed")] == ["stop-failed"]
+    assert _processes_of(record), "the head is still running (the stop failed)"
+
+    # watched: the watchdog lives on and keeps metering what may still be billing
+    assert processes.alive(record.watchdog_pid)
+    wait_until(lambda: len(ledger.nodes_frame(record.id)) == 1, 20, "the watchdog to meter the head")
+    spent = ledger.spend(record.id)
+    time.sleep(1.5)
+    assert ledger.spend(record.id) > spent > 0
+    assert processes.alive(record.watchdog_pid), "the watchdog kept watching"
+
+    # `down` tries the stop again; this time it works and nothing is left
+    stop_breaks["on"] = False
+    assert gg.down("flaky") == ["flaky"]
+    stopped = registry.get(record.id)
+    assert stopped.stopped is not None and stopped.stop_reason == "down"
+    assert _gone(stopped), "every process of the cluster and its watchdog ended"
+
+
+class _RayApiChanged:
+    """Ray's GcsClient after an upgrade renamed an argument: what a private API change looks like."""
+
+    def __init__(self, address):
+        self.address = address
+
+    def get_all_node_info(self, timeout=None):
+        raise TypeError("get_all_node_info() got an unexpected keyword argument 'timeout'")
+
+
+def test_a_type_error_reading_the_node_table_is_a_bug_not_an_unreachable_cluster(gpugeek_home, monkeypatch):
+    import ray._raylet
+
+    settings(gpugeek_home, meter_interval_s=0.5)
+    gg.up("steady")
+    record = registry.live("steady")
+    try:
+        assert read_nodes(record.address), "the real reader sees the head"
+        with monkeypatch.context() as patch:
+            patch.setattr(ray._raylet, "GcsClient", _RayApiChanged)
+            with pytest.raises(TypeError, match="unexpected keyword argument"):
+                read_nodes(record.address)
+            watch = Watch(record.id, interval=0.5)
+            for _ in range(UNREACHABLE_LIMIT + 2):      # more looks than it takes to call a head lost
+                with pytest.raises(TypeError):
+                    watch.look()
+            assert watch.misses == 0, "a programming error is not a missed look"
+        now = registry.get(record.id)
+        assert now.stopping is None and now.stopped is None, "the healthy cluster was stopped"
+        assert _processes_of(now), "its head still runs"
+        assert read_nodes(record.address)
+    finally:
+        gg.down("steady")
+    assert _gone(registry.get(record.id))
+

@@ -26,7 +26,7 @@ export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
 
-.PHONY: lab labextension test test-fast test-browser chromium bench clean
+.PHONY: lab labextension lint test test-fast test-browser chromium bench clean
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -56,8 +56,14 @@ lab: $(VENV)/.installed-test
 	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
 	  --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb $(LAB_ARGS)
 
-# Both suites always run; `make test` fails if either does.
-test: $(VENV)/.installed-test chromium
+# The house checks, before any suite: ruff over the Python, and the TypeScript compiler's strict
+# check over the front end (tsconfig.json has "strict": true).
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	cd labextension && node_modules/.bin/tsc --noEmit -p .
+
+# Lint first; then both suites always run; `make test` fails if any of them does.
+test: lint $(VENV)/.installed-test chromium
 	@$(PYTEST_MAIN); main=$$?; \
 	$(PYTEST_BROWSER); browser=$$?; \
 	echo "make test: main suite exit $$main, browser suite exit $$browser"; \
@@ -89,6 +95,7 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_run.py --quick
 	$(PY) benchmarks/bench_monitor.py
 	$(PY) benchmarks/bench_ticker.py
+	$(PY) benchmarks/bench_imports.py
 	$(PY) benchmarks/gpu_gpt2.py
 
 clean:

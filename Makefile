@@ -26,7 +26,7 @@ export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
 
-.PHONY: lab labextension lint test test-fast test-browser chromium bench clean
+.PHONY: lab labextension lint test test-fast test-browser chromium sshd bench clean
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -63,7 +63,7 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then both suites always run; `make test` fails if any of them does.
-test: lint $(VENV)/.installed-test chromium
+test: lint $(VENV)/.installed-test chromium sshd
 	@$(PYTEST_MAIN); main=$$?; \
 	$(PYTEST_BROWSER); browser=$$?; \
 	echo "make test: main suite exit $$main, browser suite exit $$browser"; \
@@ -86,6 +86,19 @@ chromium:
 	    echo "$(CHROMIUM) is missing; install it with:" \
 	      "sudo apt-get update && sudo apt-get install -y --no-install-recommends chromium" >&2; \
 	    exit 1; \
+	  fi; \
+	fi
+
+# The multi-host lab (tests/lab/, tests/netlab.py) runs an sshd per host: Debian's openssh-server,
+# installed when missing (as root; elsewhere those tests skip with the reason).
+sshd:
+	@if [ ! -x /usr/sbin/sshd ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing openssh-server (apt)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends openssh-server >/dev/null || exit 1; \
+	  else \
+	    echo "no /usr/sbin/sshd and not root: the multi-host lab tests will skip" >&2; \
 	  fi; \
 	fi
 

@@ -111,7 +111,8 @@ def offers(self: GpugeekMagics, line: str):
     frame = api.offers(
         gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider,
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,
-        catalog=args.catalog,
+        catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
+        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour,
     )
     if "note" in frame.attrs:
         print(frame.attrs["note"])
@@ -173,7 +174,12 @@ def _number(flag: str, kind: type = float) -> Callable[[str], float]:
 @subcommand
 @magic_arguments()
 @argument("name", nargs="?", help="cluster name (default: the backend's name); a live one is re-attached")
-@argument("--backend", help="local (default), sim, aws, gcp, azure or kuberay")
+@argument("--backend", help="local (default), sim, ssh, aws, gcp, azure or kuberay")
+@argument("--hosts", help="ssh: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
+@argument("--ssh-key", help="ssh: the private key to log in with (default: your ssh config and agent)")
+@argument("--gpus-per-host", type=_number("--gpus-per-host", int), help="ssh: GPUs each host has")
+@argument("--cpus-per-host", type=_number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
+@argument("--usd-per-hour", type=_number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
@@ -199,7 +205,8 @@ def up(self: GpugeekMagics, line: str):
         gpu=args.gpu, count=args.count, workers=args.workers, min_workers=args.min_workers,
         max_workers=args.max_workers, pricing=args.pricing, spot_fallback=args.spot_fallback,
         budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
-        catalog=args.catalog,
+        catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
+        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour,
     )
 
 

@@ -61,11 +61,29 @@ def use_token_auth() -> None:
             auth.generate_and_save_token()
         finally:
             quiet.setLevel(level)
+        # Ray writes it world-readable; the token is the key to every cluster it guards
+        os.chmod(auth._get_default_token_path(), 0o600)
         print(f"Ray token authentication: made a token at {auth._get_default_token_path()} (first use; "
               f"Ray's dashboard asks for it)")
     if os.environ.get(auth.AUTH_MODE_ENV_VAR) != "token":
         os.environ[auth.AUTH_MODE_ENV_VAR] = "token"
         Config.initialize("")
+
+
+def token_text() -> str:
+    """The token this process authenticates with (made on first use), to copy onto a cluster's hosts."""
+    import os
+    from pathlib import Path
+
+    use_token_auth()
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    from ray._private.authentication import authentication_token_setup as auth
+
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or auth._get_default_token_path()).expanduser()
+    if path.stat().st_mode & 0o077:     # Ray's own CLI writes it 0644: anyone here could use it
+        os.chmod(path, 0o600)
+    return path.read_text().strip()
 
 
 def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:

@@ -2,6 +2,7 @@
 
 - ``local``: a Ray head on this machine with its real CPUs/GPUs (the default).
 - ``sim``: Ray's fake multi-node autoscaler with node types made from offers (rehearsal).
+- ``ssh``: the user's own machines, Ray started on each over SSH, reached through a tunnel.
 - ``aws``/``gcp``/``azure``: Ray's cluster launcher (``ray up``/``ray down``) on a generated YAML.
 - ``kuberay``: a RayCluster manifest applied with ``kubectl``.
 - ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
@@ -22,7 +23,7 @@ import yaml
 from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import read_nodes
-from . import head, kuberay, launcher, processes, registry, sim
+from . import head, hosts, kuberay, launcher, processes, registry, sim
 from .registry import ClusterRecord
 from .spec import ClusterSpec
 
@@ -138,6 +139,33 @@ class SimBackend(LocalBackend):
 
     def scale(self, record, spec, workers):
         return sim.scale(record.name, spec, record.address, record.temp_dir, workers)
+
+
+class SshBackend(Backend):
+    """The user's own machines: Ray started and stopped by us on each host over SSH (``hosts``)."""
+
+    name = "ssh"
+
+    def show(self, name, spec):
+        remote = spec.remote
+        lines = [f"head: {remote['hosts'][0]}  ray start --head --port={hosts.GCS_PORT} "
+                 f"--ray-client-server-port={hosts.CLIENT_PORT} --num-gpus={remote['gpus_per_host']}"]
+        lines += [f"worker: {h}  ray start --address=<head>:{hosts.GCS_PORT} --num-gpus={remote['gpus_per_host']}"
+                  for h in remote["hosts"][1:]]
+        lines.append(f"tunnel: ssh -N -L <gcs>:<head>:{hosts.GCS_PORT} -L <client>:<head>:{hosts.CLIENT_PORT} "
+                     f"{remote['hosts'][0]}")
+        return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
+
+    def start(self, record, spec):
+        opened = hosts.start(record, spec)
+        spec.remote["client_address"] = opened.client
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid])
+
+    def stop(self, record, grace=5.0):
+        hosts.stop(record, grace)
+
+    def scale(self, record, spec, workers):
+        raise GpugeekError("an ssh cluster is the hosts you named — `down` it and `up` again with other --hosts")
 
 
 class LauncherBackend(Backend):
@@ -264,6 +292,7 @@ class AttachBackend(Backend):
 BACKENDS: dict[str, Backend] = {
     "local": LocalBackend(),
     "sim": SimBackend(),
+    "ssh": SshBackend(),
     "aws": LauncherBackend("aws"),
     "gcp": LauncherBackend("gcp"),
     "azure": LauncherBackend("azure"),

@@ -1,8 +1,10 @@
 """How a kernel reaches a cluster: the one room that knows. Everything above calls ``connect``,
 ``disconnect`` and ``connected_address`` and nothing else of Ray's connection machinery.
 
-Today the kernel becomes a Ray driver (``ray.init(address)``) of local, sim and attached clusters,
-and only records itself attached to cloud and KubeRay ones. A driver whose cluster is stopped
+The kernel becomes a Ray driver (``ray.init(address)``) of local, sim and attached clusters on
+its own network. It is not part of an ``ssh`` cluster: it connects as a Ray Client (``ray://``)
+through the cluster's SSH tunnel (``tunnel``), so only one forwarded port carries the session.
+It only records itself attached to cloud and KubeRay ones. A driver whose cluster is stopped
 elsewhere (the watchdog, JupyterLab, another kernel) must let go at once — a Ray driver whose GCS
 has gone ends its own process a minute later — so a watcher thread drops the connection when the
 registry says a stop has begun.
@@ -16,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
-from . import registry
+from ..raynodes import use_token_auth
+from . import registry, tunnel
 from .registry import ClusterRecord
 from .session import current
+from .spec import ClusterSpec
 
 WATCH_INTERVAL_S = 2.0
 DRIVER_BACKENDS = ("local", "sim", "attach")   # the kernel joins these as a Ray driver
+CLIENT_BACKENDS = ("ssh",)                      # … and these as a Ray Client, through the tunnel
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,9 @@ def connect(record: ClusterRecord) -> None:
     """Make this kernel a Ray driver of the cluster (local, sim, attach), and attached to it."""
     global _watcher
     session = current()
-    if not record.address or record.backend not in DRIVER_BACKENDS:
+    if record.backend in CLIENT_BACKENDS:
+        record = tunnel.ensure(record)
+    if not record.address or record.backend not in DRIVER_BACKENDS + CLIENT_BACKENDS:
         registry.attach(record.id)     # this notebook looks after it, even without a driver
         return
     import ray
@@ -59,8 +66,13 @@ def connect(record: ClusterRecord) -> None:
         session.connection = None
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
-    ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
-             configure_logging=True, log_to_driver=not record.simulated)
+    if record.backend in CLIENT_BACKENDS:
+        use_token_auth()
+        ray.init(ClusterSpec.from_json(record.spec).remote["client_address"], namespace="gpugeek",
+                 logging_level="ERROR", log_to_driver=True)
+    else:
+        ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
+                 configure_logging=True, log_to_driver=not record.simulated)
     session.connection = Connection(record.address, store.path(), record.id)
     registry.attach(record.id)
     if _watcher is None:

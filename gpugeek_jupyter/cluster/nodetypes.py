@@ -50,6 +50,45 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
     return spec
 
 
+def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = None,
+             cpus_per_host: int | None = None, usd_per_hour: float | None = None, offer: str | None = None,
+             pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None) -> ClusterSpec:
+    """The user's own machines, each priced at the rate given or as the offer given (per host)."""
+    import sys
+
+    from . import ssh
+
+    targets = ssh.parse_hosts(hosts)
+    if (usd_per_hour is None) == (offer is None):
+        raise GpugeekError("say what each host costs: --usd-per-hour X (0 if they cost you nothing) "
+                           "or --offer ID (priced from the catalog), one of the two")
+    for flag, value in (("--gpus-per-host", gpus_per_host), ("--cpus-per-host", cpus_per_host)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise GpugeekError(f"{flag} {value!r}: give a whole number ≥ 0")
+    if usd_per_hour is not None and (not isinstance(usd_per_hour, (int, float)) or usd_per_hour < 0):
+        raise GpugeekError(f"--usd-per-hour {usd_per_hour!r}: give a number of dollars ≥ 0")
+    if offer is not None:
+        row, _ = resolve_offer(offer=offer, pricing=pricing, catalog=catalog)
+        spec = build_spec("ssh", row, pricing=pricing, workers=len(targets) - 1, max_workers=len(targets) - 1,
+                          spot_fallback=False)
+        host = spec.node_types[0]
+        host.name = "host"
+        gpus = int(row["gpu_count"]) if gpus_per_host is None else gpus_per_host
+    else:
+        gpus = gpus_per_host or 0
+        host = NodeType(name="host", offer_id="", provider="ssh", instance_type="your machine", region="",
+                        zone="", gpu="", gpu_count=gpus, gpu_mem_gib=None, vcpus=cpus_per_host, mem_gib=None,
+                        pricing="rate", usd_per_hour=float(usd_per_hour), on_demand_usd_per_hour=None,
+                        min_workers=len(targets) - 1, max_workers=len(targets) - 1)
+        spec = ClusterSpec(backend="ssh", node_types=[host], pricing="rate")
+        if not usd_per_hour:
+            spec.notes.append("priced at $0/h: these machines cost nothing here")
+    spec.head_price = host.price()
+    spec.remote = {"hosts": [str(t) for t in targets], "ssh_key": ssh_key, "gpus_per_host": gpus,
+                   "cpus_per_host": cpus_per_host, "python": python or sys.executable}
+    return spec
+
+
 def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None,
                   count: int | None = None, pricing: str = "on-demand",
                   provider: str | None = None, catalog: str | None = None) -> tuple[pd.Series, int | None]:

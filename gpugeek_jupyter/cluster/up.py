@@ -22,7 +22,7 @@ from . import processes, registry
 from .actions import Cluster, check_numbers, stop
 from .backends import BACKENDS, LaunchConfig
 from .lifecycle import sync_ledger
-from .nodetypes import spec_for
+from .nodetypes import spec_for, ssh_spec
 from .registry import NAME, ClusterRecord
 from .session import current
 
@@ -32,11 +32,14 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        workers: int | None = None, min_workers: int | None = None, max_workers: int | None = None,
        pricing: str = Pricing.ON_DEMAND, spot_fallback: bool = False, budget: float | None = None,
        idle: float | None = None, dashboard: bool = False, dry_run: bool = False, yes: bool = False,
-       catalog: str | None = None) -> Cluster | LaunchConfig:
+       catalog: str | None = None, hosts: str | list[str] | None = None, ssh_key: str | None = None,
+       gpus_per_host: int | None = None, cpus_per_host: int | None = None,
+       usd_per_hour: float | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
-    its cluster again. Clouds and KubeRay show their config unless ``yes=True``.
+    its cluster again. Clouds and KubeRay show their config unless ``yes=True``. ``backend="ssh"``
+    runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
     """
     backend = _backend_name(backend, address)
     name = name or backend
@@ -58,9 +61,22 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
                   f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
         return _reattach(existing)
 
-    spec = spec_for(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
-                    min_workers=min_workers, max_workers=max_workers, pricing=pricing,
-                    spot_fallback=spot_fallback, catalog=catalog)
+    ssh_flags = [flag for flag, value in (
+        ("--hosts", hosts), ("--ssh-key", ssh_key), ("--gpus-per-host", gpus_per_host),
+        ("--cpus-per-host", cpus_per_host), ("--usd-per-hour", usd_per_hour)) if value is not None]
+    if backend == "ssh":
+        ignored = [f for f, v in (("--plan", plan), ("--gpu", gpu), ("--workers", workers),
+                                  ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
+        if ignored or spot_fallback:
+            raise GpugeekError(f"{', '.join(ignored) or '--spot-fallback'}: an ssh cluster is the --hosts you name")
+        spec = ssh_spec(hosts, ssh_key=ssh_key, gpus_per_host=gpus_per_host, cpus_per_host=cpus_per_host,
+                        usd_per_hour=usd_per_hour, offer=offer, pricing=pricing, catalog=catalog)
+    elif ssh_flags:
+        raise GpugeekError(f"{', '.join(ssh_flags)}: only for --backend ssh (your own machines)")
+    else:
+        spec = spec_for(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
+                        min_workers=min_workers, max_workers=max_workers, pricing=pricing,
+                        spot_fallback=spot_fallback, catalog=catalog)
     if dashboard and backend not in ("local", "sim"):
         raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {backend} head's "
                            f"dashboard is reached with `ray dashboard <its config>`")

@@ -114,7 +114,8 @@ class WorkerGroup:
             self.stop()
             if isinstance(exc, GpugeekError) or not isinstance(exc, Exception):
                 raise
-            raise GpugeekError(f"the worker group did not start ({type(exc).__name__}: {exc})") from None
+            cause = getattr(exc, "cause", None) or exc     # a worker's own error, not Ray's wrapping
+            raise GpugeekError(f"the worker group did not start ({type(cause).__name__}: {cause})") from None
 
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray

@@ -81,6 +81,9 @@ class Worker:
             device, backend = torch.device("cpu"), "gloo"
             if gpu_ids:
                 note = "the cluster's GPUs are declared, not real (simulated nodes): running on CPU with gloo"
+        _use_interface_of(ray.util.get_node_ip_address())
+        if rank != 0:
+            _reach(master, port, rank, min(timeout_s, REACH_TIMEOUT_S))
         dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         self.rank = rank
@@ -158,6 +161,44 @@ class Worker:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+REACH_TIMEOUT_S = 30.0
+
+
+def _use_interface_of(ip: str) -> None:
+    """gloo and NCCL pick their interface from the host name, which on many machines resolves to
+    127.0.0.1 (then ranks on other hosts are told to connect to loopback): use the interface
+    that carries this node's Ray address instead, unless the user chose one."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addresses):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+            return
+
+
+def _reach(master: str, port: int, rank: int, timeout: float) -> None:
+    """Fail in one line, naming both ends, when rank 0's rendezvous cannot be reached — rather
+    than wait out the collective timeout."""
+    import socket
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((master, port), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"rank {rank} on {ray.util.get_node_ip_address()} cannot reach rank 0 at {master}:{port} "
+                    f"({exc.strerror or exc}) after {timeout:.0f} s — can the hosts reach each other on "
+                    f"every port?") from None
+            time.sleep(0.2)
 
 
 def _cpu(value):

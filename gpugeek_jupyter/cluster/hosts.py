@@ -1,0 +1,112 @@
+"""An ``ssh`` cluster: Ray started and stopped by us, over SSH, on the user's own machines.
+
+The head goes on the first host; every other host joins it. We run ``ray start`` on each host
+ourselves rather than through Ray's cluster launcher with its on-prem provider: that provider
+brought the head up but left workers unjoined, and its ``ray down`` reported "No nodes remaining"
+while the head's processes ran on. Here each host's processes carry the cluster's marker, and a
+stop is checked by listing that host's processes, never by Ray's word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+
+from ..errors import GpugeekError
+from ..raynodes import token_text
+from . import registry, ssh, tunnel
+from .registry import ClusterRecord
+from .spec import ClusterSpec
+
+GCS_PORT = 6379
+CLIENT_PORT = 10001
+START_TIMEOUT_S = 150
+
+
+def targets(spec: ClusterSpec) -> list[ssh.Target]:
+    return ssh.parse_hosts(spec.remote["hosts"])
+
+
+def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
+    """Ray on every host (the head first), then the tunnel to the head. ``spec.remote`` gains what
+    a stop needs — recorded before anything starts, so a failure half-way can be cleaned up."""
+    remote, key = spec.remote, spec.remote.get("ssh_key")
+    hosts = targets(spec)
+    pythons = ssh.on_hosts(hosts, ssh.python_on, key, remote["python"])
+    facts = [ssh.on_host(t, key, py, "facts") for t, py in zip(hosts, pythons, strict=True)]
+    for target, python, found in zip(hosts, pythons, facts, strict=True):
+        if not found["packages"].get("ray"):
+            raise GpugeekError(f"{target}: Ray is not installed for {python} — pip install 'ray[default]' there "
+                               f"(the same version as this kernel's)")
+    tag = hashlib.sha1(record.marker.encode()).hexdigest()[:8]
+    remote.update(
+        pythons=pythons,
+        ips=[_node_ip(t, f) for t, f in zip(hosts, facts, strict=True)],
+        temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
+        token_path=f"~/.gpugeek/clusters/{tag}/auth_token",
+        gcs_port=GCS_PORT, client_port=CLIENT_PORT)
+    remote["head_ip"] = remote["ips"][0]
+    registry.update(record.id, spec=spec.to_json())
+    token = token_text()
+
+    def ray_start(i: int, role: str) -> dict:
+        order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
+                 "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
+                 "token_path": remote["token_path"], "node_type": "host", "port": GCS_PORT,
+                 "client_port": CLIENT_PORT, "head": f"{remote['head_ip']}:{GCS_PORT}", "timeout": START_TIMEOUT_S}
+        answer = ssh.on_host(hosts[i], key, pythons[i], "start", json.dumps(order), token=token,
+                             timeout=START_TIMEOUT_S + 30)
+        if not answer.get("ok"):
+            raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
+        return answer
+
+    ray_start(0, "head")
+    if len(hosts) > 1:
+        ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
+    return tunnel.open_tunnel(record, spec)
+
+
+def stop(record: ClusterRecord, grace: float = 5.0) -> None:
+    """Stop our processes on every host we started Ray on, and the tunnel; raise, naming the
+    hosts, when any host cannot be reached or still runs a process of ours."""
+    spec = ClusterSpec.from_json(record.spec)
+    remote = spec.remote
+    hosts, pythons = targets(spec), remote.get("pythons")
+    if pythons:      # else nothing was started on them
+        def stop_one(i: int) -> str | None:
+            try:
+                answer = ssh.on_host(hosts[i], remote.get("ssh_key"), pythons[i], "stop", record.marker,
+                                     str(grace), remote["temp_dirs"][i], timeout=grace + 40)
+            except GpugeekError as exc:
+                return str(exc)
+            return None if answer.get("ok") else f"{hosts[i]}: processes {answer.get('left')} would not stop"
+
+        failures = [f for f in ssh.on_hosts(list(range(len(hosts))), stop_one) if f]
+        if failures:
+            raise GpugeekError("; ".join(failures))
+    from . import processes
+
+    if record.session_id:
+        processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+
+
+def processes_on_hosts(record: ClusterRecord) -> dict[str, list[int]]:
+    """Our processes on each host, listed on the host itself."""
+    spec = ClusterSpec.from_json(record.spec)
+    remote, hosts = spec.remote, targets(spec)
+    answers = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(
+        hosts[i], remote.get("ssh_key"), remote["pythons"][i], "ps", record.marker))
+    return {str(t): a["pids"] for t, a in zip(hosts, answers, strict=True)}
+
+
+def _node_ip(target: ssh.Target, facts: dict) -> str:
+    """The address Ray advertises for the host: the one we reach it at when the host has it,
+    else its only non-loopback IPv4 address."""
+    addresses = [a for a in facts.get("interfaces", {}) if not ipaddress.ip_address(a).is_loopback]
+    if target.host in addresses:
+        return target.host
+    if len(addresses) == 1:
+        return addresses[0]
+    raise GpugeekError(f"{target}: cannot tell which of its addresses ({', '.join(addresses) or 'none'}) the "
+                       f"other hosts reach it at — name the host by that address in --hosts")

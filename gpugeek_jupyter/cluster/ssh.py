@@ -1,0 +1,134 @@
+"""Reaching the user's own machines over SSH: the host list, running ``onhost`` on a host, and the
+tunnel through which the kernel and the watchdog reach a head whose ports are closed to them.
+
+We call the system's ``ssh`` (the user's config, agent and keys apply) in batch mode: no prompt
+ever blocks a notebook. Host keys are learned on first contact into ``$GPUGEEK_HOME/known_hosts``
+and checked from then on (``StrictHostKeyChecking=accept-new``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import home
+from ..errors import GpugeekError
+
+HOST = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252})"
+                  r"(?::(?P<port>\d{1,5}))?")
+ONHOST = Path(__file__).with_name("onhost.py")
+CONNECT_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Target:
+    """One host as the user named it: ``[USER@]HOST[:PORT]``."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.host}{f':{self.port}' if self.port else ''}"
+
+
+def parse_hosts(text: str | list[str] | None) -> list[Target]:
+    """``--hosts a,b,c`` as targets, or one line saying which entry is wrong."""
+    items = text if isinstance(text, list) else [t.strip() for t in (text or "").split(",")]
+    items = [t for t in items if t]
+    if not items:
+        raise GpugeekError("--hosts: name the machines, like --hosts ubuntu@10.0.0.5,10.0.0.6")
+    targets = []
+    for item in items:
+        match = HOST.fullmatch(item)
+        if not match or (match["port"] and not 0 < int(match["port"]) < 65536):
+            raise GpugeekError(f"--hosts {item!r}: write each host as [USER@]HOST[:PORT]")
+        targets.append(Target(match["host"], match["user"], int(match["port"]) if match["port"] else None))
+    if len({t.host for t in targets}) != len(targets):
+        raise GpugeekError("--hosts: a host is named twice")
+    return targets
+
+
+def local_dir(name: str, cluster_id: int) -> Path:
+    """This machine's folder for one ssh cluster's logs (0700)."""
+    folder = home() / "ssh" / f"{name}-{cluster_id}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def options(key: str | None) -> list[str]:
+    known = home() / "known_hosts"
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    if key:
+        opts += ["-i", str(Path(key).expanduser()), "-o", "IdentitiesOnly=yes"]
+    return opts
+
+
+def argv(target: Target, key: str | None, *remote: str) -> list[str]:
+    port = ["-p", str(target.port)] if target.port else []
+    dest = f"{target.user}@{target.host}" if target.user else target.host
+    return ["ssh", *options(key), *port, dest, *remote]
+
+
+def on_host(target: Target, key: str | None, python: str, command: str, *args: str,
+            token: str | None = None, timeout: float = 60) -> dict:
+    """Run ``onhost.py COMMAND ARGS`` on the host with its ``python``; its JSON answer.
+
+    One line naming the host when SSH fails, the host has no such Python, or the script fails.
+    """
+    script = ONHOST.read_text()
+    if token is not None:
+        script = f"TOKEN = {token!r}\n{script}"
+    quoted = " ".join(_quote(a) for a in (python, "-", command, *args))
+    try:
+        done = subprocess.run(argv(target, key, quoted), input=script, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s") from None
+    if done.returncode == 255:
+        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)}")
+    if done.returncode != 0:
+        raise GpugeekError(f"{target}: {command} failed on the host — {_last(done.stderr)}")
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise GpugeekError(f"{target}: unexpected answer to {command}: {_last(done.stdout)}") from None
+
+
+def on_hosts(targets: list[Target], call, *args, **kwargs) -> list:
+    """``call(target, …)`` on every host at once; results in the hosts' order."""
+    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        return list(pool.map(lambda t: call(t, *args, **kwargs), targets))
+
+
+def python_on(target: Target, key: str | None, wanted: str) -> str:
+    """The Python to run Ray with on the host: ``wanted`` if the host has it, else ``python3``."""
+    probe = f"if [ -x {_quote(wanted)} ]; then echo {_quote(wanted)}; else command -v python3; fi"
+    try:
+        done = subprocess.run(argv(target, key, probe), capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise GpugeekError(f"{target}: no answer over SSH within 30 s") from None
+    if done.returncode == 255:
+        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)} (check the host, the user and "
+                           f"--ssh-key)")
+    found = done.stdout.strip()
+    if not found:
+        raise GpugeekError(f"{target}: no python3 on the host — install Python and Ray there")
+    return found
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"

@@ -1,0 +1,87 @@
+"""The SSH tunnel to a remote head: the one way this machine reaches a cluster it is not part of.
+
+A head's ports stay closed to the laptop; one ``ssh -N`` forwards two of them to 127.0.0.1 here:
+Ray's client server (the kernel connects through it as a Ray Client, ``ray://``) and the GCS (the
+watchdog, status and the Lab sidebar read Ray's node table through it). The tunnel is a process
+of the cluster's own — in a session of its own, carrying the cluster's marker — so it outlives a
+kernel restart (the next kernel finds it by name) and ``down`` stops it with the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from ..errors import GpugeekError
+from . import processes, registry, ssh
+from .registry import ClusterRecord
+from .spec import ClusterSpec
+
+OPEN_TIMEOUT_S = 20
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    pid: int
+    gcs: str          # 127.0.0.1:PORT here → the head's GCS
+    client: str       # ray://127.0.0.1:PORT here → the head's Ray client server
+
+
+def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int] | None = None) -> Tunnel:
+    """Start the tunnel (on ``ports`` here when given and free) and wait until both ends answer."""
+    remote = spec.remote
+    head = ssh.parse_hosts([remote["hosts"][0]])[0]
+    gcs_port, client_port = ports if ports and all(_free(p) for p in ports) else (
+        processes.free_port(), processes.free_port())
+    forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
+               f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
+    cmd = ssh.argv(head, remote.get("ssh_key"), "-N")
+    cmd[1:1] = ["-o", "ExitOnForwardFailure=yes", *forward]
+    log = ssh.local_dir(record.name, record.id) / "tunnel.log"
+    proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)
+    deadline = time.monotonic() + OPEN_TIMEOUT_S
+    while not (_answers(gcs_port) and _answers(client_port)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            processes.stop_session(proc.pid, record.created, record.marker, grace=1)
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise GpugeekError(f"the SSH tunnel to {head} did not open ({'; '.join(tail) or 'no answer'}) "
+                               f"— log: {log}")
+        time.sleep(0.05)
+    return Tunnel(proc.pid, f"127.0.0.1:{gcs_port}", f"ray://127.0.0.1:{client_port}")
+
+
+def ensure(record: ClusterRecord) -> ClusterRecord:
+    """The record with a live tunnel: the one it has if that still forwards, else a new one on the
+    same local ports where they are free (so addresses others hold stay good)."""
+    spec = ClusterSpec.from_json(record.spec)
+    if record.session_id and processes.alive(record.session_id) and record.address and _answers(
+            int(record.address.rpartition(":")[2])):
+        return record
+    if record.session_id and processes.alive(record.session_id):
+        processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+    ports = None
+    if record.address and spec.remote.get("client_address"):
+        ports = (int(record.address.rpartition(":")[2]), int(spec.remote["client_address"].rpartition(":")[2]))
+    tunnel = open_tunnel(record, spec, ports)
+    spec.remote["client_address"] = tunnel.client
+    registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, spec=spec.to_json())
+    return registry.get(record.id)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

@@ -1,0 +1,101 @@
+"""An ``ssh`` cluster on three lab hosts, driven from the laptop (this machine's own network
+namespace), which is not part of it: the kernel reaches it only through its SSH tunnel."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import hosts, processes, registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.meter import ledger
+
+pytestmark = pytest.mark.slow
+
+RATE = 7.2   # $/h per host: large enough to see the dollars move
+
+
+def test_three_hosts_up_train_cost_down(lab, gpugeek_home):
+    names = ",".join(f"root@{h.address}" for h in lab.hosts)
+    began = time.monotonic()
+    gg.up("lab3", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1,
+                    usd_per_hour=RATE)
+    took = time.monotonic() - began
+    print(f"\nup --backend ssh on 3 hosts: ready in {took:.1f} s")
+    record = registry.live("lab3")
+    assert record.backend == "ssh"
+    on_hosts = hosts.processes_on_hosts(record)
+    assert all(on_hosts.values()), f"Ray is not running on every host: {on_hosts}"
+    assert processes.alive(record.session_id), "the tunnel is not running"
+
+    spec = ClusterSpec.from_json(record.spec)
+    token = Path(os.path.expanduser(spec.remote["token_path"]))
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600, "the token copied onto the hosts is readable by others"
+    local = Path(os.path.expanduser("~/.ray/auth_token"))
+    assert stat.S_IMODE(local.stat().st_mode) == 0o600, "the local token is readable by others"
+
+    status = gg.status()
+    assert len(status.nodes) == 3 and status.burn_usd_per_hour == pytest.approx(3 * RATE)
+
+    # a restarted kernel: a new process finds the cluster by name, through the same tunnel
+    again = subprocess.run([sys.executable, "-c", (
+        "import gpugeek_jupyter as gg\n"
+        "gg.up('lab3')\n"
+        "print('value', gg.run('6 * 7', workers=1).shown())\n")],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    assert "re-attached to ssh cluster 'lab3'" in again.stdout, again.stderr[-2000:]
+    assert "value 42" in again.stdout, again.stderr[-2000:]
+    assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
+
+    result = gg.run("""
+import torch, torch.distributed as dist, socket
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+x = torch.randn(16, 8) + rank
+model(x).pow(2).mean().backward()
+grad = model.module.weight.grad.clone()
+grads = [torch.zeros_like(grad) for _ in range(world_size)]
+dist.all_gather(grads, grad)
+ips = [None] * world_size
+dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
+(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)), os.environ.get("GLOO_SOCKET_IFNAME"))
+""".replace("os.environ", "__import__('os').environ"), workers=3)
+    equal, ips, ifname = result.shown()
+    assert equal, "gradients differ between ranks"
+    assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"
+    assert ifname == "eth0"
+
+    gg.down("lab3")
+    record = registry.get(record.id)
+    assert record.stopped
+    # the dollars: every host's lifetime (as Ray recorded it, closed at the stop) × the rate
+    nodes = ledger.nodes_frame(record.id)
+    assert len(nodes) == 3 and nodes["ended"].notna().all()
+    expected = sum((r.ended - r.started) / 3600 * RATE for r in nodes.itertuples())
+    assert gg.cost("lab3").total_usd == pytest.approx(expected, rel=1e-9)
+    print(f"cost: ${expected:.4f} for {', '.join(f'{(r.ended - r.started):.1f} s' for r in nodes.itertuples())}"
+          f" at ${RATE}/h per host")
+    for host in lab.hosts:
+        assert lab.ssh(host, "true").returncode == 0
+    assert not any(hosts_left := _ours_on_hosts(lab, record)), f"processes left on the hosts: {hosts_left}"
+    assert not processes.alive(record.session_id), "the tunnel outlived down"
+
+
+def _ours_on_hosts(lab, record) -> list[int]:
+    from gpugeek_jupyter.cluster import onhost
+
+    return [pid for host in lab.hosts for pid in host.pids() if _carries(pid, record.marker, onhost.MARKER)]
+
+
+def _carries(pid: int, marker: str, key: str) -> bool:
+    try:
+        return f"{key}={marker}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False

@@ -1,0 +1,292 @@
+"""A multi-host lab on one machine: "hosts" made of Linux network namespaces on a bridge, each with
+its own address and its own sshd, running in a PID namespace of its own with a test key. This
+machine's root namespace plays the user's laptop; the bridge is its network to the hosts.
+
+    sudo .venv/bin/python tests/netlab.py up [--hosts 3]   # prints the hosts and how to ssh in
+    sudo .venv/bin/python tests/netlab.py down DIR         # DIR as `up` printed it
+
+Every host sees the same filesystem (the same venv, the same /tmp), but only its own processes
+(``ps`` over SSH lists that host's) and only its own network. Traffic stays on the bridge: nothing
+is routed out of it. Helpers cut a host off, make its link slow or lossy (``tc netem``) and kill
+every process of a host. ``down`` removes every namespace, link and process it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+PREFIX = "gglab"
+
+
+def why_not() -> str | None:
+    """One line saying why a lab cannot be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return "the multi-host lab needs root (it makes network namespaces)"
+    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"the multi-host lab needs `{tool}` (iproute2, util-linux, openssh-client)"
+    if not os.access(SSHD, os.X_OK):
+        return f"the multi-host lab needs {SSHD} — apt-get install openssh-server"
+    return None
+
+
+def netem_available() -> bool:
+    """Whether this kernel has ``tc netem`` (CONFIG_NET_SCH_NETEM); some do not."""
+    done = _run("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms", check=False)
+    if done.returncode == 0:
+        _run("tc", "qdisc", "del", "dev", "lo", "root", check=False)
+    return done.returncode == 0
+
+
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip() or done.returncode}")
+    return done
+
+
+@dataclass
+class Host:
+    name: str          # h1, h2, …
+    netns: str         # the network namespace
+    address: str       # its address on the bridge
+    link: str          # the bridge's end of its veth pair (the laptop's side of its cable)
+    sshd: subprocess.Popen | None = None
+
+    def ns(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        return _run("ip", "netns", "exec", self.netns, *cmd, check=check)
+
+    def pids(self) -> list[int]:
+        """Every process living in this host's network namespace."""
+        out = _run("ip", "netns", "pids", self.netns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+
+@dataclass
+class Lab:
+    dir: Path
+    bridge: str
+    gateway: str                   # the laptop's address on the bridge
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def key(self) -> Path:
+        """The private key every host accepts (root@HOST)."""
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    def host(self, name_or_address: str) -> Host:
+        for host in self.hosts:
+            if name_or_address in (host.name, host.address):
+                return host
+        raise KeyError(name_or_address)
+
+    def ssh(self, host: Host, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run ``command`` on ``host`` over SSH, as a user of the lab would."""
+        return subprocess.run(["ssh", *self.ssh_options(), f"root@{host.address}", command],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def ssh_options(self) -> list[str]:
+        return ["-i", str(self.key), "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=5"]
+
+    # -- faults -----------------------------------------------------------------------------------
+
+    def cut_off(self, host: Host) -> None:
+        """Unplug the host's cable at the bridge: nothing reaches it, nor leaves it."""
+        _run("ip", "link", "set", host.link, "down")
+
+    def reconnect(self, host: Host) -> None:
+        _run("ip", "link", "set", host.link, "up")
+
+    def slow_link(self, host: Host, *, rate_mbit: float | None = None, delay_ms: float | None = None,
+                  loss_pct: float = 0.0) -> None:
+        """Make what the host sends slow: a rate limit (``tc tbf``, in every kernel), or a delay and
+        loss (``tc netem``, where the kernel has it — ``netem_available()``)."""
+        if delay_ms is not None or loss_pct:
+            spec = ["netem", "delay", f"{delay_ms or 0}ms"] + (["loss", f"{loss_pct}%"] if loss_pct else [])
+        else:
+            spec = ["tbf", "rate", f"{rate_mbit or 8}mbit", "burst", "32kb", "latency", "500ms"]
+        host.ns("tc", "qdisc", "replace", "dev", "eth0", "root", *spec)
+
+    def heal_link(self, host: Host) -> None:
+        host.ns("tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+    def kill_host(self, host: Host) -> list[int]:
+        """SIGKILL every process of the host (its sshd too), as if it lost power."""
+        pids = host.pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if host.sshd is not None:
+            host.sshd.wait(timeout=10)
+            host.sshd = None
+        return pids
+
+    def start_sshd(self, host: Host) -> None:
+        """sshd in the host's network namespace and a PID namespace of its own (so a command run
+        over SSH sees only the host's processes), on the host's address."""
+        config = self.dir / f"sshd-{host.name}.conf"
+        config.write_text("\n".join([
+            "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / 'host_key'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
+            "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "MaxStartups 64", "MaxSessions 64",
+            "LogLevel ERROR", "",
+        ]))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        log = open(self.dir / f"sshd-{host.name}.log", "ab")  # noqa: SIM115 - the child keeps it
+        host.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--mount-proc",
+             SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        _wait_listening(host, 22)
+
+    # -- life ---------------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        state = {"bridge": self.bridge, "gateway": self.gateway,
+                 "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "link": h.link}
+                           for h in self.hosts]}
+        (self.dir / "lab.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, folder: Path) -> Lab:
+        state = json.loads((folder / "lab.json").read_text())
+        return cls(folder, state["bridge"], state["gateway"], [Host(**h) for h in state["hosts"]])
+
+    def leftovers(self, wait: float = 5.0) -> list[str]:
+        """What of the lab still exists: namespaces, links, processes. Empty after ``down`` (the
+        kernel removes a namespace's links a moment after it goes, hence ``wait``)."""
+        deadline = time.monotonic() + wait
+        while (left := self._leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
+    def _leftovers(self) -> list[str]:
+        left = []
+        namespaces = _run("ip", "netns", "list", check=False).stdout.split()
+        left += [f"namespace {h.netns}" for h in self.hosts if h.netns in namespaces]
+        links = _run("ip", "-o", "link", "show", check=False).stdout
+        left += [f"link {name}" for name in [self.bridge, *(h.link for h in self.hosts)]
+                 if f" {name}:" in links or f" {name}@" in links]
+        left += [f"process {pid}" for h in self.hosts if h.netns in namespaces for pid in h.pids()]
+        left += [f"sshd {h.sshd.pid}" for h in self.hosts if h.sshd is not None and h.sshd.poll() is None]
+        return left
+
+    def down(self) -> None:
+        for host in self.hosts:
+            self.kill_host(host)
+            _run("ip", "link", "del", host.link, check=False)     # both ends of the veth pair
+            _run("ip", "netns", "del", host.netns, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def up(n_hosts: int = 3) -> Lab:
+    """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd."""
+    lab_id = f"{os.getpid() % 100000:05d}"
+    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-"))
+    subnet = _free_subnet()
+    gateway = str(subnet.network_address + 1)
+    lab = Lab(folder, bridge=f"gl{lab_id}br", gateway=gateway)
+    try:
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab", "-f", str(lab.key))
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab-host", "-f", str(folder / "host_key"))
+        shutil.copy(f"{lab.key}.pub", folder / "authorized_keys")
+        _run("ip", "link", "add", lab.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{gateway}/24", "dev", lab.bridge)
+        _run("ip", "link", "set", lab.bridge, "up")
+        for i in range(1, n_hosts + 1):
+            host = Host(name=f"h{i}", netns=f"{PREFIX}{lab_id}-h{i}",
+                        address=str(subnet.network_address + 10 + i), link=f"gl{lab_id}h{i}")
+            lab.hosts.append(host)
+            _run("ip", "netns", "add", host.netns)
+            _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            _run("ip", "link", "set", host.link, "master", lab.bridge)
+            _run("ip", "link", "set", host.link, "up")
+            host.ns("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
+            host.ns("ip", "link", "set", "eth0", "up")
+            host.ns("ip", "link", "set", "lo", "up")
+            host.ns("ip", "route", "add", "default", "via", gateway)
+        lab.save()
+        for host in lab.hosts:
+            lab.start_sshd(host)
+    except BaseException:
+        lab.down()
+        raise
+    return lab
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A 10.213.X.0/24 that no route or address of this machine uses yet."""
+    used = _run("ip", "-4", "route", "show", "table", "all", check=False).stdout
+    used += _run("ip", "-4", "addr", "show", check=False).stdout
+    candidates = list(range(16, 250))
+    random.shuffle(candidates)
+    for x in candidates:
+        if f"10.213.{x}." not in used:
+            return ipaddress.IPv4Network(f"10.213.{x}.0/24")
+    raise RuntimeError("no free 10.213.X.0/24 for the lab")
+
+
+def _wait_listening(host: Host, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.address, port), timeout=1):
+                return
+        except OSError:
+            if host.sshd is not None and host.sshd.poll() is not None:
+                raise RuntimeError(f"sshd on {host.name} exited {host.sshd.returncode}") from None
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd on {host.name} ({host.address}) did not listen within {timeout} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("up", help="make the lab and leave it running")
+    start.add_argument("--hosts", type=int, default=3)
+    stop = sub.add_parser("down", help="remove a lab made by `up`")
+    stop.add_argument("dir", type=Path)
+    args = parser.parse_args()
+    reason = why_not()
+    if reason:
+        raise SystemExit(reason)
+    if args.command == "up":
+        lab = up(args.hosts)
+        for host in lab.hosts:
+            host.sshd = None   # leave them running after this process ends
+        print(f"lab in {lab.dir} (the laptop is {lab.gateway} on {lab.bridge})")
+        for host in lab.hosts:
+            print(f"  {host.name}  {host.address}   ssh {' '.join(lab.ssh_options())} root@{host.address}")
+        print(f"take it down: {sys.executable} {__file__} down {lab.dir}")
+    else:
+        lab = Lab.load(args.dir)
+        lab.down()
+        left = lab.leftovers()
+        print("lab removed" if not left else f"left over: {', '.join(left)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -111,8 +111,7 @@ def offers(self: GpugeekMagics, line: str):
     frame = api.offers(
         gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider,
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,
-        catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
-        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour,
+        catalog=args.catalog,
     )
     if "note" in frame.attrs:
         print(frame.attrs["note"])

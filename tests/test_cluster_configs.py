@@ -98,7 +98,7 @@ def _one_line(ipython, capsys, line):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, aws, gcp, azure, kuberay"),
+    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, gcp, azure, kuberay"),
     ("up --backend sim --offer aws/p5.48xlarge/us-east-9",
      "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
     ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0: must be at least 1"),
@@ -114,6 +114,14 @@ def _one_line(ipython, capsys, line):
     ("up --backend sim", "say what to run on: --offer ID, --plan VAR or --gpu NAME"),
     ("up --backend sim --plan nothing_here", "no variable 'nothing_here'"),
     ("up bad/name", "cluster name 'bad/name'"),
+    ("up --backend ssh --usd-per-hour 1", "--hosts: name the machines"),
+    ("up --backend ssh --hosts a@@b --usd-per-hour 1", "--hosts 'a@@b': write each host as [USER@]HOST[:PORT]"),
+    ("up --backend ssh --hosts h1,h1 --usd-per-hour 1", "--hosts: a host is named twice"),
+    ("up --backend ssh --hosts h1,h2", "say what each host costs: --usd-per-hour X"),
+    ("up --backend ssh --hosts h1 --usd-per-hour -1", "--usd-per-hour -1.0: give a number of dollars"),
+    ("up --backend ssh --hosts h1 --usd-per-hour 1 --workers 2", "--workers: an ssh cluster is the --hosts"),
+    ("up --backend sim --gpu A100 --hosts h1", "--hosts: only for --backend ssh"),
+    ("up --backend ssh --hosts 127.0.0.1:1 --usd-per-hour 0", "127.0.0.1:1: SSH failed"),
     ("status nosuch", "no cluster named 'nosuch'"),
     ("down nosuch", "no cluster named 'nosuch'"),
     ("cost nosuch", "no cluster named 'nosuch'"),

@@ -156,6 +156,10 @@ class SshBackend(Backend):
                      f"{remote['hosts'][0]}")
         return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
 
+    def preflight(self, spec):
+        """Every host answers over SSH and has a Python, before anything is recorded or started."""
+        hosts.find_pythons(spec)
+
     def start(self, record, spec):
         opened = hosts.start(record, spec)
         spec.remote["client_address"] = opened.client

@@ -28,12 +28,21 @@ def targets(spec: ClusterSpec) -> list[ssh.Target]:
     return ssh.parse_hosts(spec.remote["hosts"])
 
 
+def find_pythons(spec: ClusterSpec) -> list[str]:
+    """The Python to run Ray with on each host (asked over SSH, so an unreachable host or a wrong
+    key is one line before anything starts)."""
+    remote = spec.remote
+    if not remote.get("pythons"):
+        remote["pythons"] = ssh.on_hosts(targets(spec), ssh.python_on, remote.get("ssh_key"), remote["python"])
+    return remote["pythons"]
+
+
 def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     """Ray on every host (the head first), then the tunnel to the head. ``spec.remote`` gains what
     a stop needs — recorded before anything starts, so a failure half-way can be cleaned up."""
     remote, key = spec.remote, spec.remote.get("ssh_key")
     hosts = targets(spec)
-    pythons = ssh.on_hosts(hosts, ssh.python_on, key, remote["python"])
+    pythons = find_pythons(spec)
     facts = [ssh.on_host(t, key, py, "facts") for t, py in zip(hosts, pythons, strict=True)]
     for target, python, found in zip(hosts, pythons, facts, strict=True):
         if not found["packages"].get("ray"):
@@ -41,7 +50,6 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
                                f"(the same version as this kernel's)")
     tag = hashlib.sha1(record.marker.encode()).hexdigest()[:8]
     remote.update(
-        pythons=pythons,
         ips=[_node_ip(t, f) for t, f in zip(hosts, facts, strict=True)],
         temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
         token_path=f"~/.gpugeek/clusters/{tag}/auth_token",

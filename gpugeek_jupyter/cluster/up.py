@@ -103,6 +103,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         registry.update(record.id, address=address)
         record.address = address
     what = f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
+    if backend == "ssh":
+        what = f" on {len(spec.remote['hosts'])} host{'s' if len(spec.remote['hosts']) > 1 else ''}"
     print(f"starting {backend} cluster {name!r}{what}…", flush=True)
     try:
         started = impl.start(record, spec)

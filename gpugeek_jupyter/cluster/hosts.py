@@ -15,7 +15,7 @@ import json
 
 from ..errors import GpugeekError
 from ..raynodes import token_text
-from . import registry, ssh, tunnel
+from . import processes, registry, ssh, tunnel
 from .registry import ClusterRecord
 from .spec import ClusterSpec
 
@@ -43,7 +43,7 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     remote, key = spec.remote, spec.remote.get("ssh_key")
     hosts = targets(spec)
     pythons = find_pythons(spec)
-    facts = [ssh.on_host(t, key, py, "facts") for t, py in zip(hosts, pythons, strict=True)]
+    facts = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(hosts[i], key, pythons[i], "facts"))
     for target, python, found in zip(hosts, pythons, facts, strict=True):
         if not found["packages"].get("ray"):
             raise GpugeekError(f"{target}: Ray is not installed for {python} — pip install 'ray[default]' there "
@@ -93,8 +93,6 @@ def stop(record: ClusterRecord, grace: float = 5.0) -> None:
         failures = [f for f in ssh.on_hosts(list(range(len(hosts))), stop_one) if f]
         if failures:
             raise GpugeekError("; ".join(failures))
-    from . import processes
-
     if record.session_id:
         processes.stop_session(record.session_id, record.created, record.marker, grace=1)
 

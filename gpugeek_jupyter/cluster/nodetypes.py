@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 
 import pandas as pd
 
@@ -13,7 +14,7 @@ from ..catalog.offers import find_offers, load_catalog, price_column
 from ..config import settings
 from ..errors import GpugeekError, NoMatchingOffers
 from ..vocab import NodePrice, Pricing
-from . import sim
+from . import sim, ssh
 from .spec import ClusterSpec, NodeType
 
 CLOUD_PROVIDERS = ("aws", "gcp", "azure")
@@ -54,10 +55,6 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
              cpus_per_host: int | None = None, usd_per_hour: float | None = None, offer: str | None = None,
              pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None) -> ClusterSpec:
     """The user's own machines, each priced at the rate given or as the offer given (per host)."""
-    import sys
-
-    from . import ssh
-
     targets = ssh.parse_hosts(hosts)
     if (usd_per_hour is None) == (offer is None):
         raise GpugeekError("say what each host costs: --usd-per-hour X (0 if they cost you nothing) "

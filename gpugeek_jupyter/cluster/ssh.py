@@ -1,5 +1,5 @@
-"""Reaching the user's own machines over SSH: the host list, running ``onhost`` on a host, and the
-tunnel through which the kernel and the watchdog reach a head whose ports are closed to them.
+"""Reaching the user's own machines over SSH: the host list, the ``ssh`` command line (the tunnel
+uses it too), and running ``onhost`` on a host.
 
 We call the system's ``ssh`` (the user's config, agent and keys apply) in batch mode: no prompt
 ever blocks a notebook. Host keys are learned on first contact into ``$GPUGEEK_HOME/known_hosts``
@@ -86,13 +86,7 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
     if token is not None:
         script = f"TOKEN = {token!r}\n{script}"
     quoted = " ".join(_quote(a) for a in (python, "-", command, *args))
-    try:
-        done = subprocess.run(argv(target, key, quoted), input=script, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s") from None
-    if done.returncode == 255:
-        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)}")
+    done = _ssh(target, key, quoted, script, timeout)
     if done.returncode != 0:
         raise GpugeekError(f"{target}: {command} failed on the host — {_last(done.stderr)}")
     try:
@@ -101,26 +95,32 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
         raise GpugeekError(f"{target}: unexpected answer to {command}: {_last(done.stdout)}") from None
 
 
-def on_hosts(targets: list[Target], call, *args, **kwargs) -> list:
-    """``call(target, …)`` on every host at once; results in the hosts' order."""
-    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return list(pool.map(lambda t: call(t, *args, **kwargs), targets))
+def on_hosts(items: list, call, *args, **kwargs) -> list:
+    """``call(item, …)`` for every host (a target, or its index) at once; results in order."""
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        return list(pool.map(lambda item: call(item, *args, **kwargs), items))
 
 
 def python_on(target: Target, key: str | None, wanted: str) -> str:
     """The Python to run Ray with on the host: ``wanted`` if the host has it, else ``python3``."""
     probe = f"if [ -x {_quote(wanted)} ]; then echo {_quote(wanted)}; else command -v python3; fi"
-    try:
-        done = subprocess.run(argv(target, key, probe), capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        raise GpugeekError(f"{target}: no answer over SSH within 30 s") from None
-    if done.returncode == 255:
-        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)} (check the host, the user and "
-                           f"--ssh-key)")
-    found = done.stdout.strip()
+    found = _ssh(target, key, probe, None, 30).stdout.strip()
     if not found:
         raise GpugeekError(f"{target}: no python3 on the host — install Python and Ray there")
     return found
+
+
+def _ssh(target: Target, key: str | None, remote: str, stdin: str | None, timeout: float):
+    """``remote`` run on the host; one line naming the host when SSH itself fails or hangs."""
+    try:
+        done = subprocess.run(argv(target, key, remote), input=stdin, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s") from None
+    if done.returncode == 255:
+        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)} (check the host, the user and "
+                           f"--ssh-key)")
+    return done
 
 
 def _quote(text: str) -> str:

@@ -16,6 +16,8 @@ from .cluster.lifecycle import sync_ledger
 from .cluster.session import any_cluster, current
 from .cluster.status import ClusterStatus, clusters, status
 from .cluster.up import up
+from .health.checkup import doctor
+from .health.findings import DoctorReport
 from .meter import ledger
 from .meter.telemetry import node_samples_frame
 from .sizing import planner
@@ -27,8 +29,8 @@ from .vocab import CostGrouping
 from .workers.options import JobWatch
 
 __all__ = [
-    "Cluster", "ClusterStatus", "CostReport", "LaunchConfig", "Plan", "clusters", "cost", "down",
-    "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
+    "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
+    "doctor", "down", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
 ]
 
 

@@ -268,6 +268,16 @@ def preempt(self: GpugeekMagics, line: str):
     print(api.preempt(args.node, args.name))
 
 
+@subcommand
+@magic_arguments()
+@cluster_name
+@argument("--packages", help="more packages to compare with this kernel's, comma-separated (transformers,…)")
+def doctor(self: GpugeekMagics, line: str):
+    """Check every node: versions against this kernel, interface, GPUs, ports, clocks, all_reduce per pair."""
+    args = parse_argstring(doctor, line)
+    return api.doctor(args.name, packages=args.packages)
+
+
 CELL_SUBCOMMANDS = {"run"}
 
 

@@ -142,16 +142,18 @@ class Lab:
             host.sshd = None
         return pids
 
-    def start_sshd(self, host: Host) -> None:
+    def start_sshd(self, host: Host, env: dict[str, str] | None = None) -> None:
         """sshd in the host's network namespace and a PID namespace of its own (so a command run
-        over SSH sees only the host's processes), on the host's address."""
+        over SSH sees only the host's processes), on the host's address. ``env`` is set in every
+        session (sshd's ``SetEnv``): a host whose environment differs, like a PYTHONPATH that
+        brings another version of a package."""
         config = self.dir / f"sshd-{host.name}.conf"
         config.write_text("\n".join([
             "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / 'host_key'}",
             f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
             "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "MaxStartups 64", "MaxSessions 64",
-            "LogLevel ERROR", "",
+            "LogLevel ERROR", *(f"SetEnv {k}={v}" for k, v in (env or {}).items()), "",
         ]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         log = open(self.dir / f"sshd-{host.name}.log", "ab")  # noqa: SIM115 - the child keeps it
@@ -160,6 +162,11 @@ class Lab:
              SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, start_new_session=True)
         log.close()
         _wait_listening(host, 22)
+
+    def restart_host(self, host: Host, env: dict[str, str] | None = None) -> None:
+        """Every process of the host ended, and its sshd started again (with ``env``)."""
+        self.kill_host(host)
+        self.start_sshd(host, env)
 
     # -- life ---------------------------------------------------------------------------------------
 

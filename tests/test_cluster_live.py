@@ -51,6 +51,12 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     assert all(n["Resources"]["GPU"] == 8 and n["Resources"]["accelerator_type:A100"] == 1 for n in workers)
     assert "simulated" in repr(gg.status()) and "16 GPUs declared" in repr(gg.status())
 
+    # the doctor examines every node (real raylets) and measures each pair; declared GPUs are no fault
+    report = ipython.run_line_magic("gpugeek", "doctor")
+    assert report.ok, repr(report)
+    assert len(report.rows) == 3 and len(report.pairs) == 3
+    assert [r["GPUs"] for r in report.rows].count("8") == 2
+
     # scale to one node: Ray's autoscaler removes the other and the ledger closes it
     gg.scale(1)
     wait_until(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,

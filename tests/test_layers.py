@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"sizing"},
     {"cluster"},
     {"workers"},
+    {"health"},
     {"api", "server"},
     {"widgets"},
     {"magics"},

@@ -51,6 +51,8 @@ def _error_lines(ipython, line, capsys):
     ("plan --model not_a_module", "expected a torch.nn.Module, got str"),
     ("plan --params 7B --gpus 0", "--gpus '0' must be at least 1"),
     ("frobnicate", "unknown subcommand 'frobnicate'"),
+    ("doctor nosuch", "no cluster named 'nosuch'"),
+    ("doctor --bogus", "unrecognized arguments: --bogus"),
 ])
 def test_bad_input_is_one_line(ipython, capsys, line, expected):
     ipython.user_ns["not_a_module"] = "hello"

@@ -1,0 +1,197 @@
+"""``doctor``: examine a live cluster from the kernel — one probe per node, then the verdict.
+
+The order matters for a cluster with a broken node: every node is asked for its facts at once,
+and a node that has not answered once another node found its Ray port closed is called
+unreachable then and there, rather than after a long timeout; the all_reduce checks then run
+among the nodes that did answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from ..cluster import connection, session
+from ..cluster.spec import ClusterSpec
+from ..errors import GpugeekError
+from . import probe as probe_module
+from .findings import DEFAULT_PACKAGES, DoctorReport, NodeFacts, judge
+
+SILENT_TIMEOUT_S = 60.0      # a node whose port opens but that has not answered by then is silent
+JOIN_TIMEOUT_S = 20.0        # gloo's rendezvous among the nodes that answered
+MEASURE_TIMEOUT_S = 90.0     # every pair's all_reduce, one pair at a time
+CLOCK_ROUNDS = 3
+
+
+def doctor(name: str | None = None, *, packages: list[str] | str | None = None) -> DoctorReport:
+    """Check every node of a live cluster against this kernel and against each other: versions,
+    the network interface, GPUs, ports, clocks and all_reduce between every pair of nodes."""
+    import ray
+
+    record = session.live_cluster(name)
+    if not record.address:
+        raise GpugeekError(f"cluster {record.name!r} has no address this kernel can reach — doctor needs a "
+                           f"running Ray cluster")
+    connection.connect(record)
+    names = _package_names(packages)
+    began = time.monotonic()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes.sort(key=lambda n: (not _is_head(n), n["NodeManagerAddress"]))
+    spec = ClusterSpec.from_json(record.spec)
+    gcs = _gcs(record.address, spec, nodes)
+    probes = [_probe_on(n["NodeID"]) for n in nodes]
+    phases = {"nodes": time.monotonic() - began}
+    labels = _labels(spec)
+    facts = _facts(probes, nodes, names, gcs, labels)
+    phases["facts"] = time.monotonic() - began
+    answered = [i for i, f in enumerate(facts) if f.answered]
+    _clocks([probes[i] for i in answered], [facts[i] for i in answered])
+    phases["clocks"] = time.monotonic() - began
+    pairs: dict = {}
+    trouble = None
+    if len(answered) > 1:
+        try:
+            pairs = _all_reduce([probes[i] for i in answered], [facts[i] for i in answered], phases, began)
+        except GpugeekError as exc:
+            trouble = str(exc)
+    for actor in probes:
+        ray.kill(actor)
+    kernel = probe_module.versions(names)
+    report = judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels,
+                   collective_error=trouble, took_s=time.monotonic() - began)
+    report.phases = phases
+    return report
+
+
+def _package_names(packages: list[str] | str | None) -> list[str]:
+    extra = packages.split(",") if isinstance(packages, str) else list(packages or [])
+    names = list(DEFAULT_PACKAGES)
+    for name in (p.strip() for p in extra):
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def _is_head(node: dict) -> bool:
+    return "node:__internal_head__" in node.get("Resources", {})
+
+
+def _gcs(address: str, spec: ClusterSpec, nodes: list[dict]) -> tuple[str, int] | None:
+    """The head's GCS as the nodes reach it: the head's own address and the GCS port."""
+    head = next((n for n in nodes if _is_head(n)), None)
+    if head is None:
+        return None
+    port = spec.remote.get("gcs_port") or address.rpartition(":")[2]
+    return (head["NodeManagerAddress"], int(port)) if str(port).isdigit() else None
+
+
+def _probe_on(node_id: str):
+    """A probe actor pinned to the node. The probe's module travels by value, so a node needs
+    neither this package nor its version to be examined."""
+    import ray
+    from ray import cloudpickle
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cloudpickle.register_pickle_by_value(probe_module)
+    actor = ray.remote(probe_module.Probe)
+    return actor.options(num_cpus=0, max_restarts=0,
+                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+
+def _facts(probes: list, nodes: list[dict], packages: list[str], gcs, labels: dict[str, str]) -> list[NodeFacts]:
+    """Every node's facts, asked at once. A node that has not answered is unreachable as soon as
+    a node that did could not open its Ray port (said at once: the rest takes a while longer);
+    one whose port opens but that stays silent for SILENT_TIMEOUT_S is reported as silent."""
+    import ray
+
+    ports = [(f"{n['NodeManagerAddress']}:{n['NodeManagerPort']} (Ray node manager)", n["NodeManagerAddress"],
+              n["NodeManagerPort"]) for n in nodes]
+    ports += [(f"{n['NodeManagerAddress']}:{n['ObjectManagerPort']} (Ray object manager)", n["NodeManagerAddress"],
+               n["ObjectManagerPort"]) for n in nodes]
+    if gcs is not None:
+        ports.append((f"{gcs[0]}:{gcs[1]} (Ray GCS)", *gcs))
+    out = [NodeFacts(ip=n["NodeManagerAddress"], node_id=n["NodeID"], is_head=_is_head(n),
+                     declared_gpus=float(n.get("Resources", {}).get("GPU", 0))) for n in nodes]
+    waiting = {probe.facts.remote(packages, ports): i for i, probe in enumerate(probes)}
+    began = time.monotonic()
+    while waiting and time.monotonic() - began < SILENT_TIMEOUT_S:
+        done, _ = ray.wait(list(waiting), num_returns=1, timeout=0.5)
+        for ref in done:
+            i = waiting.pop(ref)
+            try:
+                out[i].answer(ray.get(ref), time.monotonic() - began)
+            except ray.exceptions.RayError as exc:
+                out[i].error = _first_line(exc)
+        closed = _closed_hosts(out)
+        for ref, i in list(waiting.items()):
+            if out[i].ip in closed:
+                del waiting[ref]
+                out[i].unreachable_after = time.monotonic() - began
+                print(f"doctor: {labels.get(out[i].ip, out[i].ip)} is unreachable (no answer after "
+                      f"{out[i].unreachable_after:.1f} s, its Ray port closed to the other nodes); checking the rest…",
+                      flush=True)
+    for i in waiting.values():
+        out[i].silent_after = time.monotonic() - began
+    return out
+
+
+def _closed_hosts(facts: list[NodeFacts]) -> set[str]:
+    """Hosts whose Ray node manager some answering node could not connect to."""
+    closed = set()
+    for f in facts:
+        if not f.answered:
+            continue
+        for label, why in f.ports.items():
+            if why and "node manager" in label:
+                closed.add(label.partition(":")[0])
+    return closed
+
+
+def _clocks(probes: list, facts: list[NodeFacts]) -> None:
+    """Each node's clock against the kernel's: the node's time minus the midpoint of the round
+    trip that carried it, from the quickest of a few round trips."""
+    import ray
+
+    for probe, f in zip(probes, facts, strict=True):
+        best = None
+        for _ in range(CLOCK_ROUNDS):
+            sent = time.time()
+            theirs = ray.get(probe.clock.remote(), timeout=10)
+            back = time.time()
+            if best is None or back - sent < best[1]:
+                best = (theirs - (sent + back) / 2, back - sent)
+        f.clock_offset_s, f.clock_rtt_s = best
+
+
+def _all_reduce(probes: list, facts: list[NodeFacts], phases: dict, began: float) -> dict:
+    """A gloo group over the answering nodes, then all_reduce latency and bandwidth per pair."""
+    import ray
+
+    try:
+        master, port = ray.get(probes[0].rendezvous.remote(), timeout=10)
+        joined = ray.get([p.join.remote(rank, len(probes), master, port, JOIN_TIMEOUT_S)
+                          for rank, p in enumerate(probes)], timeout=JOIN_TIMEOUT_S + 30)
+        for f, info in zip(facts, joined, strict=True):
+            f.torch = info
+        phases["joined"] = time.monotonic() - began
+        pairs = list(itertools.combinations(range(len(probes)), 2))
+        measured: dict = {}
+        for part in ray.get([p.measure.remote(pairs) for p in probes], timeout=MEASURE_TIMEOUT_S):
+            measured.update(part)
+        phases["measured"] = time.monotonic() - began
+        ray.get([p.leave.remote() for p in probes], timeout=10)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        raise GpugeekError(f"all_reduce could not run across the nodes: {_first_line(exc)}") from None
+    return {(facts[i].node_id, facts[j].node_id): figures for (i, j), figures in measured.items()}
+
+
+def _labels(spec: ClusterSpec) -> dict[str, str]:
+    """How the user named each node's host, where they did (``--hosts``), by its Ray address."""
+    remote = spec.remote
+    return dict(zip(remote.get("ips", []), remote.get("hosts", []), strict=False))
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}".rstrip(": ")

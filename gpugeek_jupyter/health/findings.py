@@ -1,0 +1,262 @@
+"""The doctor's verdict: what each node reported, judged against the kernel and the other nodes,
+as a table (one row per node) and one line per problem with its fix.
+
+Pure: the facts come in, the report goes out — the thresholds can be tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from .. import display
+
+DEFAULT_PACKAGES = ("ray", "torch", "numpy", "psutil", "gpugeek-jupyter")
+CLOCK_LIMIT_S = 1.0              # ledger times come from several clocks: more skew than this shows
+LATENCY_LIMIT_MS = 5.0           # a small all_reduce inside one network is well under a millisecond
+BANDWIDTH_FLOOR_GBS = 0.1        # under ~1 Gbit/s, gradient sync dominates data-parallel training
+OUTLIER = 4.0                    # a pair this many times worse than the best pair is a slow link
+OUTLIER_FLOOR_MS = 2.0           # … if its latency is also at least this
+
+
+@dataclass
+class NodeFacts:
+    """One node as the doctor found it."""
+
+    ip: str
+    node_id: str
+    is_head: bool
+    declared_gpus: float = 0.0
+    facts: dict | None = None            # the probe's answer; None: it did not answer
+    answered_after: float | None = None
+    unreachable_after: float | None = None   # its Ray port did not open from the nodes that answered
+    silent_after: float | None = None        # its port opens, but it never answered
+    error: str | None = None             # the probe failed there
+    clock_offset_s: float | None = None
+    clock_rtt_s: float | None = None
+    torch: dict = field(default_factory=dict)
+
+    @property
+    def answered(self) -> bool:
+        return self.facts is not None
+
+    @property
+    def ports(self) -> dict:
+        return (self.facts or {}).get("ports", {})
+
+    def answer(self, facts: dict, seconds: float) -> None:
+        self.facts, self.answered_after = facts, seconds
+
+
+@dataclass(frozen=True)
+class Problem:
+    host: str          # the host it is about, as the user named it (or a link "a ↔ b")
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"✗ {self.host}: {self.what} — {self.fix}"
+
+
+@dataclass
+class DoctorReport:
+    """What ``doctor`` found: ``rows`` (one per node), ``problems`` (empty: all green)."""
+
+    name: str
+    rows: list[dict]
+    problems: list[Problem]
+    pairs: dict
+    took_s: float
+    phases: dict = field(default_factory=dict)       # seconds from the start to the end of each step
+    unreachable: dict = field(default_factory=dict)  # node → seconds after which it was found unreachable
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        verdict = "all green" if self.ok else f"{len(self.problems)} problem(s)"
+        return f"{self.name}: {len(self.rows)} node(s) checked in {self.took_s:.1f} s — {verdict}"
+
+    def __repr__(self) -> str:
+        columns = list(self.rows[0]) if self.rows else []
+        widths = {c: max(len(c), *(len(str(r[c])) for r in self.rows)) for c in columns}
+        lines = [self.summary(), "  ".join(c.ljust(widths[c]) for c in columns)]
+        lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in self.rows]
+        return "\n".join(lines + [str(p) for p in self.problems])
+
+    def _repr_html_(self) -> str:
+        columns = list(self.rows[0]) if self.rows else []
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in columns) + "</tr>"
+                       for r in self.rows)
+        color = "#2e7d32" if self.ok else "#c62828"
+        problems = "".join(f"<li>{html.escape(str(p))}</li>" for p in self.problems)
+        return (f"<div><b style='color:{color}'>{html.escape(self.summary())}</b>"
+                f"<table><tr>{head}</tr>{body}</table>{f'<ul>{problems}</ul>' if problems else ''}</div>")
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return display.bundle(self, repr(self), self._repr_html_())
+
+
+def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simulated: bool = False,
+          labels: dict[str, str] | None = None, collective_error: str | None = None,
+          took_s: float = 0.0) -> DoctorReport:
+    """The report for ``nodes`` against the kernel's versions and the all_reduce ``pairs``
+    ({(node_id_a, node_id_b): (latency_ms, GB/s)})."""
+    labels = labels or {}
+    shared = {n.ip for n in nodes if sum(m.ip == n.ip for m in nodes) > 1}   # simulated nodes share one
+
+    def host(ip: str) -> str:
+        return f"{labels[ip]} ({ip})" if ip in labels and labels[ip].rpartition("@")[2] != ip else labels.get(ip, ip)
+
+    names = {n.node_id: host(n.ip) + (f" · node {n.node_id[-6:]}" if n.ip in shared else "") for n in nodes}
+    problems: list[Problem] = []
+    gone = {n.ip for n in nodes if not n.answered}
+    for n in nodes:
+        problems += _reach(n, names[n.node_id], nodes, host)
+        if n.answered:
+            problems += _versions(n, kernel, names[n.node_id])
+            problems += _network(n, names[n.node_id], len(nodes), gone, host)
+            problems += _gpus(n, names[n.node_id], simulated)
+    problems += _nccl(nodes, names)
+    if collective_error:
+        problems.append(Problem("cluster", collective_error, "check that the nodes reach each other on every "
+                                "port (gloo and NCCL pick ports at random)"))
+    problems += _links(pairs, names)
+    rows = [_row(n, names[n.node_id], pairs, problems) for n in nodes]
+    shown = {(names[a], names[b]): figures for (a, b), figures in pairs.items()}
+    unreachable = {names[n.node_id]: n.unreachable_after for n in nodes if n.unreachable_after is not None}
+    return DoctorReport(name, rows, problems, shown, took_s, unreachable=unreachable)
+
+
+def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Problem]:
+    if n.error:
+        return [Problem(where, f"the check could not run there ({n.error})",
+                        "look at Ray's logs on that host")]
+    if n.answered:
+        return []
+    if n.unreachable_after is None:
+        return [Problem(where, f"no answer in {n.silent_after or 0:.0f} s, though its Ray port opens",
+                        "the node may be overloaded or its Ray stuck: look at its load and Ray's logs there")]
+    seen_closed = [o for o in nodes if o.answered and any(
+        why and label.startswith(f"{n.ip}:") for label, why in o.ports.items())]
+    return [Problem(where, f"unreachable: no answer after {n.unreachable_after:.1f} s; its Ray port does not "
+                           f"open from {host(seen_closed[0].ip)}",
+                    "check that the host is up and on the network; `%gpugeek down` and `up` again "
+                    "without it if it is gone")]
+
+
+def _versions(n: NodeFacts, kernel: dict, where: str) -> list[Problem]:
+    theirs = n.facts["versions"]
+    out = []
+    mine, other = kernel.get("python", ""), theirs.get("python", "")
+    if mine.split(".")[:2] != other.split(".")[:2]:
+        out.append(Problem(where, f"Python {other}, the kernel has {mine}",
+                           f"use Python {'.'.join(mine.split('.')[:2])} there: a Ray Client needs the same "
+                           f"minor version"))
+    for package, want in kernel.items():
+        if package == "python" or want is None:
+            continue
+        have = theirs.get(package)
+        if have is None:
+            out.append(Problem(where, f"{package} is not installed (the kernel has {want})",
+                               f"pip install '{package}=={want}' there"))
+        elif have != want:
+            out.append(Problem(where, f"{package} {have}, the kernel has {want}",
+                               f"pip install '{package}=={want}' there (or the same version here)"))
+    return out
+
+
+def _network(n: NodeFacts, where: str, size: int, gone: set[str], host) -> list[Problem]:
+    out = []
+    if n.facts["interface"] is None:
+        out.append(Problem(where, f"no network interface carries its Ray address {n.ip}",
+                           "set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface the nodes "
+                           "reach each other on"))
+    elif n.facts["loopback"] and size > 1:
+        out.append(Problem(where, f"Ray advertises a loopback address ({n.ip}) on a {size}-node cluster",
+                           "start Ray there with --node-ip-address=<the address the others reach it at>"))
+    for label, why in n.ports.items():
+        target = label.partition(":")[0]
+        if why and target not in gone:
+            out.append(Problem(where, f"cannot open {label.replace(target, host(target), 1)}: {why}",
+                               "open that port between the nodes (firewall, security group)"))
+    if n.clock_offset_s is not None and abs(n.clock_offset_s) > CLOCK_LIMIT_S + (n.clock_rtt_s or 0) / 2:
+        out.append(Problem(where, f"its clock is {n.clock_offset_s:+.2f} s off this machine's",
+                           "run NTP on both (chrony, systemd-timesyncd): node lifetimes are priced from "
+                           "these clocks"))
+    return out
+
+
+def _gpus(n: NodeFacts, where: str, simulated: bool) -> list[Problem]:
+    if not n.declared_gpus or simulated:
+        return []
+    nvml = len(n.facts.get("gpus", {}).get("names", []))
+    seen = max(nvml, n.torch.get("devices", 0))
+    out = []
+    if seen < n.declared_gpus:
+        out.append(Problem(where, f"Ray offers {n.declared_gpus:g} GPU(s) there, {seen} can be seen",
+                           f"start Ray there with --num-gpus={seen}, or fix the NVIDIA driver"))
+    if n.torch and not n.torch.get("cuda"):
+        out.append(Problem(where, "torch there has no CUDA", "install a CUDA build of torch there"))
+    return out
+
+
+def _nccl(nodes: list[NodeFacts], names: dict[str, str]) -> list[Problem]:
+    versions = {n.node_id: n.torch.get("nccl") for n in nodes if n.torch.get("nccl")}
+    if len(set(versions.values())) <= 1:
+        return []
+    common = max(set(versions.values()), key=list(versions.values()).count)
+    return [Problem(names[node], f"NCCL {v}, other nodes have {common}", "use the same torch build on every node")
+            for node, v in versions.items() if v != common]
+
+
+def _links(pairs: dict, names: dict[str, str]) -> list[Problem]:
+    """Slow pairs — absolutely, or against the cluster's best pair — blamed on the one host they
+    share when there is one, else on the link."""
+    if not pairs:
+        return []
+    best_ms = min(ms for ms, _ in pairs.values())
+    best_gbs = max(gbs for _, gbs in pairs.values())
+    slow = {}
+    for pair, (ms, gbs) in pairs.items():
+        if (ms > LATENCY_LIMIT_MS or gbs < BANDWIDTH_FLOOR_GBS
+                or (ms > OUTLIER * best_ms and ms > OUTLIER_FLOOR_MS) or gbs * OUTLIER < best_gbs):
+            slow[pair] = (ms, gbs)
+    if not slow:
+        return []
+    nodes = {node for pair in pairs for node in pair}
+    blamed = [node for node in sorted(nodes) if all(p in slow for p in pairs if node in p)
+              and sum(node in p for p in slow) >= min(2, len(slow))]
+    fix = "check that link: its speed, traffic shaping (`tc qdisc show`), the nodes' zone or placement group"
+    if len(blamed) == 1 and len(nodes) > 2:
+        node = blamed[0]
+        detail = "; ".join(f"with {names[b if a == node else a]} {ms:.1f} ms, {gbs:.3f} GB/s"
+                           for (a, b), (ms, gbs) in slow.items())
+        return [Problem(names[node], f"slow link — all_reduce {detail} (best pair {best_ms:.1f} ms, "
+                                  f"{best_gbs:.3f} GB/s)", fix)]
+    return [Problem(f"{names[a]} ↔ {names[b]}", f"slow link — all_reduce {ms:.1f} ms, {gbs:.3f} GB/s "
+                    f"(limits {LATENCY_LIMIT_MS:g} ms, {BANDWIDTH_FLOOR_GBS:g} GB/s)", fix)
+            for (a, b), (ms, gbs) in slow.items()]
+
+
+def _row(n: NodeFacts, where: str, pairs: dict, problems: list[Problem]) -> dict:
+    facts = n.facts or {}
+    versions = facts.get("versions", {})
+    mine = [(ms, gbs) for pair, (ms, gbs) in pairs.items() if n.node_id in pair]
+    gpus = facts.get("gpus", {})
+    gpu_text = f"{n.declared_gpus:g}" if n.declared_gpus else "0"
+    if gpus.get("names"):
+        gpu_text += f" ({len(gpus['names'])}× {gpus['names'][0]}, driver {gpus.get('driver')})"
+    if n.torch.get("cuda"):
+        gpu_text += f" CUDA {n.torch.get('cuda_version')} NCCL {n.torch.get('nccl')}"
+    bad = any(where in p.host.split(" ↔ ") for p in problems)
+    return {
+        "node": where, "role": "head" if n.is_head else "worker",
+        "interface": facts.get("interface") or "-", "python": versions.get("python", "-"),
+        "ray": versions.get("ray") or "-", "torch": versions.get("torch") or "-", "GPUs": gpu_text,
+        "clock": f"{n.clock_offset_s * 1e3:+.0f} ms" if n.clock_offset_s is not None else "-",
+        "all_reduce": (f"{max(ms for ms, _ in mine):.2f} ms, {min(g for _, g in mine):.2f} GB/s" if mine else "-"),
+        "": "✗" if bad or not n.answered else "✓",
+    }

@@ -1,0 +1,119 @@
+"""The doctor's judgement on facts as the probes report them: what counts as a problem, and whom
+it blames. (The lab tests, tests/lab/test_doctor.py, gather the facts on real hosts.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpugeek_jupyter.health.findings import DoctorReport, NodeFacts, judge
+
+KERNEL = {"python": "3.11.7", "ray": "2.60.0", "torch": "2.13.0", "numpy": "2.4.6", "psutil": "7.2.2",
+          "gpugeek-jupyter": "0.1.0"}
+FAST = (0.3, 0.4)          # ms, GB/s
+
+
+def node(ip: str, *, head: bool = False, versions: dict | None = None, ports: dict | None = None,
+         interface: str | None = "eth0", gpus: float = 0, nvml: int = 0, cuda: bool = False,
+         clock: float = 0.001) -> NodeFacts:
+    f = NodeFacts(ip=ip, node_id=ip, is_head=head, declared_gpus=gpus, clock_offset_s=clock, clock_rtt_s=0.01)
+    f.answer({"versions": {**KERNEL, **(versions or {})}, "interface": interface, "loopback": interface == "lo",
+              "gpus": {"names": ["NVIDIA H100"] * nvml, "driver": "550.1"} if nvml else {},
+              "ports": ports or {}}, 1.0)
+    f.torch = {"cuda": cuda, "devices": nvml if cuda else 0, "nccl": "2.21.5" if cuda else None}
+    return f
+
+
+def three(**changes) -> list[NodeFacts]:
+    return [node("10.0.0.1", head=True), node("10.0.0.2"), node("10.0.0.3", **changes)]
+
+
+def pairs(slow_host: str | None = None, slow=(0.4, 0.012)) -> dict:
+    ips = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    return {(a, b): (slow if slow_host in (a, b) else FAST) for i, a in enumerate(ips) for b in ips[i + 1:]}
+
+
+def test_a_healthy_cluster_is_all_green():
+    report = judge("c", KERNEL, three(), pairs())
+    assert report.ok and report.problems == []
+    assert [row[""] for row in report.rows] == ["✓"] * 3
+    assert "all green" in repr(report) and "all green" in report._repr_html_()
+
+
+def test_a_package_skew_names_the_host_and_the_fix():
+    report = judge("c", KERNEL, three(versions={"psutil": "7.1.0"}), pairs(),
+                   labels={"10.0.0.3": "ubuntu@gpu3"})
+    assert [str(p) for p in report.problems] == [
+        "✗ ubuntu@gpu3 (10.0.0.3): psutil 7.1.0, the kernel has 7.2.2 — pip install 'psutil==7.2.2' there "
+        "(or the same version here)"]
+    assert [row[""] for row in report.rows] == ["✓", "✓", "✗"]
+
+
+def test_a_missing_package_and_another_python_minor_are_problems_a_patch_release_is_not():
+    report = judge("c", KERNEL, three(versions={"torch": None, "python": "3.12.1"}), pairs())
+    assert sorted(p.what for p in report.problems) == [
+        "Python 3.12.1, the kernel has 3.11.7", "torch is not installed (the kernel has 2.13.0)"]
+    assert judge("c", KERNEL, three(versions={"python": "3.11.9"}), pairs()).ok
+
+
+def test_a_slow_host_is_blamed_alone_when_all_its_links_are_slow():
+    report = judge("c", KERNEL, three(), pairs("10.0.0.3"))
+    assert [p.host for p in report.problems] == ["10.0.0.3"]
+    assert "slow link" in report.problems[0].what and "0.012 GB/s" in report.problems[0].what
+
+
+@pytest.mark.parametrize("slow", [(25.0, 0.4), (0.4, 0.05)], ids=["latency", "bandwidth"])
+def test_two_nodes_name_the_link_when_it_is_slow_in_absolute_terms(slow):
+    report = judge("c", KERNEL, [node("10.0.0.1", head=True), node("10.0.0.2")], {("10.0.0.1", "10.0.0.2"): slow})
+    assert [p.host for p in report.problems] == ["10.0.0.1 ↔ 10.0.0.2"]
+
+
+def test_noise_within_a_fast_network_is_not_a_slow_link():
+    wobble = {("10.0.0.1", "10.0.0.2"): (0.3, 0.40), ("10.0.0.1", "10.0.0.3"): (1.1, 0.21),
+              ("10.0.0.2", "10.0.0.3"): (0.5, 0.30)}
+    assert judge("c", KERNEL, three(), wobble).ok
+
+
+def test_an_unreachable_node_is_named_with_who_could_not_reach_it():
+    nodes = three()
+    nodes[2] = NodeFacts(ip="10.0.0.3", node_id="x", is_head=False, unreachable_after=3.2)
+    nodes[0].answer({**nodes[0].facts, "ports": {"10.0.0.3:4321 (Ray node manager)": "no answer"}}, 1.0)
+    report = judge("c", KERNEL, nodes, {("10.0.0.1", "10.0.0.2"): FAST})
+    assert report.pairs == {("10.0.0.1", "10.0.0.2"): FAST}
+    assert [(p.host, p.what) for p in report.problems] == [
+        ("10.0.0.3", "unreachable: no answer after 3.2 s; its Ray port does not open from 10.0.0.1")]
+    assert report.rows[2][""] == "✗" and report.rows[2]["python"] == "-"
+
+
+def test_closed_ports_between_live_nodes_and_a_loopback_address_are_problems():
+    report = judge("c", KERNEL, [node("10.0.0.1", head=True, ports={"10.0.0.2:6379 (Ray GCS)": "Connection refused"}),
+                                 node("127.0.0.1", interface="lo")], {})
+    what = [p.what for p in report.problems]
+    assert "cannot open 10.0.0.2:6379 (Ray GCS): Connection refused" in what
+    assert "Ray advertises a loopback address (127.0.0.1) on a 2-node cluster" in what
+
+
+def test_clock_skew_and_missing_gpus_are_problems_on_real_nodes_not_simulated_ones():
+    nodes = three(gpus=8, nvml=4, cuda=True, clock=2.5)
+    what = [p.what for p in judge("c", KERNEL, nodes, pairs()).problems]
+    assert what == ["its clock is +2.50 s off this machine's", "Ray offers 8 GPU(s) there, 4 can be seen"]
+    simulated = judge("c", KERNEL, three(gpus=8, nvml=0), pairs(), simulated=True)
+    assert simulated.ok
+
+
+def test_nodes_that_share_an_address_are_told_apart_by_node_id():
+    nodes = [node("10.0.0.1", head=True), node("10.0.0.1"), node("10.0.0.1", versions={"ray": "2.59.0"})]
+    for i, n in enumerate(nodes):
+        n.node_id = f"{i}" * 8
+    report = judge("c", KERNEL, nodes, {("00000000", "11111111"): FAST, ("00000000", "22222222"): FAST,
+                                        ("11111111", "22222222"): FAST}, simulated=True)
+    assert [p.host for p in report.problems] == ["10.0.0.1 · node 222222"]
+    assert len(report.pairs) == 3 and [r[""] for r in report.rows] == ["✓", "✓", "✗"]
+
+
+def test_the_report_shows_as_text_and_html():
+    report = judge("c", KERNEL, three(versions={"ray": "2.59.0"}), pairs(), took_s=4.2)
+    assert isinstance(report, DoctorReport) and not report.ok
+    text = repr(report)
+    assert text.splitlines()[0] == "c: 3 node(s) checked in 4.2 s — 1 problem(s)"
+    assert "✗ 10.0.0.3: ray 2.59.0, the kernel has 2.60.0" in text
+    assert "<li>✗ 10.0.0.3: ray 2.59.0" in report._repr_html_()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
+import shlex
+import stat
+from pathlib import Path
 
 import pytest
 import yaml
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import launcher
+from gpugeek_jupyter.cluster import hosts, launcher, onhost
 from gpugeek_jupyter.errors import GpugeekError
 
 
@@ -39,6 +43,128 @@ def test_launcher_yaml_passes_rays_validation(backend, gpu, count, pricing):
         assert node["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
     assert "not priced" in shown.next_step, "the unpriced CPU head is said, not hidden"
     assert not gg.clusters()["name"].tolist(), "showing a config records no cluster"
+
+
+@pytest.mark.parametrize("backend, gpu", [("aws", "A100"), ("gcp", "H100"), ("azure", "A100")])
+def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
+    """The start commands run ``onhost.py start`` (shipped by file_mounts with the token), on the
+    ssh backend's ports; Ray validates them and sees `ray start` with an autoscaling config."""
+    shown = gg.up(backend=backend, gpu=gpu, count=8, workers=2)
+    prepared = launcher.validate(shown.config)
+    node_dir = launcher.node_dir(backend)
+    assert prepared["file_mounts"] == {node_dir: str(launcher.node_files(backend))}
+    [head], [worker] = prepared["head_start_ray_commands"], prepared["worker_start_ray_commands"]
+    assert f"python3 {node_dir}/onhost.py start " in head and f"python3 {node_dir}/onhost.py start " in worker
+    assert "ray start" in head and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head  # else Ray warns
+    head_order, worker_order = _order(head), _order(worker)
+    for order in (head_order, worker_order):
+        assert (order["port"], order["client_port"]) == (hosts.GCS_PORT, hosts.CLIENT_PORT)
+        assert order["token_path"] == f"{node_dir}/auth_token" and order["marker"] == launcher.SHOWN_MARKER
+        assert "{ip}" in order["temp_dir"], "nodes sharing a /tmp (the lab) need temp dirs of their own"
+    assert head_order["role"] == "head" and head_order["gpus"] == 0
+    assert worker_order["role"] == "worker" and "head" not in worker_order   # RAY_HEAD_IP, as Ray exports
+    assert "the folder in its file_mounts is written then" in shown.next_step
+
+    folder = launcher.write_node_files(backend)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE((folder / "auth_token").stat().st_mode) == 0o600
+    assert (folder / "onhost.py").read_text() == Path(onhost.__file__).read_text()
+
+
+def _order(command: str) -> dict:
+    words = shlex.split(command)
+    return json.loads(words[words.index("start") + 1])
+
+
+class _Started:
+    def __init__(self, cmd, env, **_):
+        _Started.cmd, _Started.env = cmd, env
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
+    """What the YAML's commands make of ``onhost.py start`` on a node (``ray start`` itself faked):
+    the marker and token auth in Ray's environment, the token file 0600 though it arrived 0644,
+    the client server and autoscaler on the head, the head's address and node type from Ray's
+    exports on a worker."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = gg.up(backend="aws", gpu="A100", count=8).config
+    token = tmp_path / launcher.node_dir("aws").removeprefix("~/") / "auth_token"
+    token.parent.mkdir(parents=True)
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
+    monkeypatch.setattr(onhost, "_listening", lambda ip, port: True)
+    monkeypatch.setattr(onhost, "node_ip", lambda peer=None: "10.0.0.5" if peer is None else "10.0.0.6")
+    for key in ("RAY_HEAD_IP", "RAY_NODE_TYPE_NAME"):
+        monkeypatch.delenv(key, raising=False)
+
+    words = shlex.split(config["head_start_ray_commands"][0].split("; ", 1)[1])
+    assert onhost.start(words[words.index("start") + 1:])["ok"]
+    cmd, env = _Started.cmd, _Started.env
+    assert {"--head", "--port=6379", "--ray-client-server-port=10001", "--node-ip-address=10.0.0.5",
+            "--num-gpus=0", "--autoscaling-config=~/ray_bootstrap_config.yaml"} <= set(cmd)
+    temp_dir = _order(config["head_start_ray_commands"][0])["temp_dir"].replace("{ip}", "10.0.0.5")
+    assert "--no-monitor" not in cmd and f"--temp-dir={temp_dir}" in cmd
+    assert env[onhost.MARKER] == launcher.SHOWN_MARKER and env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(token) and env["RAY_NODE_TYPE_NAME"] == "head"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and token.read_text() == "secret\n"
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+
+    monkeypatch.setenv("RAY_HEAD_IP", "10.0.0.5")
+    monkeypatch.setenv("RAY_NODE_TYPE_NAME", "a100x8-on-demand")
+    words = shlex.split(config["worker_start_ray_commands"][0].split("; ", 1)[1])
+    assert onhost.start(words[words.index("start") + 1:])["ok"]
+    cmd, env = _Started.cmd, _Started.env
+    assert "--address=10.0.0.5:6379" in cmd and "--node-ip-address=10.0.0.6" in cmd
+    assert not any(c.startswith(("--num-gpus", "--head", "--autoscaling")) for c in cmd)  # RAY_OVERRIDE_RESOURCES
+    assert env["RAY_NODE_TYPE_NAME"] == "a100x8-on-demand"
+
+    token.unlink()
+    assert "no token" in onhost.start(words[words.index("start") + 1:])["error"]
+    monkeypatch.delenv("RAY_HEAD_IP")
+    assert "RAY_HEAD_IP is not set" in onhost.start(words[words.index("start") + 1:])["error"]
+
+
+def test_head_is_found_with_rays_cli(tmp_path, monkeypatch):
+    """``ray get-head-ip`` and ``ray exec … node-ip`` as Ray prints them (its own lines first, a
+    tty's carriage returns); a head without an address is one line."""
+    said = {"get-head-ip": "Loaded cached provider configuration\nFetched IP: 54.1.2.3\n54.1.2.3\n",
+            "exec": 'Fetched IP: 54.1.2.3\r\nbash: no job control in this shell\r\n{"ip": "172.31.5.6"}\r\n'}
+    calls = []
+
+    def ray_cli(*args, log, timeout=None):
+        calls.append(args)
+        return said[args[0]]
+
+    monkeypatch.setattr(launcher, "ray_cli", ray_cli)
+    monkeypatch.setattr(launcher, "ssh_login", lambda path, log: ("ubuntu", "~/.ssh/ray-autoscaler_us-east-1.pem"))
+    path, log = tmp_path / "c.yaml", tmp_path / "log"
+    head = launcher.find_head("c1", path, log)
+    assert head == launcher.Head("54.1.2.3", "172.31.5.6", "ubuntu", "~/.ssh/ray-autoscaler_us-east-1.pem")
+    assert calls[1] == ("exec", str(path), launcher.node_ip_command("c1"))
+    said["get-head-ip"] = "Head node of cluster (c1) not found!\n"
+    with pytest.raises(GpugeekError, match="Ray's launcher gave no head address"):
+        launcher.find_head("c1", path, log)
+
+
+def test_ssh_login_is_read_from_the_config_ray_up_bootstrapped(tmp_path, monkeypatch):
+    """`ray up` caches the bootstrapped config (auth with the key it made) under the config's hash
+    in the temp dir; the login is read from there. No cloud SDK is installed here, so a miss
+    could not reach a cloud — it would fail."""
+    import hashlib
+
+    from ray.autoscaler._private.util import prepare_config
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    shown = gg.up(backend="aws", gpu="A100", count=8)
+    prepared = prepare_config(copy.deepcopy(yaml.safe_load(shown.path.read_text())))
+    digest = hashlib.sha256(json.dumps([prepared], sort_keys=True).encode()).hexdigest()
+    bootstrapped = {**prepared, "auth": {"ssh_user": "ubuntu", "ssh_private_key": "~/.ssh/ray-autoscaler_x.pem"}}
+    (tmp_path / f"ray-config-{digest}").write_text(json.dumps({"_version": 1, "config": bootstrapped}))
+    assert launcher.ssh_login(shown.path, tmp_path / "log") == ("ubuntu", "~/.ssh/ray-autoscaler_x.pem")
 
 
 def test_broken_launcher_config_is_rejected_by_ray():
@@ -153,3 +279,24 @@ def test_launch_without_credentials_is_one_line(ipython, capsys, tmp_path, monke
     assert "needs the aws SDK — pip install boto3" in _one_line(
         ipython, capsys, "up --backend aws --gpu A100 --count 8 --yes")
     assert gg.clusters().empty, "a launch refused up front records nothing"
+
+
+def test_an_ssh_head_takes_other_ports_when_the_usual_ones_are_held(tmp_path, monkeypatch):
+    """A host already running a Ray (another cluster of ours, or the user's own) holds 6379: the
+    head goes on free ports and says which, so the workers and the tunnel follow it."""
+    import socket
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
+    monkeypatch.setattr(onhost, "_listening", lambda ip, port: True)
+    monkeypatch.setattr(onhost, "TOKEN", "secret")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        order = {"role": "head", "marker": "m", "temp_dir": str(tmp_path / "ray"), "ip": "127.0.0.1", "gpus": 0,
+                 "token_path": str(tmp_path / "token"), "port": taken, "client_port": taken, "free_ports": True}
+        answer = onhost.start([json.dumps(order)])
+    assert answer["ok"] and taken not in (answer["port"], answer["client_port"])
+    assert f"--port={answer['port']}" in _Started.cmd
+    assert f"--ray-client-server-port={answer['client_port']}" in _Started.cmd

@@ -3,7 +3,8 @@
 - ``local``: a Ray head on this machine with its real CPUs/GPUs (the default).
 - ``sim``: Ray's fake multi-node autoscaler with node types made from offers (rehearsal).
 - ``ssh``: the user's own machines, Ray started on each over SSH, reached through a tunnel.
-- ``aws``/``gcp``/``azure``: Ray's cluster launcher (``ray up``/``ray down``) on a generated YAML.
+- ``aws``/``gcp``/``azure``: Ray's cluster launcher (``ray up``/``ray down``) on a generated YAML
+  whose start commands are the ``ssh`` backend's; its head reached through the same tunnel.
 - ``kuberay``: a RayCluster manifest applied with ``kubectl``.
 - ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
 """
@@ -11,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -23,7 +23,7 @@ import yaml
 from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import read_nodes
-from . import head, hosts, kuberay, launcher, processes, registry, sim
+from . import head, hosts, kuberay, launcher, processes, registry, sim, ssh, tunnel
 from .registry import ClusterRecord
 from .spec import ClusterSpec
 
@@ -173,7 +173,8 @@ class SshBackend(Backend):
 
 
 class LauncherBackend(Backend):
-    """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``."""
+    """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``. Past the provider
+    section it is an ssh cluster: the same ``onhost.py start`` on every node, the same tunnel."""
 
     owns_processes = False
     confirm = True
@@ -181,8 +182,8 @@ class LauncherBackend(Backend):
     def __init__(self, provider: str):
         self.name = provider
 
-    def config(self, name: str, spec: ClusterSpec) -> dict:
-        config = launcher.cluster_config(name, spec)
+    def config(self, name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
+        config = launcher.cluster_config(name, spec, marker)
         launcher.validate(config)
         return config
 
@@ -193,44 +194,49 @@ class LauncherBackend(Backend):
                      f"holds GPU offers only. ")
         notes = " ".join(spec.notes)
         return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), path,
-                            f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it.",
-                            config)
+                            f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it "
+                            f"(the folder in its file_mounts is written then).", config)
 
     def preflight(self, spec):
         launcher.check_credentials(self.name)
 
     def start(self, record, spec):
-        config = self.config(record.name, spec)
+        config = self.config(record.name, spec, record.marker)
         path = launcher.write(record.name, config)
         # recorded before `ray up`, so a failure half-way can still be taken down
         registry.update(record.id, temp_dir=str(path))
-        log = home() / "launch" / f"{record.name}-{self.name}.log"
+        log = self._log(record)
+        launcher.write_node_files(record.name)
         launcher.ray_cli("up", "-y", str(path), log=log)
-        # the head's GCS port is closed to the internet; Ray's own SSH port-forward reaches it
-        port = processes.free_port()
-        tunnel = processes.start_detached(
-            [*launcher.RAY, "dashboard", str(path), f"--port={port}", "--remote-port=6379"],
-            {**os.environ, processes.MARKER: record.marker}, log)
-        return Started(address=f"127.0.0.1:{port}", session_id=tunnel.pid, pids=[tunnel.pid],
-                       temp_dir=str(path))
+        found = launcher.find_head(record.name, path, log)
+        spec.remote.update(hosts=[f"{found.ssh_user}@{found.public_ip}"], head_ip=found.private_ip,
+                           ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT,
+                           known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"))
+        registry.update(record.id, spec=spec.to_json())
+        opened = tunnel.open_tunnel(record, spec)
+        spec.remote["client_address"] = opened.client
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         return  # `ray up` returns once the head is up; workers join as the autoscaler brings them
 
     def stop(self, record, grace=3.0):
-        log = home() / "launch" / f"{record.name}-{self.name}.log"
         if record.temp_dir:
-            launcher.ray_cli("down", "-y", str(record.temp_dir), log=log)
-        if record.session_id:
+            launcher.ray_cli("down", "-y", str(record.temp_dir), log=self._log(record))
+        if record.session_id:     # the tunnel
             processes.stop_session(record.session_id, record.created, record.marker, grace)
+        shutil.rmtree(launcher.node_files(record.name), ignore_errors=True)
 
     def scale(self, record, spec, workers):
         spec.workers.min_workers = spec.workers.max_workers = workers
-        config = self.config(record.name, spec)
+        config = self.config(record.name, spec, record.marker)
         path = launcher.write(record.name, config)
-        log = home() / "launch" / f"{record.name}-{self.name}.log"
-        launcher.ray_cli("up", "-y", "--no-restart", str(path), log=log)
+        launcher.write_node_files(record.name)
+        launcher.ray_cli("up", "-y", "--no-restart", str(path), log=self._log(record))
         return spec
+
+    def _log(self, record: ClusterRecord) -> Path:
+        return home() / "launch" / f"{record.name}-{self.name}.log"
 
 
 class KubeRayBackend(Backend):

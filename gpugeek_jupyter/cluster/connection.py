@@ -2,9 +2,9 @@
 ``disconnect`` and ``connected_address`` and nothing else of Ray's connection machinery.
 
 The kernel becomes a Ray driver (``ray.init(address)``) of local, sim and attached clusters on
-its own network. It is not part of an ``ssh`` cluster: it connects as a Ray Client (``ray://``)
-through the cluster's SSH tunnel (``tunnel``), so only one forwarded port carries the session.
-It only records itself attached to cloud and KubeRay ones. A driver whose cluster is stopped
+its own network. It is not part of an ``ssh`` or cloud (aws, gcp, azure) cluster: it connects as a
+Ray Client (``ray://``) through the cluster's SSH tunnel (``tunnel``), so only one forwarded port
+carries the session. It only records itself attached to KubeRay ones. A driver whose cluster is stopped
 elsewhere (the watchdog, JupyterLab, another kernel) must let go at once — a Ray driver whose GCS
 has gone ends its own process a minute later — so a watcher thread drops the connection when the
 registry says a stop has begun.
@@ -25,8 +25,8 @@ from .session import current
 from .spec import ClusterSpec
 
 WATCH_INTERVAL_S = 2.0
-DRIVER_BACKENDS = ("local", "sim", "attach")   # the kernel joins these as a Ray driver
-CLIENT_BACKENDS = ("ssh",)                      # … and these as a Ray Client, through the tunnel
+DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
+CLIENT_BACKENDS = ("ssh", "aws", "gcp", "azure")   # … and these as a Ray Client, through the tunnel
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,15 @@ def connected_address() -> str | None:
 
 
 def connect(record: ClusterRecord) -> None:
-    """Make this kernel a Ray driver of the cluster (local, sim, attach), and attached to it."""
+    """Make this kernel a Ray driver (local, sim, attach) or Ray Client (ssh, clouds) of the
+    cluster, and attached to it."""
     global _watcher
     session = current()
-    if record.backend in CLIENT_BACKENDS:
+    # a cloud head not yet reached (its `up` failed half-way) has no tunnel to open: attached only
+    reachable = record.backend not in CLIENT_BACKENDS or ClusterSpec.from_json(record.spec).remote.get("hosts")
+    if record.backend in CLIENT_BACKENDS and reachable:
         record = tunnel.ensure(record)
-    if not record.address or record.backend not in DRIVER_BACKENDS + CLIENT_BACKENDS:
+    if not record.address or not reachable or record.backend not in DRIVER_BACKENDS + CLIENT_BACKENDS:
         registry.attach(record.id)     # this notebook looks after it, even without a driver
         return
     import ray
@@ -69,7 +72,7 @@ def connect(record: ClusterRecord) -> None:
     if record.backend in CLIENT_BACKENDS:
         use_token_auth()
         ray.init(ClusterSpec.from_json(record.spec).remote["client_address"], namespace="gpugeek",
-                 logging_level="ERROR", log_to_driver=True)
+                 logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated)
@@ -78,6 +81,13 @@ def connect(record: ClusterRecord) -> None:
     if _watcher is None:
         _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
         _watcher.start()
+
+
+def shipped() -> dict:
+    """This package, sent to a remote cluster's nodes with the job (Ray's ``py_modules``): the
+    workers run the kernel's own version of it, and a host needs only Python, Ray and torch."""
+    package = Path(__file__).resolve().parent.parent
+    return {"py_modules": [str(package)], "excludes": ["__pycache__", "labextension", "*.pyc"]}
 
 
 def disconnect(record: ClusterRecord) -> None:

@@ -61,15 +61,18 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     def ray_start(i: int, role: str) -> dict:
         order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
                  "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
-                 "token_path": remote["token_path"], "node_type": "host", "port": GCS_PORT,
-                 "client_port": CLIENT_PORT, "head": f"{remote['head_ip']}:{GCS_PORT}", "timeout": START_TIMEOUT_S}
+                 "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
+                 "client_port": remote["client_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
+                 "free_ports": True, "timeout": START_TIMEOUT_S}
         answer = ssh.on_host(hosts[i], key, pythons[i], "start", json.dumps(order), token=token,
                              timeout=START_TIMEOUT_S + 30)
         if not answer.get("ok"):
             raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
         return answer
 
-    ray_start(0, "head")
+    head = ray_start(0, "head")     # on other ports when the usual ones are taken there
+    remote.update(gcs_port=head["port"], client_port=head["client_port"])
+    registry.update(record.id, spec=spec.to_json())
     if len(hosts) > 1:
         ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
     return tunnel.open_tunnel(record, spec)

@@ -4,23 +4,36 @@ We write the config (instance types, spot market options, min/max workers, idle 
 node type), have Ray fill its defaults and validate it against its own schema, and run
 ``ray up -y`` / ``ray down -y`` only when the user says ``--yes``. Credentials stay where the
 providers' standard chains keep them; we only check that some exist and never print them.
+
+Past the provider section a cloud cluster is an ``ssh`` cluster: the YAML's start commands run the
+same ``onhost.py start`` on every node (copied there with the token file by ``file_mounts``), so
+Ray runs with the cluster's marker, token auth from a 0600 file, the client server on the head and
+the same ports; this machine reaches the head through the same tunnel (``find_head`` asks Ray's
+CLI where the head is and how to log in to it).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import ipaddress
+import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from ..config import home
 from ..errors import GpugeekError
+from ..raynodes import token_text
+from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 from .spec import ClusterSpec, NodeType
 
 NODE_IDLE_MINUTES = 5
@@ -32,14 +45,21 @@ GCP_ACCELERATOR = {  # machine families that take attached GPUs (a2/a3/g2 carry 
     "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80",
 }
 GCP_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
+# On the nodes: Ray's default setup commands put the Python that has Ray first on the PATH of the
+# login shell its start commands run in; `ray up` leaves the autoscaler's config at BOOTSTRAP.
+NODE_PYTHON = "python3"
+BOOTSTRAP = "~/ray_bootstrap_config.yaml"
+SHOWN_MARKER = "<marker, set by up>"
 
 
-def cluster_config(name: str, spec: ClusterSpec) -> dict:
-    """The cluster-launcher config for ``spec`` (before Ray fills its defaults)."""
+def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
+    """The cluster-launcher config for ``spec`` (before Ray fills its defaults); ``marker`` is
+    the cluster's, known once ``up`` has recorded it."""
     provider = spec.backend
     workers = {t.name: _worker(provider, t) for t in spec.node_types}
     head = {"node_config": _node_config(provider, HEAD_INSTANCE[provider], None, spot=False),
             "resources": {}}
+    head_start, worker_start = start_commands(name, marker or SHOWN_MARKER)
     return {
         "cluster_name": name,
         "max_workers": sum(t.max_workers for t in spec.node_types),
@@ -49,7 +69,55 @@ def cluster_config(name: str, spec: ClusterSpec) -> dict:
         "auth": _auth(provider),
         "available_node_types": {"head": head, **workers},
         "head_node_type": "head",
+        "file_mounts": {node_dir(name): str(node_files(name))},
+        "head_start_ray_commands": [head_start],
+        "worker_start_ray_commands": [worker_start],
     }
+
+
+def start_commands(name: str, marker: str) -> tuple[str, str]:
+    """The head's and every worker's start command: ``onhost.py start``, as on an ssh cluster's
+    hosts. A worker's head address, node type and resources are what Ray's launcher exports to it
+    (``RAY_HEAD_IP``, ``RAY_NODE_TYPE_NAME``, ``RAY_OVERRIDE_RESOURCES``); its temp dir is named
+    by its address. The head's autoscaler gets the config `ray up` left there."""
+    order = {"marker": marker, "temp_dir": f"/tmp/gg-{_tag(name)}-{{ip}}", "token_path": f"{node_dir(name)}/auth_token",
+             "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
+    head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
+    run = f"ulimit -n 65536; {NODE_PYTHON} {node_dir(name)}/onhost.py start"
+    return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP}",
+            f"{run} {shlex.quote(json.dumps({'role': 'worker', **order}))}")
+
+
+def node_ip_command(name: str) -> str:
+    """Run on the head, says the address its Ray listens on."""
+    return f"{NODE_PYTHON} {node_dir(name)}/onhost.py node-ip"
+
+
+def node_dir(name: str) -> str:
+    """The cluster's folder on every node: ``onhost.py`` and the token (kept 0600 by ``onhost``)."""
+    return f"~/.gpugeek/clusters/{_tag(name)}"
+
+
+def node_files(name: str) -> Path:
+    """This machine's copy of that folder, which ``file_mounts`` ships to the nodes."""
+    return home() / "launch" / f"{name}-node"
+
+
+def write_node_files(name: str) -> Path:
+    """``onhost.py`` and the token, in a 0700 folder, the token 0600 (rsync keeps the modes)."""
+    folder = node_files(name)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    shutil.copyfile(Path(__file__).with_name("onhost.py"), folder / "onhost.py")
+    fd = os.open(folder / "auth_token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token_text())
+    os.chmod(folder / "auth_token", 0o600)
+    return folder
+
+
+def _tag(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()[:8]
 
 
 def _worker(provider: str, t: NodeType) -> dict:
@@ -180,12 +248,73 @@ def _importable(module: str) -> bool:
         return False
 
 
+# -- the head, once `ray up` has made it -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Head:
+    """How this machine reaches a launched head: SSH to its public address (as Ray's launcher
+    logs in), Ray on its private one."""
+
+    public_ip: str
+    private_ip: str
+    ssh_user: str
+    ssh_key: str | None
+
+
+def find_head(name: str, path: Path, log: Path) -> Head:
+    """Ask Ray's CLI: ``ray get-head-ip`` for the public address, ``ray exec`` of ``onhost.py
+    node-ip`` for the one Ray listens on, and the login Ray bootstrapped for the config."""
+    public = head_ip(ray_cli("get-head-ip", str(path), log=log))
+    private = head_ip(str(answer(ray_cli("exec", str(path), node_ip_command(name), log=log)).get("ip", "")))
+    user, key = ssh_login(path, log)
+    return Head(public, private, user, key)
+
+
+# `ray up` caches the bootstrapped config (with the key it made or found) under the config's hash
+LOGIN = ("import json, sys, yaml\n"
+         "from ray.autoscaler.sdk import bootstrap_config\n"
+         "auth = bootstrap_config(yaml.safe_load(open(sys.argv[1])))['auth']\n"
+         "print(json.dumps({'user': auth['ssh_user'], 'key': auth.get('ssh_private_key')}))\n")
+
+
+def ssh_login(path: Path, log: Path) -> tuple[str, str | None]:
+    """The SSH user and private key Ray's launcher logs in to the nodes with."""
+    found = answer(_run([sys.executable, "-c", LOGIN, str(path)], ["bootstrap_config"], log))
+    return found["user"], found.get("key")
+
+
+def head_ip(text: str) -> str:
+    """The address on the last line of a Ray CLI's output, or one line saying there was none."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        return str(ipaddress.ip_address(lines[-1]))
+    except (ValueError, IndexError):
+        said = lines[-1] if lines else "nothing"
+        raise GpugeekError(f"Ray's launcher gave no head address (it said: {said!r})") from None
+
+
+def answer(text: str) -> dict:
+    """The last JSON object line of a command's output (``ray exec`` prints its own lines too)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise GpugeekError(f"no answer from the head (its output ended: {text.strip()[-200:]!r})")
+
+
 RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]  # this env's `ray` CLI
 
 
 def ray_cli(*args: str, log: Path, timeout: float | None = None) -> str:
     """Run the ``ray`` CLI of this environment; its output goes to ``log``; one line if it fails."""
-    cmd = [*RAY, *args]
+    return _run([*RAY, *args], args, log, timeout)
+
+
+def _run(cmd: list[str], args, log: Path, timeout: float | None = None) -> str:
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(log, "ab") as out:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=out, timeout=timeout)
         out.write(done.stdout)

@@ -1,17 +1,23 @@
-"""What runs on each host of an ``ssh`` cluster, sent over SSH as the script itself (``python -``
-reads it from stdin): the hosts need Python and Ray, not this package, and nothing is left on them
-but Ray's own temp dir and the cluster's token file.
+"""What runs on each node of a cluster we start Ray on ourselves. On an ``ssh`` cluster it is sent
+over SSH as the script itself (``python -`` reads it from stdin); on a cloud, Ray's cluster
+launcher copies it onto every node (the YAML's ``file_mounts``) and its start commands call it —
+so both start Ray the same way. The nodes need Python and Ray, not this package, and nothing is
+left on them but Ray's own temp dir and the cluster's token file.
 
-    facts                     versions, devices, clock and interfaces, as JSON (doctor reads these)
-    start ROLE ARGS…          ``ray start`` in a session of its own, marked with the cluster's marker
+    facts                     versions, devices, clock and interfaces, as JSON (checked before a start)
+    start ORDER [ray start FLAG…]
+                              ``ray start`` in a session of its own, marked with the cluster's
+                              marker (ORDER: JSON); FLAGs are added to Ray's command line
+    node-ip                   the address Ray advertises on this node when ORDER names none
     ps MARKER                 our processes on this host: those whose environment carries MARKER
     stop MARKER GRACE [DIR]   SIGTERM, then SIGKILL after GRACE seconds, every process of ours;
                               then remove Ray's temp dir DIR
 
 Ownership is checked here, by process, on the host itself: a process is ours only if its
 environment carries the cluster's marker. Ray's word ("No nodes remaining") is never taken for it.
-The token arrives in the script's text (``TOKEN = …`` prepended), never on a command line, and is
-written 0600.
+The token arrives in the script's text (``TOKEN = …`` prepended) over SSH, or in the token file
+itself where the cluster launcher copied it; never on a command line. Either way the file is made
+0600. The exit status is 1 when the answer says ``ok: false`` (``ray up`` reads it).
 
 Standard library only, and Python 3.8+: it must run on whatever Python a host has.
 """
@@ -93,30 +99,57 @@ def ours(marker):
 
 
 def start(args):
-    """``ray start`` for the head or a worker; prints our PIDs on this host once it has started."""
+    """``ray start`` for the head or a worker; prints our PIDs on this host once it has started.
+
+    What ORDER leaves out comes from the node: its address (``node_ip``), the head's (Ray's
+    launcher exports ``RAY_HEAD_IP`` to a worker's start commands), its node type and resources
+    (``RAY_NODE_TYPE_NAME``, ``RAY_OVERRIDE_RESOURCES``, also exported by the launcher)."""
     spec = json.loads(args[0])
-    marker, temp_dir = spec["marker"], spec["temp_dir"]
+    extra = args[1:]
+    if extra[:2] == ["ray", "start"]:
+        extra = extra[2:]
+    marker = spec["marker"]
+    head = spec.get("head") or f"{os.environ.get('RAY_HEAD_IP', '')}:{spec['port']}"
+    if spec["role"] != "head" and head.startswith(":"):
+        return {"ok": False, "error": "no head address: none in the order and RAY_HEAD_IP is not set"}
+    ip = spec.get("ip") or node_ip(None if spec["role"] == "head" else head.rpartition(":")[0])
+    temp_dir = spec["temp_dir"].replace("{ip}", ip)
     token_path = os.path.expanduser(spec["token_path"])
     os.makedirs(os.path.dirname(token_path), mode=0o700, exist_ok=True)
-    fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(TOKEN or "")
+    os.chmod(os.path.dirname(token_path), 0o700)
+    if TOKEN is not None:
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(TOKEN)
+    elif not (os.path.exists(token_path) and os.path.getsize(token_path)):   # else the launcher copied it
+        return {"ok": False, "error": f"no token: none sent and none at {spec['token_path']}"}
     os.chmod(token_path, 0o600)   # an existing file keeps its mode on open: set it
+    if spec.get("restart"):       # `ray up` on a running head starts it again: ours go first
+        stop([marker, "5"])
     cmd = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
-           f"--node-ip-address={spec['ip']}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-           f"--num-gpus={int(spec['gpus'])}"]
+           f"--node-ip-address={ip}", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
+    if spec.get("gpus") is not None:
+        cmd.append(f"--num-gpus={int(spec['gpus'])}")
     if spec.get("cpus") is not None:
         cmd.append(f"--num-cpus={int(spec['cpus'])}")
+    if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
+        for key in ("port", "client_port"):
+            if not _free(ip, spec[key]):
+                spec[key] = _free(ip, 0)
     if spec["role"] == "head":
         cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
-                "--include-dashboard=false", "--no-monitor"]
+                f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
+        if not any(flag.startswith("--autoscaling-config") for flag in extra):
+            cmd.append("--no-monitor")    # no autoscaler: the nodes are the hosts we start
     else:
-        cmd += [f"--address={spec['head']}"]
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path,
-               RAY_USAGE_STATS_ENABLED="0", RAY_NODE_TYPE_NAME=spec["node_type"])
+        cmd += [f"--address={head}"]
+    cmd += extra
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path, RAY_USAGE_STATS_ENABLED="0")
+    if spec.get("node_type"):
+        env["RAY_NODE_TYPE_NAME"] = spec["node_type"]
     env[MARKER] = marker
     env.pop("RAY_AUTH_TOKEN", None)
-    log = os.path.join(os.path.dirname(token_path), f"ray-start-{spec['ip']}.log")
+    log = os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -128,11 +161,33 @@ def start(args):
         return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
     if spec["role"] == "head":     # Ray's client server starts after `ray start` returns
         deadline = time.time() + spec.get("timeout", 120)
-        while not _listening(spec["ip"], spec["client_port"]):
+        while not _listening(ip, spec["client_port"]):
             if time.time() > deadline:
                 return {"ok": False, "error": f"Ray's client server did not listen on port {spec['client_port']}"}
             time.sleep(0.1)
-    return {"ok": True, "pids": ours(marker)}
+    return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "client_port": spec["client_port"]}
+
+
+def node_ip(peer=None):
+    """The address this node reaches ``peer`` from (the head, for a worker), else the one its
+    default route leaves from — as Ray itself picks it. A UDP socket's connect sends nothing."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((peer or "8.8.8.8", 80))
+            return sock.getsockname()[0]
+    except OSError:
+        outside = [a for a in _interfaces() if not a.startswith("127.")]
+        return outside[0] if len(outside) == 1 else "127.0.0.1"
+
+
+def _free(ip, port):
+    """Whether ``port`` is free on ``ip`` here (0: a free port, returned)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+        return sock.getsockname()[1] if port == 0 else True
 
 
 def _listening(ip, port):
@@ -179,6 +234,8 @@ def main(argv):
         result = facts()
     elif command == "start":
         result = start(args)
+    elif command == "node-ip":
+        result = {"ip": node_ip(os.environ.get("RAY_HEAD_IP"))}
     elif command == "ps":
         result = {"pids": ours(args[0])}
     elif command == "stop":
@@ -186,6 +243,9 @@ def main(argv):
     else:
         result = {"ok": False, "error": f"unknown command {command!r}"}
     sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    if result.get("ok") is False:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class ClusterSpec:
     notes: list[str] = field(default_factory=list)
     dashboard: bool = False           # Ray's dashboard on the head (local and sim)
     dashboard_url: str | None = None  # where it answers, once started
-    remote: dict = field(default_factory=dict)   # ssh: hosts, key, head address and ports, tunnel
+    remote: dict = field(default_factory=dict)   # ssh, clouds: hosts, key, head address and ports, tunnel
 
     @property
     def simulated(self) -> bool:

@@ -60,8 +60,10 @@ def local_dir(name: str, cluster_id: int) -> Path:
     return folder
 
 
-def options(key: str | None) -> list[str]:
-    known = home() / "known_hosts"
+def options(key: str | None, known_hosts: str | None = None) -> list[str]:
+    """``known_hosts``: a file of the cluster's own (a cloud reuses public addresses for other
+    machines), else ours for every host the user named."""
+    known = known_hosts or home() / "known_hosts"
     opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
@@ -70,10 +72,10 @@ def options(key: str | None) -> list[str]:
     return opts
 
 
-def argv(target: Target, key: str | None, *remote: str) -> list[str]:
+def argv(target: Target, key: str | None, *remote: str, known_hosts: str | None = None) -> list[str]:
     port = ["-p", str(target.port)] if target.port else []
     dest = f"{target.user}@{target.host}" if target.user else target.host
-    return ["ssh", *options(key), *port, dest, *remote]
+    return ["ssh", *options(key, known_hosts), *port, dest, *remote]
 
 
 def on_host(target: Target, key: str | None, python: str, command: str, *args: str,
@@ -87,11 +89,11 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
         script = f"TOKEN = {token!r}\n{script}"
     quoted = " ".join(_quote(a) for a in (python, "-", command, *args))
     done = _ssh(target, key, quoted, script, timeout)
-    if done.returncode != 0:
-        raise GpugeekError(f"{target}: {command} failed on the host — {_last(done.stderr)}")
-    try:
+    try:   # a script that answers ``ok: false`` exits 1: its answer says why
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
+        if done.returncode != 0:
+            raise GpugeekError(f"{target}: {command} failed on the host — {_last(done.stderr)}") from None
         raise GpugeekError(f"{target}: unexpected answer to {command}: {_last(done.stdout)}") from None
 
 

@@ -37,7 +37,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int]
         processes.free_port(), processes.free_port())
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
                f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
-    cmd = ssh.argv(head, remote.get("ssh_key"), "-N")
+    cmd = ssh.argv(head, remote.get("ssh_key"), "-N", known_hosts=remote.get("known_hosts"))
     cmd[1:1] = ["-o", "ExitOnForwardFailure=yes", *forward]
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)

@@ -19,7 +19,8 @@ from .findings import DEFAULT_PACKAGES, DoctorReport, NodeFacts, judge
 
 SILENT_TIMEOUT_S = 60.0      # a node whose port opens but that has not answered by then is silent
 JOIN_TIMEOUT_S = 20.0        # gloo's rendezvous among the nodes that answered
-MEASURE_TIMEOUT_S = 90.0     # every pair's all_reduce, one pair at a time
+MEASURE_TIMEOUT_S = 30.0     # every pair's all_reduce, one pair at a time: this, plus
+MEASURE_PER_PAIR_S = 10.0    # … this per pair
 CLOCK_ROUNDS = 3
 
 
@@ -39,23 +40,25 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     nodes.sort(key=lambda n: (not _is_head(n), n["NodeManagerAddress"]))
     spec = ClusterSpec.from_json(record.spec)
     gcs = _gcs(record.address, spec, nodes)
+    labels = _labels(spec)
     probes = [_probe_on(n["NodeID"]) for n in nodes]
     phases = {"nodes": time.monotonic() - began}
-    labels = _labels(spec)
-    facts = _facts(probes, nodes, names, gcs, labels)
-    phases["facts"] = time.monotonic() - began
-    answered = [i for i, f in enumerate(facts) if f.answered]
-    _clocks([probes[i] for i in answered], [facts[i] for i in answered])
-    phases["clocks"] = time.monotonic() - began
     pairs: dict = {}
     trouble = None
-    if len(answered) > 1:
-        try:
-            pairs = _all_reduce([probes[i] for i in answered], [facts[i] for i in answered], phases, began)
-        except GpugeekError as exc:
-            trouble = str(exc)
-    for actor in probes:
-        ray.kill(actor)
+    try:
+        facts = _facts(probes, nodes, names, gcs, labels)
+        phases["facts"] = time.monotonic() - began
+        answered = [i for i, f in enumerate(facts) if f.answered]
+        _clocks([probes[i] for i in answered], [facts[i] for i in answered])
+        phases["clocks"] = time.monotonic() - began
+        if len(answered) > 1:
+            try:
+                pairs = _all_reduce([probes[i] for i in answered], [facts[i] for i in answered], phases, began)
+            except GpugeekError as exc:
+                trouble = str(exc)
+    finally:
+        for actor in probes:       # also on Ctrl-C: no probe outlives the check
+            ray.kill(actor)
     kernel = probe_module.versions(names)
     report = judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels,
                    collective_error=trouble, took_s=time.monotonic() - began)
@@ -156,11 +159,15 @@ def _clocks(probes: list, facts: list[NodeFacts]) -> None:
         best = None
         for _ in range(CLOCK_ROUNDS):
             sent = time.time()
-            theirs = ray.get(probe.clock.remote(), timeout=10)
+            try:
+                theirs = ray.get(probe.clock.remote(), timeout=10)
+            except ray.exceptions.RayError:   # it answered before: its clock stays unknown ("-")
+                break
             back = time.time()
             if best is None or back - sent < best[1]:
                 best = (theirs - (sent + back) / 2, back - sent)
-        f.clock_offset_s, f.clock_rtt_s = best
+        if best is not None:
+            f.clock_offset_s, f.clock_rtt_s = best
 
 
 def _all_reduce(probes: list, facts: list[NodeFacts], phases: dict, began: float) -> dict:
@@ -176,7 +183,8 @@ def _all_reduce(probes: list, facts: list[NodeFacts], phases: dict, began: float
         phases["joined"] = time.monotonic() - began
         pairs = list(itertools.combinations(range(len(probes)), 2))
         measured: dict = {}
-        for part in ray.get([p.measure.remote(pairs) for p in probes], timeout=MEASURE_TIMEOUT_S):
+        timeout = MEASURE_TIMEOUT_S + MEASURE_PER_PAIR_S * len(pairs)
+        for part in ray.get([p.measure.remote(pairs) for p in probes], timeout=timeout):
             measured.update(part)
         phases["measured"] = time.monotonic() - began
         ray.get([p.leave.remote() for p in probes], timeout=10)

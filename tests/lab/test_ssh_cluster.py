@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter import api
 from gpugeek_jupyter.cluster import hosts, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter.telemetry import node_samples_frame
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +73,17 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
     assert equal, "gradients differ between ranks"
     assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"
     assert ifname == "eth0"
+
+    # the workers run the package the kernel sent (Ray's py_modules), not whatever the host has
+    where = gg.run("__import__('gpugeek_jupyter').__file__", workers=3).shown()
+    assert "runtime_resources" in where and not where.startswith(str(Path(gg.__file__).parent)), where
+    # a telemetry sampler on every host, drained into the ledger
+    deadline = time.monotonic() + 30      # samplers report about once a second; drains never wait long
+    while node_samples_frame(record.id)["node_id"].nunique() < 3 and time.monotonic() < deadline:
+        api.drain_telemetry()
+        time.sleep(1)
+    sampled = node_samples_frame(record.id)
+    assert sampled["node_id"].nunique() == 3, f"telemetry from {sampled['node_id'].nunique()} of 3 hosts"
 
     gg.down("lab3")
     record = registry.get(record.id)

@@ -1,0 +1,214 @@
+"""The cloud path (``--backend aws``; gcp and azure differ only in the provider section) on three
+lab hosts: everything but the cloud API.
+
+``LabCloud`` stands in for Ray's cluster launcher once a cloud has given it machines. ``ray up``
+copies the YAML's ``file_mounts`` onto the hosts and runs its head start commands on the head and
+its worker start commands on the workers over SSH, in the login shell and with the variables Ray's
+updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the head over SSH, and
+``ray down`` ends every process of the cluster on the hosts (what terminating the instances does).
+The head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud
+API's part — and exits. Everything else is the production code: the generated YAML, ``onhost.py``
+on the nodes, the tunnel, the Ray Client connection, a cell through ``gg.run``, the stop by process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import launcher, onhost, processes, registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+
+pytestmark = pytest.mark.slow
+
+VENV_BIN = Path(sys.executable).parent
+
+
+class LabCloud:
+    """Ray's launcher with the lab's hosts for instances: the head on the first, workers on the rest."""
+
+    def __init__(self, lab, home: Path):
+        self.lab, self.home = lab, home      # ``~`` on every host (they share one filesystem)
+        home.mkdir()
+        # what Ray's default setup commands do on a cloud image: put the Python with Ray on the PATH
+        (home / ".bashrc").write_text(f'export PATH="{VENV_BIN}:$PATH"\n')
+        self.ran: list[tuple[str, str]] = []
+
+    # -- the ray CLI, as launcher.ray_cli calls it ---------------------------------------------------
+
+    def ray_cli(self, *args: str, log: Path, timeout: float | None = None) -> str:
+        command, path = args[0], Path(args[-1] if args[0] != "exec" else args[1])
+        config = launcher.validate(yaml.safe_load(path.read_text()))
+        head, workers = self.lab.hosts[0], self.lab.hosts[1:]
+        if command == "up":
+            for host in self.lab.hosts:
+                self._mount(host, config["file_mounts"])
+            [start] = config["head_start_ray_commands"]
+            self._shell(head, start, self._env(config, "head", head, head_node=True))
+            kinds = [name for name, t in config["available_node_types"].items()
+                     if name != config["head_node_type"] for _ in range(t.get("min_workers", 0))]
+            assert len(kinds) <= len(workers), "the lab has fewer hosts than the config's workers"
+            [start] = config["worker_start_ray_commands"]
+
+            def join(i: int) -> str:
+                env = {"RAY_HEAD_IP": head.address, **self._env(config, kinds[i], workers[i])}
+                return self._shell(workers[i], start, env)
+
+            with ThreadPoolExecutor(max(1, len(kinds))) as pool:     # Ray's updaters run at once
+                list(pool.map(join, range(len(kinds))))
+            return ""
+        if command == "get-head-ip":
+            return f"Fetched IP: {head.address}\n{head.address}\n"
+        if command == "exec":
+            return self._shell(head, args[2], {})
+        if command == "down":                  # the instances end, and every process on them
+            order = _order(config["head_start_ray_commands"][0])
+            node_dir = next(iter(config["file_mounts"]))
+
+            def end(host) -> str:
+                temp_dir = order["temp_dir"].replace("{ip}", host.address)
+                return self._shell(host, f"python3 {node_dir}/onhost.py stop {shlex.quote(order['marker'])} 5 "
+                                         f"{temp_dir}", {})
+
+            with ThreadPoolExecutor(len(self.lab.hosts)) as pool:
+                list(pool.map(end, self.lab.hosts))
+            return ""
+        raise AssertionError(f"ray {command} is not part of the cloud path")
+
+    def ssh_login(self, path: Path, log: Path) -> tuple[str, str]:
+        return "root", str(self.lab.key)      # what Ray's bootstrap would say for a cloud
+
+    # -- what Ray's updater does on a node -------------------------------------------------------------
+
+    def _env(self, config: dict, kind: str, host, head_node: bool = False) -> dict:
+        """The variables Ray exports to a start command (updater, ray_installer); a lab host is a
+        one-CPU machine without GPUs, whatever the instance type says."""
+        resources = {**config["available_node_types"][kind]["resources"], "CPU": 1, "GPU": 0}
+        env = {"RAY_CLOUD_INSTANCE_ID": f"lab-{host.name}", "RAY_NODE_TYPE_NAME": kind,
+               "RAY_OVERRIDE_RESOURCES": json.dumps(resources, separators=(",", ":"))}
+        if head_node:
+            env.update(RAY_enable_autoscaler_v2="1", RAY_USAGE_STATS_ENABLED="0")
+        return env
+
+    def _shell(self, host, command: str, env: dict) -> str:
+        """``command`` in the login shell Ray's SSH command runner uses, ``~`` being the lab's home."""
+        exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+        inner = f"source ~/.bashrc; export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore && ({exports}{command})"
+        remote = f"env HOME={shlex.quote(str(self.home))} bash --login -c -i {shlex.quote(inner)}"
+        began = time.monotonic()
+        done = subprocess.run(["ssh", *self.lab.ssh_options(), f"root@{host.address}", remote],
+                              capture_output=True, text=True, timeout=200)
+        self.ran.append((host.name, command))
+        print(f"  {host.name}: {command.split(' start ')[0][-30:]} … {time.monotonic() - began:.1f} s")
+        if done.returncode != 0:
+            raise AssertionError(f"{host.name}: {command[:60]}… exit {done.returncode}: "
+                                 f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
+        return done.stdout
+
+    def _mount(self, host, mounts: dict) -> None:
+        """``mkdir -p`` then a copy that keeps the modes (Ray: ``rsync -avz``; here tar, no rsync)."""
+        for remote, local in mounts.items():
+            dest = remote.replace("~", str(self.home), 1)
+            pack = subprocess.run(["tar", "-C", local, "-cf", "-", "."], capture_output=True, check=True)
+            subprocess.run(["ssh", *self.lab.ssh_options(), f"root@{host.address}",
+                            f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(dest)} -xpf -"],
+                           input=pack.stdout, capture_output=True, check=True, timeout=30)
+
+
+def _order(command: str) -> dict:
+    words = shlex.split(command)
+    return json.loads(words[words.index("start") + 1])
+
+
+def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkeypatch):
+    cloud = LabCloud(lab, tmp_path / "node-home")
+    monkeypatch.setattr(launcher, "ray_cli", cloud.ray_cli)
+    monkeypatch.setattr(launcher, "ssh_login", cloud.ssh_login)
+    monkeypatch.setattr(launcher, "check_credentials", lambda provider: None)
+    began = time.monotonic()
+    try:
+        gg.up("labcloud", backend="aws", gpu="A100", count=8, workers=2, yes=True)
+        print(f"\nup --backend aws on 3 lab hosts (no cloud API): ready in {time.monotonic() - began:.1f} s")
+        record = registry.live("labcloud")
+        config = yaml.safe_load(Path(record.temp_dir).read_text())
+        head_order = _order(config["head_start_ray_commands"][0])
+        assert head_order["marker"] == record.marker
+        assert [c for _, c in cloud.ran[:3]] == [config["head_start_ray_commands"][0],
+                                                 *config["worker_start_ray_commands"] * 2]
+
+        spec = ClusterSpec.from_json(record.spec)
+        head = lab.hosts[0]
+        assert spec.remote["hosts"] == [f"root@{head.address}"] and spec.remote["head_ip"] == head.address
+        assert spec.remote["client_address"].startswith("ray://127.0.0.1:")
+        assert record.address.startswith("127.0.0.1:") and processes.alive(record.session_id), "no tunnel"
+        on_hosts = {h.name: _ours(h, record.marker) for h in lab.hosts}
+        assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"
+        token = cloud.home / head_order["token_path"].removeprefix("~/")
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600, "the token on the nodes is readable by others"
+
+        print(f"  checked: {time.monotonic() - began:.1f} s")
+        status = gg.status()
+        workers = spec.node_types[0]
+        assert len(status.nodes) == 3
+        assert status.burn_usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
+
+        # a restarted kernel finds the cluster by name, through the same tunnel (tunnel.ensure)
+        again = subprocess.run([sys.executable, "-c", (
+            "import gpugeek_jupyter as gg, ray\n"
+            "gg.up('labcloud')\n"
+            "print('nodes', sum(n['Alive'] for n in ray.nodes()))\n")],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+        assert "re-attached to aws cluster 'labcloud'" in again.stdout, again.stderr[-2000:]
+        assert "nodes 3" in again.stdout, again.stderr[-2000:]
+        assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
+
+        print(f"  re-attached in a new process: {time.monotonic() - began:.1f} s")
+        result = gg.run("""
+import torch, torch.distributed as dist
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+model(torch.randn(16, 8) + rank).pow(2).mean().backward()
+grads = [torch.zeros_like(model.module.weight.grad) for _ in range(world_size)]
+dist.all_gather(grads, model.module.weight.grad)
+ips = [None] * world_size
+dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
+(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)))
+""", workers=3)
+        equal, ips = result.shown()
+        assert equal, "gradients differ between ranks"
+        assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"
+        print(f"  a 3-rank cell: {time.monotonic() - began:.1f} s")
+    finally:      # also when `up` got the cluster up but this process could not connect
+        if registry.live("labcloud") is not None:
+            gg.down("labcloud")
+
+    record = registry.get(record.id)
+    assert record.stopped
+    assert not (left := {h.name: _ours(h, record.marker) for h in lab.hosts if _ours(h, record.marker)}), \
+        f"processes left on the hosts: {left}"
+    assert not processes.alive(record.session_id), "the tunnel outlived down"
+    assert not launcher.node_files("labcloud").exists(), "the token's local copy outlived down"
+    assert not list(Path("/tmp").glob(f"gg-{head_order['temp_dir'].split('-')[1]}-*")), "Ray's temp dirs remain"
+    print(f"up, re-attach, a 3-rank cell, down: {time.monotonic() - began:.1f} s")
+
+
+def _ours(host, marker: str) -> list[int]:
+    needle = f"{onhost.MARKER}={marker}".encode()
+    found = []
+    for pid in host.pids():
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found

@@ -28,6 +28,7 @@ from .registry import ClusterRecord
 from .spec import ClusterSpec
 
 READY_TIMEOUT_S = 180
+CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
 
 
 @dataclass
@@ -293,7 +294,8 @@ class AttachBackend(Backend):
         return
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
-        read_nodes(record.address)     # raises one clear line if nothing answers
+        if not record.address.startswith(CLIENT_SCHEME):   # a Ray Client address is proven by connecting
+            read_nodes(record.address)     # raises one clear line if nothing answers
 
     def stop(self, record, grace=3.0):
         return  # not ours

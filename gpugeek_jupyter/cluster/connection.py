@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import store
 from ..raynodes import use_token_auth
 from . import registry, tunnel
+from .backends import CLIENT_SCHEME
 from .registry import ClusterRecord
 from .session import current
 from .spec import ClusterSpec
@@ -69,10 +70,11 @@ def connect(record: ClusterRecord) -> None:
         session.connection = None
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
-    if record.backend in CLIENT_BACKENDS:
+    if record.backend in CLIENT_BACKENDS or record.address.startswith(CLIENT_SCHEME):
         use_token_auth()
-        ray.init(ClusterSpec.from_json(record.spec).remote["client_address"], namespace="gpugeek",
-                 logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
+        client = record.address if record.backend == "attach" else \
+            ClusterSpec.from_json(record.spec).remote["client_address"]
+        ray.init(client, namespace="gpugeek", logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated)

@@ -88,8 +88,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None) -> Cluste
 def sync_ledger(record: ClusterRecord) -> None:
     """Pull Ray's node table into the ledger (cheap; the kernel and the watchdog both do it).
     A cluster that does not answer is left as the ledger has it."""
-    if not record.address or record.stopped:
-        return
+    if not record.address or record.stopped or record.address.startswith("ray://"):
+        return      # a cluster we reach only as a Ray Client (someone else's): its GCS is not ours to read
     try:
         nodes = read_nodes(record.address, timeout=3)
     except ClusterUnreachable:

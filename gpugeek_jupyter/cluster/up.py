@@ -20,7 +20,7 @@ from ..raynodes import ClusterUnreachable, read_nodes
 from ..vocab import Pricing
 from . import processes, registry
 from .actions import Cluster, check_numbers, stop
-from .backends import BACKENDS, LaunchConfig
+from .backends import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from .lifecycle import sync_ledger
 from .nodetypes import spec_for, ssh_spec
 from .registry import NAME, ClusterRecord
@@ -170,15 +170,17 @@ def _abandon(record: ClusterRecord, exc: BaseException) -> None:
 
 def _check_listening(address: str | None) -> None:
     """Fail in seconds, in one line, when nothing listens at ``host:port``."""
-    host, _, port = (address or "").rpartition(":")
+    host, _, port = (address or "").removeprefix(CLIENT_SCHEME).rpartition(":")
     if not host or not port.isdigit():
-        raise GpugeekError(f"--address {address!r}: give host:port of the cluster's GCS (like 10.0.0.5:6379)")
+        raise GpugeekError(f"--address {address!r}: give host:port of the cluster's GCS (like 10.0.0.5:6379), "
+                           f"or ray://host:port of its Ray Client server")
     try:
         with socket.create_connection((host, int(port)), timeout=3):
             pass
     except OSError as exc:
+        port_kind = "client server" if address.startswith(CLIENT_SCHEME) else "GCS"
         raise GpugeekError(f"nothing answers at {address} ({exc.strerror or exc}) — is the Ray head "
-                           f"running, and is this its GCS port?") from None
+                           f"running, and is this its {port_kind} port?") from None
 
 
 def _reattach(record: ClusterRecord) -> Cluster:

@@ -56,6 +56,18 @@ def test_three_hosts_up_train_cost_down(lab, gpugeek_home):
     assert "value 42" in again.stdout, again.stderr[-2000:]
     assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
 
+    # someone else's cluster, reached at its Ray Client server (here: through this cluster's tunnel)
+    client = ClusterSpec.from_json(registry.get(record.id).spec).remote["client_address"]
+    theirs = subprocess.run([sys.executable, "-c", (
+        "import gpugeek_jupyter as gg\n"
+        f"gg.up('theirs', address={client!r})\n"
+        "print('value', gg.run('6 * 7', workers=1).shown())\n"
+        "print('detached', gg.down('theirs'))\n")],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    assert "value 42" in theirs.stdout and "detached ['theirs']" in theirs.stdout, theirs.stderr[-2000:]
+    assert registry.live("theirs") is None and all(hosts.processes_on_hosts(record).values()), \
+        "detaching from an attached cluster stopped something"
+
     result = gg.run("""
 import torch, torch.distributed as dist, socket
 torch.manual_seed(0)

@@ -23,7 +23,7 @@ LAB_ARGS ?=
 # asyncio-based tests of the main suite do not share a process well.
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
-PYTEST_MAIN := $(PY) -m pytest -q -ra --ignore=tests/browser
+PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
 
 .PHONY: lab labextension lint test test-fast test-browser chromium sshd bench clean
@@ -106,6 +106,7 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_run.py --quick
+	$(PY) benchmarks/bench_remote.py
 	$(PY) benchmarks/bench_monitor.py
 	$(PY) benchmarks/bench_ticker.py
 	$(PY) benchmarks/bench_imports.py

@@ -4,7 +4,8 @@ It is the only place state lives, so a restarted kernel, the watchdog process an
 extension all read the same truth. Every write is one transaction (``with transaction():``):
 a process killed mid-write leaves the database as it was before that write began. WAL mode
 lets readers go on while the watchdog writes; ``synchronous=FULL`` makes a committed write
-survive a crash of the machine, not just of the process.
+survive a crash of the machine, not just of the process (except the per-cell records written
+with ``transaction(durable=False)``, which survive the process).
 """
 
 from __future__ import annotations
@@ -164,10 +165,25 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 @contextmanager
-def transaction() -> Iterator[sqlite3.Connection]:
-    """All writes inside commit together or not at all (``BEGIN IMMEDIATE`` … ``COMMIT``)."""
-    with _transaction(connect()) as conn:
-        yield conn
+def transaction(durable: bool = True) -> Iterator[sqlite3.Connection]:
+    """All writes inside commit together or not at all (``BEGIN IMMEDIATE`` … ``COMMIT``).
+
+    ``durable=False`` commits without waiting for the disk (``synchronous=NORMAL``, for records
+    written at every cell: job rows, workers' reports, telemetry — an fsync can take milliseconds
+    on a busy disk). Such a commit survives the process being killed, and the database stays
+    whole; only a crash of the machine can lose the latest of them (those since the last durable
+    commit or checkpoint synced the log). Money — nodes, clusters, events — is always durable."""
+    conn = connect()
+    if durable:
+        with _transaction(conn):
+            yield conn
+        return
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with _transaction(conn):
+            yield conn
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
 
 
 def query(sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:

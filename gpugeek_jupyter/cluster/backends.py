@@ -153,7 +153,7 @@ class SshBackend(Backend):
                  f"--ray-client-server-port={hosts.CLIENT_PORT} --num-gpus={remote['gpus_per_host']}"]
         lines += [f"worker: {h}  ray start --address=<head>:{hosts.GCS_PORT} --num-gpus={remote['gpus_per_host']}"
                   for h in remote["hosts"][1:]]
-        lines.append(f"tunnel: ssh -N -L <gcs>:<head>:{hosts.GCS_PORT} -L <client>:<head>:{hosts.CLIENT_PORT} "
+        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{hosts.GCS_PORT} -L <client>:<head>:{hosts.CLIENT_PORT} "
                      f"{remote['hosts'][0]}")
         return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
 

@@ -1,6 +1,6 @@
 """The SSH tunnel to a remote head: the one way this machine reaches a cluster it is not part of.
 
-A head's ports stay closed to the laptop; one ``ssh -N`` forwards two of them to 127.0.0.1 here:
+A head's ports stay closed to the laptop; one ``ssh`` forwards two of them to 127.0.0.1 here:
 Ray's client server (the kernel connects through it as a Ray Client, ``ray://``) and the GCS (the
 watchdog, status and the Lab sidebar read Ray's node table through it). The tunnel is a process
 of the cluster's own — in a session of its own, carrying the cluster's marker — so it outlives a
@@ -20,6 +20,7 @@ from .registry import ClusterRecord
 from .spec import ClusterSpec
 
 OPEN_TIMEOUT_S = 20
+HOLD_S = 2**31 - 1     # the session's remote command only holds it open; it ends with the session
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,10 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int]
         processes.free_port(), processes.free_port())
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
                f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
-    cmd = ssh.argv(head, remote.get("ssh_key"), "-N", known_hosts=remote.get("known_hosts"))
+    # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
+    # (TCP_NODELAY), and every small Ray Client request stops waiting out a 40 ms delayed ACK
+    cmd = ssh.argv(head, remote.get("ssh_key"), "-tt", f"exec sleep {HOLD_S}",
+                   known_hosts=remote.get("known_hosts"))
     cmd[1:1] = ["-o", "ExitOnForwardFailure=yes", *forward]
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)

@@ -73,7 +73,7 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
 
 def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None,
                 workers: int | None = None, nodes: int | None = None) -> None:
-    with store.transaction() as db:
+    with store.transaction(durable=False) as db:
         db.execute(
             "INSERT INTO jobs (cluster_id, job_id, name, started, workers, nodes) VALUES (?,?,?,?,?,?)",
             (cluster_id, job_id, name, at or time.time(), workers, nodes),
@@ -81,7 +81,7 @@ def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None
 
 
 def job_ended(cluster_id: int, job_id: str, status: str = "finished", at: float | None = None) -> None:
-    with store.transaction() as db:
+    with store.transaction(durable=False) as db:
         db.execute(
             "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND job_id=? AND ended IS NULL",
             (at or time.time(), status, cluster_id, job_id),
@@ -128,7 +128,7 @@ def record_samples(cluster_id: int, job_id: str, samples: Iterable[dict]) -> int
     rows = [(cluster_id, job_id, int(s.get("rank", 0)), float(s.get("t", time.time())), s.get("step"),
              json.dumps({k: v for k, v in s.items() if k not in ("rank", "t", "step")})) for s in samples]
     if rows:
-        with store.transaction() as db:
+        with store.transaction(durable=False) as db:
             db.executemany("INSERT INTO samples (cluster_id, job_id, rank, at, step, metrics)"
                            " VALUES (?,?,?,?,?,?)", rows)
     return len(rows)

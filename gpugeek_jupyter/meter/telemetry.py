@@ -236,7 +236,7 @@ def record_node_samples(cluster_id: int, samples: Iterable[dict]) -> int:
             metrics = {k: v for k, v in gpu.items() if k != "gpu"}
             rows.append((cluster_id, node_id, at, f"gpu{gpu['gpu']}", json.dumps(metrics)))
     if rows:
-        with store.transaction() as db:
+        with store.transaction(durable=False) as db:
             db.executemany("INSERT INTO node_samples (cluster_id, node_id, at, device, metrics)"
                            " VALUES (?,?,?,?,?)", rows)
     return len(rows)

@@ -5,10 +5,16 @@ CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up 
 until its size changes, a rank fails in a way that leaves it unusable, or
 ``reset()``. Running a cell is one actor call per worker plus a drain of rank 0's output every
 so often while it runs; errors, interrupts and dead workers are handled here.
+
+A short cell costs one wait for every result together (on a Ray Client: one round trip once
+the calls are scheduled): each call carries one bytes argument (Ray serialises every argument
+on its own, and a few small ones cost more than an empty cell) and the node samplers' reports
+ride along, at most once a second.
 """
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +28,7 @@ from .worker import Worker
 READY_TIMEOUT_S = 120
 CANCEL_WAIT_S = 2.0
 DRAIN_EVERY_S = (0.05, 0.5)      # first drain soon, then back off
+SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 
 
 class RemoteError(GpugeekError):
@@ -182,35 +189,39 @@ class WorkerGroup:
         from ray import cloudpickle
 
         self.cells += 1
-        filename = f"<cell {self.cells}>"
-        pushed = ray.put(cloudpickle.dumps(push)) if push else None
-        start = time.perf_counter()
         cell_id = self.cells
-        refs = {w.execute.remote(source, filename, pushed, pull or [], rank == 0, options, cell_id): rank
+        filename = f"<cell {cell_id}>"
+        pushed = (ray.put(cloudpickle.dumps(push)),) if push else ()
+        start = time.perf_counter()
+        refs = {w.execute.remote(pickle.dumps((source, filename, pull or [], rank == 0, options, cell_id)),
+                                 *pushed): rank
                 for rank, w in enumerate(self.workers)}
+        asked = self._ask_samplers(SAMPLE_EVERY_S)
+        sampled = bool(asked)
         printer = _Printer(all_ranks)
         results: dict[int, dict] = {}
         pending = dict(refs)
         drain_at, drain_gap = start + DRAIN_EVERY_S[0], DRAIN_EVERY_S[0]
         try:
+            gathered = self._gather(pending, asked, max(0.0, drain_at - time.perf_counter()))
+            if gathered is not None:           # every rank done at once: no loop, no drains
+                got, samples = gathered
+                asked = {}
+                self._record_node_samples(samples)
+                pending.clear()
+                for rank in sorted(got):
+                    self._settle(rank, got[rank], results, printer, pending, on_samples)
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=len(pending),
                                    timeout=max(0.0, drain_at - time.perf_counter()))
                 for ref in done:
                     rank = pending.pop(ref)
                     try:
-                        results[rank] = ray.get(ref)
+                        result = ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
                         self.broken = True
                         raise WorkerDied(rank, type(exc).__name__) from None
-                    printer.show(rank, results[rank]["output"])
-                    if on_samples and results[rank]["samples"]:
-                        on_samples(results[rank]["samples"])
-                    if not results[rank]["ok"] and not results[rank].get("interrupted"):
-                        dead = self._cancel(pending)
-                        if dead is not None:        # the error was a peer dying under this rank
-                            raise WorkerDied(dead, "its process ended")
-                        raise RemoteError(rank, results[rank]["error"])
+                    self._settle(rank, result, results, printer, pending, on_samples)
                 if pending and time.perf_counter() >= drain_at:
                     self._drain(printer, all_ranks, pending.values(), on_samples)
                     drain_gap = min(drain_gap * 2, DRAIN_EVERY_S[1])
@@ -224,7 +235,10 @@ class WorkerGroup:
         finally:
             if pending and not self.broken:   # left the loop another way: nothing may keep running
                 self._cancel(pending)
-        self.drain_telemetry()
+            if asked and self.connected():    # asked with the cell: their reports are not lost
+                self._record_node_samples(self._samples_from(asked))
+        if not sampled:            # what was sampled since the last drain, if a second ago
+            self.drain_telemetry(every=SAMPLE_EVERY_S)
         if any(r.get("interrupted") for r in results.values()):
             raise Interrupted("interrupted")
         first = results[0]
@@ -232,24 +246,68 @@ class WorkerGroup:
                       pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
                       seconds=time.perf_counter() - start)
 
-    def drain_telemetry(self, every: float = 0.0) -> int:
-        """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
+    def _gather(self, pending: dict, asked: dict, timeout: float):
+        """Every rank's result and the samplers' reports in one ``ray.get``, if all are there
+        within ``timeout``: ({rank: result}, node samples). None otherwise, or if any call
+        failed (a dead actor): the loop then takes them one by one and says which."""
         import ray
 
+        refs = list(pending)
+        try:
+            values = ray.get(refs + list(asked), timeout=timeout)
+        except Exception:  # noqa: BLE001 - a timeout, or an error the loop reports precisely
+            return None
+        samples = [s for part in values[len(refs):] for s in part]
+        return {pending[ref]: value for ref, value in zip(refs, values, strict=False)}, samples
+
+    def _settle(self, rank: int, result: dict, results: dict, printer, pending: dict, on_samples) -> None:
+        """One rank's result: its output and reports shown, its error raised (the others stopped)."""
+        results[rank] = result
+        printer.show(rank, result["output"])
+        if on_samples and result["samples"]:
+            on_samples(result["samples"])
+        if not result["ok"] and not result.get("interrupted"):
+            dead = self._cancel(pending)
+            if dead is not None:        # the error was a peer dying under this rank
+                raise WorkerDied(dead, "its process ended")
+            raise RemoteError(rank, result["error"])
+
+    def drain_telemetry(self, every: float = 0.0) -> int:
+        """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
+        asked = self._ask_samplers(every)
+        return self._record_node_samples(self._samples_from(asked)) if asked else 0
+
+    def _ask_samplers(self, every: float) -> dict:
+        """Ask every sampler for its reports, if the last ask is ``every`` seconds old: {ref: sampler}."""
         now = time.monotonic()
         if not self.samplers or now - self.sampled_at < every or not self.connected():
-            return 0
+            return {}
         self.sampled_at = now
-        refs = {s.drain.remote(): s for s in self.samplers}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0.5)   # never stall the run
+        return {s.drain.remote(): s for s in self.samplers}
+
+    def _samples_from(self, asked: dict, timeout: float = 0.5) -> list[dict]:
+        """The asked samplers' reports: all in one ``ray.get``, else those that answered within
+        ``timeout`` (never stall the run); a sampler whose node is gone is asked no more."""
+        import ray
+
+        refs = list(asked)
+        try:
+            return [s for part in ray.get(refs, timeout=timeout) for s in part]
+        except Exception:  # noqa: BLE001 - sorted out one by one below
+            pass
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         samples = []
         for ref in ready:
             try:
                 samples.extend(ray.get(ref))
             except ray.exceptions.RayActorError:   # its node is gone: stop asking it
-                self.samplers.remove(refs[ref])
+                if asked[ref] in self.samplers:
+                    self.samplers.remove(asked[ref])
             except Exception:  # noqa: BLE001 - one bad answer costs that sampler's batch only
                 pass
+        return samples
+
+    def _record_node_samples(self, samples: list[dict]) -> int:
         if samples:
             self.on_node_samples(samples)
         return len(samples)
@@ -257,7 +315,7 @@ class WorkerGroup:
     def _drain(self, printer, all_ranks: bool, running, on_samples) -> None:
         import ray
 
-        self.drain_telemetry(every=1.0)
+        self.drain_telemetry(every=SAMPLE_EVERY_S)
 
         ranks = sorted(running)     # every rank's reports; output only as the printer shows it
         if not ranks:

@@ -70,9 +70,12 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
 
 
 def drain_telemetry() -> int:
-    """Bring the node samplers' latest reports into the ledger (between cells too)."""
+    """Bring the node samplers' latest reports into the ledger (between cells too); not again
+    within a second of the last time (a sampler has nothing newer: it samples at most at 1 Hz)."""
     group = current().group
-    return group.drain_telemetry() if group is not None and not group.broken else 0
+    if group is None or group.broken:
+        return 0
+    return group.drain_telemetry(every=telemetry.MIN_INTERVAL_S)
 
 
 def reset() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pickle
 import sys
 import threading
 from datetime import timedelta
@@ -93,11 +94,13 @@ class Worker:
         return {"rank": rank, "device": str(device), "backend": backend, "note": note,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
-    def execute(self, source: str, filename: str, pushed: bytes | None, pull: list[str],
-                want_value: bool, options: RunOptions, cell_id: int) -> dict:
-        """Run one cell; never raises — the result says what happened."""
+    def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
+        """Run one cell; never raises — the result says what happened. ``call`` is the pickled
+        (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
+        each argument on its own."""
         from ray import cloudpickle
 
+        source, filename, pull, want_value, options, cell_id = pickle.loads(call)
         cell = Cell(source, filename)
         cell.register()
         result: dict = {"ok": True}

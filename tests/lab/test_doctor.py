@@ -22,32 +22,32 @@ CLOSED_PORT = 9         # nothing listens there on a lab host
 
 
 @pytest.fixture
-def other_psutil(tmp_path):
-    """A folder with another release of psutil than this environment's (from PyPI)."""
-    mine = metadata.version("psutil")
-    other = "7.1.0" if mine != "7.1.0" else "7.0.0"
+def other_packaging(tmp_path):
+    """A folder with another release of ``packaging`` than this environment's (from PyPI)."""
+    mine = metadata.version("packaging")
+    other = "24.2" if mine != "24.2" else "24.1"
     folder = tmp_path / "skew"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder),
-                           f"psutil=={other}"], capture_output=True, text=True, timeout=180)
+                           f"packaging=={other}"], capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
-        pytest.skip(f"could not fetch psutil {other} from PyPI: {done.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"could not fetch packaging {other} from PyPI: {done.stderr.strip().splitlines()[-1:]}")
     return folder, mine, other
 
 
-def test_doctor_names_the_host_with_another_package_version(lab, other_psutil):
+def test_doctor_names_the_host_with_another_package_version(lab, other_packaging):
     # first in this module: its hosts must not run the module's other cluster meanwhile
-    folder, mine, other = other_psutil
+    folder, mine, other = other_packaging
     skewed = lab.hosts[1]
-    lab.restart_host(skewed, env={"PYTHONPATH": str(folder)})
+    lab.restart_host(skewed, env={"PYTHONPATH": str(folder)})    # that host's Python finds the other one first
     try:
         with ssh_cluster("skew", lab, lab.hosts[:2]):
-            report = gg.doctor()
+            report = gg.doctor(packages="packaging")
     finally:
         lab.restart_host(skewed)
     print(f"\n{report!r}")
     assert report.problems == _about(report, skewed), "a healthy host was blamed"
-    assert [p.what for p in report.problems] == [f"psutil {other}, the kernel has {mine}"], repr(report)
-    assert f"pip install 'psutil=={mine}'" in report.problems[0].fix
+    assert [p.what for p in report.problems] == [f"packaging {other}, the kernel has {mine}"], repr(report)
+    assert f"pip install 'packaging=={mine}'" in report.problems[0].fix
 
 
 @contextmanager

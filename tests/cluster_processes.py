@@ -4,9 +4,18 @@ cluster we started, found by process session, for tests that stop it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import psutil
+
+
+def new_kernel(code: str, home, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh Python process on the same ``$GPUGEEK_HOME``: a restarted kernel,
+    or someone else's."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "GPUGEEK_HOME": str(home)})
 
 
 def settings(home, **cluster) -> None:

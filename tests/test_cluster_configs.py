@@ -300,3 +300,32 @@ def test_an_ssh_head_takes_other_ports_when_the_usual_ones_are_held(tmp_path, mo
     assert answer["ok"] and taken not in (answer["port"], answer["client_port"])
     assert f"--port={answer['port']}" in _Started.cmd
     assert f"--ray-client-server-port={answer['client_port']}" in _Started.cmd
+
+
+def test_a_ray_client_whose_server_failed_to_start_tries_again(monkeypatch):
+    """The head's proxy sometimes fails to start a client's server (under load): a new attempt
+    gets a new one; any other refusal is not retried."""
+    import ray
+
+    from gpugeek_jupyter.cluster import connection
+
+    calls = []
+
+    def init(address, **kwargs):
+        calls.append(address)
+        if len(calls) == 1:
+            raise ConnectionAbortedError("Initialization failure from server:\nStarting Ray client server failed")
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(connection.time, "sleep", lambda s: None)
+    connection._client_init("ray://127.0.0.1:1")
+    assert calls == ["ray://127.0.0.1:1"] * 2
+
+    def refuse(address, **kwargs):
+        calls.append(address)
+        raise ConnectionAbortedError("Initialization failure from server:\nversion mismatch")
+    calls.clear()
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ConnectionAbortedError):
+        connection._client_init("ray://127.0.0.1:1")
+    assert len(calls) == 1

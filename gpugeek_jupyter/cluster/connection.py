@@ -26,6 +26,7 @@ from .session import current
 from .spec import ClusterSpec
 
 WATCH_INTERVAL_S = 2.0
+CLIENT_TRIES = 3
 DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
 CLIENT_BACKENDS = ("ssh", "aws", "gcp", "azure")   # … and these as a Ray Client, through the tunnel
 
@@ -74,7 +75,7 @@ def connect(record: ClusterRecord) -> None:
         use_token_auth()
         client = record.address if record.backend == "attach" else \
             ClusterSpec.from_json(record.spec).remote["client_address"]
-        ray.init(client, namespace="gpugeek", logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
+        _client_init(client)
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated)
@@ -83,6 +84,25 @@ def connect(record: ClusterRecord) -> None:
     if _watcher is None:
         _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
         _watcher.start()
+
+
+def _client_init(address: str) -> None:
+    """``ray.init`` as a Ray Client. The head's proxy starts a server process for each client, and
+    under load that start sometimes fails at once ("Initialization failure from server"): a new
+    attempt gets a new server."""
+    import ray
+
+    for attempt in range(CLIENT_TRIES):
+        try:
+            ray.init(address, namespace="gpugeek", logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
+            return
+        except ConnectionAbortedError as exc:
+            server_died = any(sign in str(exc) for sign in ("Starting Ray client server failed",
+                                                            "start_specific_server"))
+            if not server_died or attempt == CLIENT_TRIES - 1:
+                raise
+            ray.shutdown()
+            time.sleep(1.0)
 
 
 def shipped() -> dict:

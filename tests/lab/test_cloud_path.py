@@ -14,7 +14,6 @@ on the nodes, the tunnel, the Ray Client connection, a cell through ``gg.run``, 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_processes import new_kernel
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import launcher, onhost, processes, registry
@@ -164,11 +164,9 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkey
         assert status.burn_usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
 
         # a restarted kernel finds the cluster by name, through the same tunnel (tunnel.ensure)
-        again = subprocess.run([sys.executable, "-c", (
-            "import gpugeek_jupyter as gg, ray\n"
-            "gg.up('labcloud')\n"
-            "print('nodes', sum(n['Alive'] for n in ray.nodes()))\n")],
-            capture_output=True, text=True, timeout=120, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+        again = new_kernel("import gpugeek_jupyter as gg, ray\n"
+                            "gg.up('labcloud')\n"
+                            "print('nodes', sum(n['Alive'] for n in ray.nodes()))\n", gpugeek_home, timeout=120)
         assert "re-attached to aws cluster 'labcloud'" in again.stdout, again.stderr[-2000:]
         assert "nodes 3" in again.stdout, again.stderr[-2000:]
         assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"

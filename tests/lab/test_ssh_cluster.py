@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cluster_processes import new_kernel
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
@@ -47,23 +46,19 @@ def test_three_hosts_up_train_cost_down(lab, gpugeek_home):
     assert len(status.nodes) == 3 and status.burn_usd_per_hour == pytest.approx(3 * RATE)
 
     # a restarted kernel: a new process finds the cluster by name, through the same tunnel
-    again = subprocess.run([sys.executable, "-c", (
-        "import gpugeek_jupyter as gg\n"
-        "gg.up('lab3')\n"
-        "print('value', gg.run('6 * 7', workers=1).shown())\n")],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    again = new_kernel("import gpugeek_jupyter as gg\n"
+                       "gg.up('lab3')\n"
+                       "print('value', gg.run('6 * 7', workers=1).shown())\n", gpugeek_home)
     assert "re-attached to ssh cluster 'lab3'" in again.stdout, again.stderr[-2000:]
     assert "value 42" in again.stdout, again.stderr[-2000:]
     assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
 
     # someone else's cluster, reached at its Ray Client server (here: through this cluster's tunnel)
     client = ClusterSpec.from_json(registry.get(record.id).spec).remote["client_address"]
-    theirs = subprocess.run([sys.executable, "-c", (
-        "import gpugeek_jupyter as gg\n"
-        f"gg.up('theirs', address={client!r})\n"
-        "print('value', gg.run('6 * 7', workers=1).shown())\n"
-        "print('detached', gg.down('theirs'))\n")],
-        capture_output=True, text=True, timeout=180, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    theirs = new_kernel("import gpugeek_jupyter as gg\n"
+                        f"gg.up('theirs', address={client!r})\n"
+                        "print('value', gg.run('6 * 7', workers=1).shown())\n"
+                        "print('detached', gg.down('theirs'))\n", gpugeek_home)
     assert "value 42" in theirs.stdout and "detached ['theirs']" in theirs.stdout, theirs.stderr[-2000:]
     assert registry.live("theirs") is None and all(hosts.processes_on_hosts(record).values()), \
         "detaching from an attached cluster stopped something"

@@ -135,7 +135,7 @@ def start(args):
     if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
         for key in ("port", "client_port"):
             if not _free(ip, spec[key]):
-                spec[key] = _free(ip, 0)
+                spec[key] = _any_free_port(ip)
     if spec["role"] == "head":
         cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
@@ -181,13 +181,19 @@ def node_ip(peer=None):
 
 
 def _free(ip, port):
-    """Whether ``port`` is free on ``ip`` here (0: a free port, returned)."""
+    """Whether ``port`` is free on ``ip`` here."""
     with socket.socket() as sock:
         try:
             sock.bind((ip, port))
         except OSError:
             return False
-        return sock.getsockname()[1] if port == 0 else True
+        return True
+
+
+def _any_free_port(ip):
+    with socket.socket() as sock:
+        sock.bind((ip, 0))
+        return sock.getsockname()[1]
 
 
 def _listening(ip, port):

@@ -60,10 +60,8 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
         for actor in probes:       # also on Ctrl-C: no probe outlives the check
             ray.kill(actor)
     kernel = probe_module.versions(names)
-    report = judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels,
-                   collective_error=trouble, took_s=time.monotonic() - began)
-    report.phases = phases
-    return report
+    return judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels,
+                 collective_error=trouble, took_s=time.monotonic() - began, phases=phases)
 
 
 def _package_names(packages: list[str] | str | None) -> list[str]:

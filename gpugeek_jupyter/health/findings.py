@@ -102,7 +102,7 @@ class DoctorReport:
 
 def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simulated: bool = False,
           labels: dict[str, str] | None = None, collective_error: str | None = None,
-          took_s: float = 0.0) -> DoctorReport:
+          took_s: float = 0.0, phases: dict | None = None) -> DoctorReport:
     """The report for ``nodes`` against the kernel's versions and the all_reduce ``pairs``
     ({(node_id_a, node_id_b): (latency_ms, GB/s)})."""
     labels = labels or {}
@@ -128,7 +128,7 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
     rows = [_row(n, names[n.node_id], pairs, problems) for n in nodes]
     shown = {(names[a], names[b]): figures for (a, b), figures in pairs.items()}
     unreachable = {names[n.node_id]: n.unreachable_after for n in nodes if n.unreachable_after is not None}
-    return DoctorReport(name, rows, problems, shown, took_s, unreachable=unreachable)
+    return DoctorReport(name, rows, problems, shown, took_s, phases=phases or {}, unreachable=unreachable)
 
 
 def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Problem]:

@@ -184,6 +184,51 @@ def test_an_error_on_rank_1_shows_its_cell_line(ipython, capsys):
     assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
 
 
+STUCK_AFTER_RANK_1_FAILS = """
+import time, torch, torch.distributed as dist
+if rank == 1:
+    time.sleep(1)
+    raise ValueError('no data')
+dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
+"""
+
+
+def test_a_rank_left_in_a_collective_by_a_failed_one_is_stopped_with_the_group(ipython):
+    gg.run("kept = 1", workers=2)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="rank 1: ValueError: no data") as info:
+        gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
+    assert time.monotonic() - start < 10, "not the collective's timeout (300 s)"
+    assert "rank 0 did not stop" in info.value.extra and "next cell starts a new one" in info.value.extra
+    assert gg.run("'kept' in globals(), world_size", workers=2).shown() == (False, 2), "a new group"
+
+
+def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way(ipython, capsys):
+    """A Ray Client sends the cell to rank 0 alone, which hands it on (``execute_all``); here the
+    local group is told to work that way, and fails, gets stuck and is interrupted as above."""
+    from gpugeek_jupyter.cluster.session import current
+
+    gg.run("pass", workers=2)
+    current().group.led = True
+    try:
+        assert gg.run("print('from', rank)\nrank * 10", workers=2, all_ranks=True).shown() == 0
+        assert sorted(capsys.readouterr().out.splitlines()) == ["[rank 0] from 0", "[rank 1] from 1"]
+        with pytest.raises(RemoteError, match="rank 1: ValueError: bad batch"):
+            gg.run("if rank == 1:\n    raise ValueError('bad batch')\n", workers=2)
+        threading.Timer(1.0, _thread.interrupt_main).start()
+        with pytest.raises(Interrupted, match="the group is ready"):
+            gg.run("import time\nfor _ in range(600):\n    time.sleep(0.05)\n", workers=2)
+        start = time.monotonic()
+        with pytest.raises(RemoteError) as info:
+            gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
+        assert time.monotonic() - start < 12 and "rank 0 did not stop" in info.value.extra
+    finally:
+        group = current().group
+        if group is not None:
+            group.led = False
+    assert gg.run("world_size", workers=2).shown() == 2
+
+
 def test_interrupt_stops_every_worker_and_keeps_the_group(ipython):
     gg.run("import time", workers=2)
     threading.Timer(1.0, _thread.interrupt_main).start()

@@ -9,6 +9,7 @@ kernel restart (the next kernel finds it by name) and ``down`` stops it with the
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import time
@@ -58,7 +59,15 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int]
 
 def ensure(record: ClusterRecord) -> ClusterRecord:
     """The record with a live tunnel: the one it has if that still forwards, else a new one on the
-    same local ports where they are free (so addresses others hold stay good)."""
+    same local ports where they are free (so addresses others hold stay good, and a Ray Client
+    whose tunnel dropped reconnects to the new one). One process at a time (the kernel and the
+    watchdog may both find it dropped)."""
+    with open(ssh.local_dir(record.name, record.id) / "tunnel.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(registry.get(record.id))
+
+
+def _ensure(record: ClusterRecord) -> ClusterRecord:
     spec = ClusterSpec.from_json(record.spec)
     if record.session_id and processes.alive(record.session_id) and record.address and _answers(
             int(record.address.rpartition(":")[2])):

@@ -9,7 +9,10 @@ and acts:
 - spend would pass the budget before the next look (one loop period plus the time a stop takes)
   → stop jobs, shut the cluster down;
 - no job and every node idle (Ray's own idle clock) for ``idle`` minutes → shut it down;
-- a head we started on this machine has died → close the ledger and stop what is left.
+- a head we started on this machine has died → close the ledger and stop what is left;
+- a remote head no longer answers through its SSH tunnel and the tunnel is what dropped (the
+  laptop slept, the network blinked) → open it again on the same local ports, so the kernel's
+  Ray Client reconnects within its grace period and the cluster is metered on.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import time
 import traceback
 
 from ..config import BUDGET_WARN_AT, settings
+from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
-from . import processes, registry
+from . import processes, registry, tunnel
+from .connection import CLIENT_BACKENDS
 from .lifecycle import shutdown
 from .spec import ClusterSpec
 
@@ -75,6 +80,14 @@ class Watch:
             return nodes
         except ClusterUnreachable:
             self.misses += 1
+        reopened = self._reopen_tunnel(record)
+        if reopened is not None:
+            try:
+                nodes = read_nodes(reopened.address, timeout=max(1.0, self.interval))
+                self.misses = 0
+                return nodes
+            except ClusterUnreachable:
+                pass
         ours_here = record.backend in ("local", "sim")
         head_gone = ours_here and not processes.session_processes(
             record.session_id, record.created, record.marker)
@@ -88,6 +101,23 @@ class Watch:
                          f"cannot reach the head at {record.address}; metering on the last known nodes")
             self.unmetered_said = True
         return None
+
+    def _reopen_tunnel(self, record):
+        """The record with a new tunnel if the one to a remote head had dropped, else None."""
+        if record.backend not in CLIENT_BACKENDS or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
+            return None
+        try:
+            fresh = tunnel.ensure(record)
+        except GpugeekError as exc:          # the head (or the network to it) is down, not just the tunnel
+            if self.misses == UNREACHABLE_LIMIT:
+                ledger.event(self.cluster_id, "tunnel",
+                             f"the SSH tunnel to the head is down and does not reopen: {exc}")
+            return None
+        if fresh.session_id == record.session_id:
+            return None                      # the tunnel is fine: the head itself did not answer
+        ledger.event(self.cluster_id, "tunnel", "the SSH tunnel to the head had dropped; reopened it "
+                                                f"on the same ports ({fresh.address})")
+        return fresh
 
     def _budget(self, record, now: float) -> str | None:
         budget = record.budget_usd

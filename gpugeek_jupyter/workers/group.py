@@ -3,13 +3,14 @@
 N ``Worker`` actors are placed with a Ray placement group (one bundle per worker: its GPUs, or a
 CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up between cells
 until its size changes, a rank fails in a way that leaves it unusable, or
-``reset()``. Running a cell is one actor call per worker plus a drain of rank 0's output every
-so often while it runs; errors, interrupts and dead workers are handled here.
+``reset()``. Running a cell is one actor call, to rank 0, which hands it to the other ranks
+inside the cluster and stops them if one fails (``Worker.execute_all``), plus a drain of every
+rank's output through rank 0 every so often while it runs; the stop button and dead workers are
+handled here.
 
-A short cell costs one wait for every result together (on a Ray Client: one round trip once
-the calls are scheduled): each call carries one bytes argument (Ray serialises every argument
-on its own, and a few small ones cost more than an empty cell) and the node samplers' reports
-ride along, at most once a second.
+A short cell costs one request and one wait (on a Ray Client: one round trip): the call carries
+one bytes argument (Ray serialises every argument on its own, and a few small ones cost more
+than an empty cell) and the node samplers' reports ride along, at most once a second.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from ..cluster import connection
 from ..errors import GpugeekError
 from ..meter import telemetry
 from .options import RunOptions
-from .worker import Worker
+from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker, for_peers
 
 READY_TIMEOUT_S = 120
-CANCEL_WAIT_S = 2.0
 DRAIN_EVERY_S = (0.05, 0.5)      # first drain soon, then back off
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 
@@ -96,6 +96,7 @@ class WorkerGroup:
         self.info: list[dict] = []
         self.cells = 0
         self.broken = False
+        self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -130,13 +131,18 @@ class WorkerGroup:
 
         actor = ray.remote(Worker)
         self.workers = [
-            actor.options(max_concurrency=2, num_cpus=0 if gpus else 1, num_gpus=gpus or 0,
+            actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
+                          num_gpus=gpus or 0,
                           scheduling_strategy=PlacementGroupSchedulingStrategy(
                               self.pg, placement_group_bundle_index=i)).remote()
             for i in range(n)]
         master, port = ray.get(self.workers[0].node_address.remote())
         self.info = ray.get([w.setup.remote(i, n, master, port, self.options)
-                             for i, w in enumerate(self.workers)], timeout=READY_TIMEOUT_S)
+                             for i, w in enumerate(self.workers)]
+                            + [self.workers[0].meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)[:n]
+        from ray.util.client import ray as client
+
+        self.led = client.is_connected()
         if self.on_node_samples is not None:       # one sampler per node the group runs on
             self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
                                                      gpus=self.sample_gpus)
@@ -190,55 +196,48 @@ class WorkerGroup:
 
         self.cells += 1
         cell_id = self.cells
-        filename = f"<cell {cell_id}>"
-        pushed = (ray.put(cloudpickle.dumps(push)),) if push else ()
+        call = (source, f"<cell {cell_id}>", pull or [], True, options, cell_id)
+        pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
-        refs = {w.execute.remote(pickle.dumps((source, filename, pull or [], rank == 0, options, cell_id)),
-                                 *pushed): rank
-                for rank, w in enumerate(self.workers)}
+        cell = (_Led if self.led else _Sent)(self.workers, call, pushed)
         asked = self._ask_samplers(SAMPLE_EVERY_S)
         sampled = bool(asked)
         printer = _Printer(all_ranks)
-        results: dict[int, dict] = {}
-        pending = dict(refs)
+        outcome = None
         drain_at, drain_gap = start + DRAIN_EVERY_S[0], DRAIN_EVERY_S[0]
         try:
-            gathered = self._gather(pending, asked, max(0.0, drain_at - time.perf_counter()))
-            if gathered is not None:           # every rank done at once: no loop, no drains
-                got, samples = gathered
+            gathered = self._gather(cell, asked, max(0.0, drain_at - time.perf_counter()))
+            if gathered is not None:           # done at once: no loop, no drains
+                outcome, samples = gathered
                 asked = {}
                 self._record_node_samples(samples)
-                pending.clear()
-                for rank in sorted(got):
-                    self._settle(rank, got[rank], results, printer, pending, on_samples)
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=len(pending),
-                                   timeout=max(0.0, drain_at - time.perf_counter()))
-                for ref in done:
-                    rank = pending.pop(ref)
+            while outcome is None:
+                done, _ = ray.wait(cell.pending, num_returns=1, timeout=max(0.0, drain_at - time.perf_counter()))
+                if done:
                     try:
-                        result = ray.get(ref)
-                    except ray.exceptions.RayActorError as exc:
+                        outcome = cell.take(done)
+                    except WorkerDied:
                         self.broken = True
-                        raise WorkerDied(rank, type(exc).__name__) from None
-                    self._settle(rank, result, results, printer, pending, on_samples)
-                if pending and time.perf_counter() >= drain_at:
-                    self._drain(printer, all_ranks, pending.values(), on_samples)
+                        raise
+                elif time.perf_counter() >= drain_at:
+                    self._drain(printer, on_samples)
                     drain_gap = min(drain_gap * 2, DRAIN_EVERY_S[1])
                     drain_at = time.perf_counter() + drain_gap
         except KeyboardInterrupt:
-            self._cancel(pending)
+            self._cancel(cell)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
                               + ("; the group is ready for the next cell" if not self.broken
                                  else "; a rank was stuck, so the group was stopped — its variables are gone, "
                                       "the next cell starts a new one")) from None
         finally:
-            if pending and not self.broken:   # left the loop another way: nothing may keep running
-                self._cancel(pending)
+            if outcome is None and not self.broken:   # left another way: nothing may keep running
+                self._cancel(cell)
             if asked and self.connected():    # asked with the cell: their reports are not lost
                 self._record_node_samples(self._samples_from(asked))
+        self._settle(outcome, printer, on_samples)
         if not sampled:            # what was sampled since the last drain, if a second ago
             self.drain_telemetry(every=SAMPLE_EVERY_S)
+        results = outcome["results"]
         if any(r.get("interrupted") for r in results.values()):
             raise Interrupted("interrupted")
         first = results[0]
@@ -246,31 +245,37 @@ class WorkerGroup:
                       pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
                       seconds=time.perf_counter() - start)
 
-    def _gather(self, pending: dict, asked: dict, timeout: float):
-        """Every rank's result and the samplers' reports in one ``ray.get``, if all are there
-        within ``timeout``: ({rank: result}, node samples). None otherwise, or if any call
-        failed (a dead actor): the loop then takes them one by one and says which."""
+    def _gather(self, cell, asked: dict, timeout: float):
+        """The cell's outcome and the samplers' reports in one ``ray.get``, if all are there
+        within ``timeout``: (outcome, node samples). None otherwise, or if any call failed (a
+        dead actor): the loop then takes them one by one and says which."""
         import ray
 
-        refs = list(pending)
+        refs = list(cell.pending)
         try:
             values = ray.get(refs + list(asked), timeout=timeout)
         except Exception:  # noqa: BLE001 - a timeout, or an error the loop reports precisely
             return None
-        samples = [s for part in values[len(refs):] for s in part]
-        return {pending[ref]: value for ref, value in zip(refs, values, strict=False)}, samples
+        return cell.complete(values[:len(refs)]), [s for part in values[len(refs):] for s in part]
 
-    def _settle(self, rank: int, result: dict, results: dict, printer, pending: dict, on_samples) -> None:
-        """One rank's result: its output and reports shown, its error raised (the others stopped)."""
-        results[rank] = result
-        printer.show(rank, result["output"])
-        if on_samples and result["samples"]:
-            on_samples(result["samples"])
-        if not result["ok"] and not result.get("interrupted"):
-            dead = self._cancel(pending)
-            if dead is not None:        # the error was a peer dying under this rank
-                raise WorkerDied(dead, "its process ended")
-            raise RemoteError(rank, result["error"])
+    def _settle(self, outcome: dict, printer, on_samples) -> None:
+        """The ranks' results: their output and reports shown, then the cell's failure raised."""
+        results = outcome["results"]
+        for rank in sorted(results):
+            printer.show(rank, results[rank].get("output", ""))
+            if on_samples and results[rank].get("samples"):
+                on_samples(results[rank]["samples"])
+        stuck = outcome["stuck"]
+        if stuck or outcome["dead"] is not None:    # nothing more can run on this group
+            self.broken = True
+            self.stop()
+        if outcome["dead"] is not None:             # an error on a rank whose peer died under it
+            raise WorkerDied(outcome["dead"], "its process ended")
+        failed = outcome["failed"]
+        if failed is not None:
+            extra = (f"rank {', '.join(map(str, stuck))} did not stop (blocked in a collective), so the group was "
+                     f"stopped — its variables are gone, the next cell starts a new one" if stuck else "")
+            raise RemoteError(failed, results[failed]["error"], extra)
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
@@ -312,49 +317,96 @@ class WorkerGroup:
             self.on_node_samples(samples)
         return len(samples)
 
-    def _drain(self, printer, all_ranks: bool, running, on_samples) -> None:
+    def _drain(self, printer, on_samples) -> None:
+        """Every rank's output and reports so far, in one request to rank 0 (which asks the others)."""
         import ray
 
         self.drain_telemetry(every=SAMPLE_EVERY_S)
-
-        ranks = sorted(running)     # every rank's reports; output only as the printer shows it
-        if not ranks:
-            return
         try:
-            drained = ray.get([self.workers[r].drain.remote() for r in ranks], timeout=5)
-        except Exception:  # noqa: BLE001 - a dying worker shows up through its execute ref
+            drained = ray.get(self.workers[0].drain_all.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a dying worker shows up through the cell's outcome
             return
-        for rank, part in zip(ranks, drained, strict=True):
-            printer.show(rank, part["output"])
-            if on_samples and part["samples"]:
-                on_samples(part["samples"])
+        for rank in sorted(drained):
+            printer.show(rank, drained[rank]["output"])
+            if on_samples and drained[rank]["samples"]:
+                on_samples(drained[rank]["samples"])
 
-    def _cancel(self, pending: dict, everyone: bool = False) -> int | None:
-        """Interrupt the ranks still running; a rank stuck in a collective breaks the group.
-        Returns the rank of a worker found dead, if any."""
+    def _cancel(self, cell) -> None:
+        """Interrupt every rank; if the cell has not ended ``CANCEL_WAIT_S`` later (a rank stuck in
+        a collective), stop the group: only that frees the workers (and their GPUs)."""
         import ray
 
-        if not pending:
-            return None
-        cell_id = self.cells
-        for rank in pending.values():
-            self.workers[rank].interrupt.remote(cell_id)
-        done, stuck = ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
-        if stuck:   # blocked in a collective: only stopping the workers frees them (and their GPUs)
+        for worker in self.workers:
+            worker.interrupt.remote(self.cells)
+        pending = cell.pending
+        done, stuck = ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
+        try:
+            outcome = cell.take(done) if done else None
+        except WorkerDied:
+            outcome = None
+        if stuck or outcome is None or outcome["stuck"] or outcome["dead"] is not None:
             self.broken = True
             self.stop()
-            pending.clear()
-            return None
-        dead = None
+
+
+class _Led:
+    """A cell sent to rank 0 once, which hands it on and stops the others if one fails
+    (``Worker.execute_all``): one request per cell, whatever the group's size — for a notebook
+    that is a Ray Client, where every request crosses the network."""
+
+    def __init__(self, workers: list, call: tuple, pushed):
+        self.pending = [workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)]
+
+    def complete(self, values: list) -> dict:
+        return values[0]
+
+    def take(self, done: list) -> dict:
+        import ray
+
+        try:
+            return ray.get(done[0])
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerDied(0, type(exc).__name__) from None
+
+
+class _Sent:
+    """A cell sent to every rank by the notebook: for a Ray driver on the cluster's network one
+    hop each way is quicker than going through rank 0. The notebook then does what rank 0's lead
+    does: a rank that fails or dies stops the others (``CANCEL_WAIT_S``, else they are stuck)."""
+
+    def __init__(self, workers: list, call: tuple, pushed):
+        theirs = for_peers(call)
+        cell_id = call[-1]
+        extra = (pushed,) if pushed else ()
+        self.workers, self.cell_id = workers, cell_id
+        self.ranks = {w.execute.remote(pickle.dumps(call) if rank == 0 else theirs, *extra): rank
+                      for rank, w in enumerate(workers)}
+        self.outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
+
+    @property
+    def pending(self) -> list:
+        return list(self.ranks)
+
+    def complete(self, values: list) -> dict:
+        for ref, value in zip(list(self.ranks), values, strict=True):
+            Worker.judge(self.ranks.pop(ref), value, self.outcome)
+        return self.outcome
+
+    def take(self, done: list) -> dict | None:
+        """The outcome once every rank has answered (or one failed and the rest stopped), else None."""
+        import ray
+
         for ref in done:
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.broken = True
-                dead = pending[ref]
-            except Exception:  # noqa: BLE001
-                self.broken = True
-        return dead
+            Worker.collect(self.ranks.pop(ref), ref, self.outcome)
+        if self.ranks and (self.outcome["failed"] is not None or self.outcome["dead"] is not None):
+            for rank in self.ranks.values():
+                self.workers[rank].interrupt.remote(self.cell_id)
+            stopped, _ = ray.wait(list(self.ranks), num_returns=len(self.ranks), timeout=CANCEL_WAIT_S)
+            for ref in stopped:
+                Worker.collect(self.ranks.pop(ref), ref, self.outcome)
+            self.outcome["stuck"] = sorted(self.ranks.values())
+            self.ranks.clear()
+        return None if self.ranks else self.outcome
 
 
 class _Printer:

@@ -5,6 +5,12 @@ source sent to the actor and run with ``exec`` in the namespace, which persists 
 The actor has two threads (``max_concurrency=2``): one runs the cell, the other answers
 ``drain`` (output and metrics so far) and ``interrupt``, which raises ``KeyboardInterrupt`` in
 the running cell between two bytecodes — the only way found to stop a cell and keep the actor.
+
+Rank 0 also leads: the notebook sends it the cell once (``execute_all``) and it hands the cell to
+the other ranks from inside the cluster, so a cell costs the notebook one request whatever the
+group's size — what counts when the notebook is a Ray Client across a network. The lead is where
+a failing rank stops the others. Rank 0 runs its cells in a thread of its own, beside the lead,
+so that a cell stuck in a collective cannot keep the lead from answering.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import os
 import pickle
 import sys
 import threading
+import time
+from concurrent import futures
 from datetime import timedelta
 
 from .cell import Cell, user_traceback
@@ -21,6 +29,9 @@ from .helper import Helper
 from .options import RunOptions
 
 MAX_VALUE_BYTES = 20 * 2**20
+CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
+LEAD_THREADS = 3        # rank 0's actor threads: the lead, drain_all, interrupt (its cell has its own)
+LEAD_POLL_S = 0.05      # while rank 0's own cell runs, the lead looks at it this often
 
 
 class _Stream:
@@ -49,6 +60,9 @@ class Worker:
         self._thread: int | None = None
         self._cell: int | None = None      # which cell ``_thread`` runs: a late interrupt misses
         self._switch = threading.Lock()
+        self._interrupted_upto = 0         # an interrupt that came before its cell still counts
+        self._peers: list = []             # rank 0: the others' handles, ranks 1..n-1
+        self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
         self.ns: dict = {}
         self.rank = -1
 
@@ -98,17 +112,33 @@ class Worker:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
         (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
         each argument on its own."""
+        stdout, stderr = sys.stdout, sys.stderr
+        result = None
+        while True:    # an interrupt can land anywhere until the door is shut: then go round again
+            try:
+                if result is None:
+                    sys.stdout = sys.stderr = _Stream(self._output, self._lock)
+                    result = self._run(call, pushed)
+                self._stop_interrupts()
+                sys.stdout, sys.stderr = stdout, stderr
+                result.update(self.drain())
+                return result
+            except KeyboardInterrupt:
+                result = result or {"ok": False, "interrupted": True}
+
+    def _run(self, call: bytes, pushed: bytes | None) -> dict:
         from ray import cloudpickle
 
         source, filename, pull, want_value, options, cell_id = pickle.loads(call)
         cell = Cell(source, filename)
         cell.register()
         result: dict = {"ok": True}
-        stdout, stderr = sys.stdout, sys.stderr
-        sys.stdout = sys.stderr = _Stream(self._output, self._lock)
         with self._switch:
             self._thread, self._cell = threading.get_ident(), cell_id
+            stopped = cell_id <= self._interrupted_upto
         try:
+            if stopped:
+                raise KeyboardInterrupt
             self.ns["gg"].configure(options)
             if pushed:
                 self.ns.update(cloudpickle.loads(pushed))
@@ -128,10 +158,6 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - the user's error, sent back as text
             result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
                       "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}
-        finally:
-            self._stop_interrupts()
-            sys.stdout, sys.stderr = stdout, stderr
-        result.update(self.drain())
         return result
 
     def _stop_interrupts(self) -> None:
@@ -154,8 +180,11 @@ class Worker:
         return {"output": output, "samples": samples}
 
     def interrupt(self, cell_id: int) -> bool:
-        """Raise KeyboardInterrupt in cell ``cell_id`` if it still runs (lands between bytecodes)."""
+        """Raise KeyboardInterrupt in cell ``cell_id`` if it still runs (lands between bytecodes);
+        if it has not started yet (the lead's call and the notebook's interrupt come by different
+        ways), it will not run."""
         with self._switch:
+            self._interrupted_upto = max(self._interrupted_upto, cell_id)
             if self._thread is None or self._cell != cell_id:
                 return False
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread),
@@ -165,8 +194,102 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    # -- rank 0: the lead -----------------------------------------------------------------------
+
+    def meet(self, peers: list) -> None:
+        """Rank 0: the other ranks' actor handles, given once when the group is built."""
+        self._peers = list(peers)
+        # one thread for every cell of rank 0, beside the lead (a stuck cell cannot hold the lead)
+        self._cell_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="cell")
+
+    def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
+        """Rank 0: run the cell on every rank — its own in its cell thread, the others' by actor
+        call — and wait for them all. A rank that fails (or dies) stops the others: they are
+        interrupted and get ``CANCEL_WAIT_S`` to end; any still running then is stuck (blocked in
+        a collective), and is named so the group can be stopped.
+
+        Returns {"results": {rank: execute's result}, "failed": the rank whose error ended the
+        cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
+        import ray
+
+        mine = pickle.loads(call)
+        cell_id = mine[-1]
+        theirs = for_peers(mine)
+        extra = tuple(pushed or ())
+        peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
+        own = self._cell_thread.submit(self.execute, call, *(ray.get(list(extra)) if extra else ()))
+        outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
+        deadline = None
+        while True:
+            if own is not None and own.done():
+                self.judge(0, own.result(), outcome)     # execute never raises
+                own = None
+            if own is None and not peers:
+                break
+            if deadline is None and (outcome["failed"] is not None or outcome["dead"] is not None):
+                deadline = time.monotonic() + CANCEL_WAIT_S
+                if own is not None:
+                    self.interrupt(cell_id)
+                for rank in peers.values():
+                    self._peers[rank - 1].interrupt.remote(cell_id)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            if peers:      # rank 0's own cell still running: look at it now and then
+                wait = LEAD_POLL_S if own is not None else left
+                done, _ = ray.wait(list(peers), num_returns=1,
+                                   timeout=wait if left is None or wait is None else min(wait, left))
+                for ref in done:
+                    self.collect(peers.pop(ref), ref, outcome)
+            else:
+                futures.wait([own], timeout=left)
+        outcome["stuck"] = sorted(([0] if own is not None else []) + list(peers.values()))
+        return outcome
+
+    @classmethod
+    def collect(cls, rank: int, ref, outcome: dict) -> None:
+        """A rank's finished call into the cell's outcome (a dead actor noted as such)."""
+        import ray
+
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayActorError:
+            outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray could not run the call at all: say it as the rank's error
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "output": "", "samples": []}
+        cls.judge(rank, result, outcome)
+
+    @staticmethod
+    def judge(rank: int, result: dict, outcome: dict) -> None:
+        """A rank's result into the cell's outcome: the first error (not an interrupt) failed it."""
+        outcome["results"][rank] = result
+        if not result["ok"] and not result.get("interrupted") and outcome["failed"] is None:
+            outcome["failed"] = rank
+
+    def drain_all(self) -> dict:
+        """Rank 0: every rank's output and reports so far, {rank: drain()} (a rank that does not
+        answer within 5 s is left out: a dying one shows up through ``execute_all``)."""
+        import ray
+
+        drained = {0: self.drain()}
+        refs = {peer.drain.remote(): rank for rank, peer in enumerate(self._peers, 1)}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=5) if refs else ([], [])
+        for ref in ready:
+            try:
+                drained[refs[ref]] = ray.get(ref)
+            except Exception:  # noqa: BLE001 - see above
+                pass
+        return drained
+
 
 REACH_TIMEOUT_S = 30.0
+
+
+def for_peers(call: tuple) -> bytes:
+    """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
+    source, filename, _pull, _want_value, options, cell_id = call
+    return pickle.dumps((source, filename, [], False, options, cell_id))
 
 
 def _use_interface_of(ip: str) -> None:

@@ -193,16 +193,6 @@ dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
 """
 
 
-def test_a_rank_left_in_a_collective_by_a_failed_one_is_stopped_with_the_group(ipython):
-    gg.run("kept = 1", workers=2)
-    start = time.monotonic()
-    with pytest.raises(RemoteError, match="rank 1: ValueError: no data") as info:
-        gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
-    assert time.monotonic() - start < 10, "not the collective's timeout (300 s)"
-    assert "rank 0 did not stop" in info.value.extra and "next cell starts a new one" in info.value.extra
-    assert gg.run("'kept' in globals(), world_size", workers=2).shown() == (False, 2), "a new group"
-
-
 def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way(ipython, capsys):
     """A Ray Client sends the cell to rank 0 alone, which hands it on (``execute_all``); here the
     local group is told to work that way, and fails, gets stuck and is interrupted as above."""

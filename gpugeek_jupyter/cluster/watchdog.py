@@ -74,20 +74,15 @@ class Watch:
         return None
 
     def _read(self, record):
+        # the tunnel first: Ray's client waits ~35 s on a port nothing forwards any more, and a
+        # kernel's Ray Client gives up reconnecting after 30
+        record = self._reopen_tunnel(record) or record
         try:
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
             self.misses = 0
             return nodes
         except ClusterUnreachable:
             self.misses += 1
-        reopened = self._reopen_tunnel(record)
-        if reopened is not None:
-            try:
-                nodes = read_nodes(reopened.address, timeout=max(1.0, self.interval))
-                self.misses = 0
-                return nodes
-            except ClusterUnreachable:
-                pass
         ours_here = record.backend in ("local", "sim")
         head_gone = ours_here and not processes.session_processes(
             record.session_id, record.created, record.marker)

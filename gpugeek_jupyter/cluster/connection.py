@@ -28,7 +28,7 @@ from .spec import ClusterSpec
 WATCH_INTERVAL_S = 2.0
 CLIENT_TRIES = 3
 DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
-CLIENT_BACKENDS = ("ssh", "aws", "gcp", "azure")   # … and these as a Ray Client, through the tunnel
+CLIENT_BACKENDS = tunnel.BACKENDS   # … and these as a Ray Client, through the tunnel
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from . import processes, registry, tunnel
-from .connection import CLIENT_BACKENDS
 from .lifecycle import shutdown
 from .spec import ClusterSpec
 
@@ -99,7 +98,7 @@ class Watch:
 
     def _reopen_tunnel(self, record):
         """The record with a new tunnel if the one to a remote head had dropped, else None."""
-        if record.backend not in CLIENT_BACKENDS or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
+        if record.backend not in tunnel.BACKENDS or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
             return None
         try:
             fresh = tunnel.ensure(record)

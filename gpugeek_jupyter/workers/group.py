@@ -15,7 +15,6 @@ than an empty cell) and the node samplers' reports ride along, at most once a se
 
 from __future__ import annotations
 
-import pickle
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from ..cluster import connection
 from ..errors import GpugeekError
 from ..meter import telemetry
 from .options import RunOptions
-from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker, for_peers
+from .sending import Led, Sent, WorkerDied
+from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
 
 READY_TIMEOUT_S = 120
 DRAIN_EVERY_S = (0.05, 0.5)      # first drain soon, then back off
@@ -46,12 +46,6 @@ class RemoteError(GpugeekError):
 
 class Interrupted(GpugeekError):
     """The stop button: every worker was interrupted."""
-
-
-class WorkerDied(Exception):
-    def __init__(self, rank: int, why: str):
-        super().__init__(f"worker {rank} died ({why})")
-        self.rank = rank
 
 
 @dataclass
@@ -199,7 +193,7 @@ class WorkerGroup:
         call = (source, f"<cell {cell_id}>", pull or [], True, options, cell_id)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
-        cell = (_Led if self.led else _Sent)(self.workers, call, pushed)
+        cell = (Led if self.led else Sent)(self.workers, call, pushed)
         asked = self._ask_samplers(SAMPLE_EVERY_S)
         sampled = bool(asked)
         printer = _Printer(all_ranks)
@@ -347,66 +341,6 @@ class WorkerGroup:
         if stuck or outcome is None or outcome["stuck"] or outcome["dead"] is not None:
             self.broken = True
             self.stop()
-
-
-class _Led:
-    """A cell sent to rank 0 once, which hands it on and stops the others if one fails
-    (``Worker.execute_all``): one request per cell, whatever the group's size — for a notebook
-    that is a Ray Client, where every request crosses the network."""
-
-    def __init__(self, workers: list, call: tuple, pushed):
-        self.pending = [workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)]
-
-    def complete(self, values: list) -> dict:
-        return values[0]
-
-    def take(self, done: list) -> dict:
-        import ray
-
-        try:
-            return ray.get(done[0])
-        except ray.exceptions.RayActorError as exc:
-            raise WorkerDied(0, type(exc).__name__) from None
-
-
-class _Sent:
-    """A cell sent to every rank by the notebook: for a Ray driver on the cluster's network one
-    hop each way is quicker than going through rank 0. The notebook then does what rank 0's lead
-    does: a rank that fails or dies stops the others (``CANCEL_WAIT_S``, else they are stuck)."""
-
-    def __init__(self, workers: list, call: tuple, pushed):
-        theirs = for_peers(call)
-        cell_id = call[-1]
-        extra = (pushed,) if pushed else ()
-        self.workers, self.cell_id = workers, cell_id
-        self.ranks = {w.execute.remote(pickle.dumps(call) if rank == 0 else theirs, *extra): rank
-                      for rank, w in enumerate(workers)}
-        self.outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
-
-    @property
-    def pending(self) -> list:
-        return list(self.ranks)
-
-    def complete(self, values: list) -> dict:
-        for ref, value in zip(list(self.ranks), values, strict=True):
-            Worker.judge(self.ranks.pop(ref), value, self.outcome)
-        return self.outcome
-
-    def take(self, done: list) -> dict | None:
-        """The outcome once every rank has answered (or one failed and the rest stopped), else None."""
-        import ray
-
-        for ref in done:
-            Worker.collect(self.ranks.pop(ref), ref, self.outcome)
-        if self.ranks and (self.outcome["failed"] is not None or self.outcome["dead"] is not None):
-            for rank in self.ranks.values():
-                self.workers[rank].interrupt.remote(self.cell_id)
-            stopped, _ = ray.wait(list(self.ranks), num_returns=len(self.ranks), timeout=CANCEL_WAIT_S)
-            for ref in stopped:
-                Worker.collect(self.ranks.pop(ref), ref, self.outcome)
-            self.outcome["stuck"] = sorted(self.ranks.values())
-            self.ranks.clear()
-        return None if self.ranks else self.outcome
 
 
 class _Printer:

@@ -27,6 +27,7 @@ from .spec import ClusterSpec
 
 WATCH_INTERVAL_S = 2.0
 CLIENT_TRIES = 3
+CLIENT_SETTLE_S = 40.0      # Ray's reconnect grace period (30 s) and a margin
 DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
 CLIENT_BACKENDS = tunnel.BACKENDS   # … and these as a Ray Client, through the tunnel
 
@@ -36,6 +37,7 @@ class Connection:
     address: str      # as ``ray.init`` was given it (Ray rewrites 127.0.0.1 to the host's IP)
     db: Path          # the registry it was made from (the watcher reads it from its own thread)
     cluster_id: int
+    client: bool = False   # a Ray Client (through the tunnel), not a driver
 
 
 _watcher: threading.Thread | None = None
@@ -79,7 +81,9 @@ def connect(record: ClusterRecord) -> None:
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated)
-    session.connection = Connection(record.address, store.path(), record.id)
+    from ray.util.client import ray as client
+
+    session.connection = Connection(record.address, store.path(), record.id, client=client.is_connected())
     registry.attach(record.id)
     if _watcher is None:
         _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
@@ -103,6 +107,49 @@ def _client_init(address: str) -> None:
                 raise
             ray.shutdown()
             time.sleep(1.0)
+
+
+def settle() -> bool:
+    """Wait out a Ray Client's reconnection; True when the connection had to be made anew.
+
+    When the tunnel drops (the laptop slept, the watchdog is reopening it), Ray's client reconnects
+    by itself within its grace period, and most calls wait for it, but some fail at once meanwhile
+    ("Cannot invoke RPC on closed channel"). So a cell first waits for the client's channel to be
+    ready again — read from the client's own state, no request. A client that gave up is connected
+    again; the workers it owned are gone with its session."""
+    connection = current().connection
+    if connection is None or not connection.client:
+        return False
+    from ray.util.client import ray as client
+
+    deadline = time.monotonic() + CLIENT_SETTLE_S
+    while client.is_connected() and not steady() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if client.is_connected():
+        return False
+    record = registry.get(connection.cluster_id)
+    print(f"note: the connection to {record.name!r} was lost; connecting again (the worker group "
+          "starts afresh: variables defined on it are gone)", flush=True)
+    import ray
+
+    ray.shutdown()
+    current().connection = None
+    connect(record)
+    return True
+
+
+def steady() -> bool:
+    """Whether this kernel's connection can take a request now (a Ray Client's channel is ready:
+    not reconnecting). Costs no request: for what runs between cells, which must never wait."""
+    connection = current().connection
+    if connection is None or not connection.client:
+        return connection is not None
+    import grpc
+    from ray.util.client import ray as client
+
+    worker = client.get_context().client_worker
+    return client.is_connected() and worker is not None and \
+        getattr(worker, "_conn_state", grpc.ChannelConnectivity.READY) == grpc.ChannelConnectivity.READY
 
 
 def shipped() -> dict:

@@ -13,7 +13,7 @@ import hashlib
 import uuid
 from dataclasses import replace
 
-from ..cluster import registry
+from ..cluster import connection, registry
 from ..cluster.actions import Cluster
 from ..cluster.registry import ClusterRecord
 from ..cluster.session import current
@@ -50,6 +50,8 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster, built if needed."""
     session = current()
     record = _cluster()
+    if connection.settle() and session.group is not None:
+        session.group.broken = True   # its actors went with the lost client session
     old = session.group
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
@@ -73,7 +75,7 @@ def drain_telemetry() -> int:
     """Bring the node samplers' latest reports into the ledger (between cells too); not again
     within a second of the last time (a sampler has nothing newer: it samples at most at 1 Hz)."""
     group = current().group
-    if group is None or group.broken:
+    if group is None or group.broken or not connection.steady():
         return 0
     return group.drain_telemetry(every=telemetry.MIN_INTERVAL_S)
 

@@ -10,6 +10,7 @@ import pytest
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.workers.group import Interrupted, RemoteError
 
@@ -200,6 +201,7 @@ def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way
 
     gg.run("pass", workers=2)
     current().group.led = True
+    assert current().group.line_note is None, "rank 1 did not connect to rank 0's cell line"
     try:
         assert gg.run("print('from', rank)\nrank * 10", workers=2, all_ranks=True).shown() == 0
         assert sorted(capsys.readouterr().out.splitlines()) == ["[rank 0] from 0", "[rank 1] from 1"]
@@ -212,6 +214,12 @@ def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way
         with pytest.raises(RemoteError) as info:
             gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
         assert time.monotonic() - start < 12 and "rank 0 did not stop" in info.value.extra
+        gg.run("pass", workers=2)
+        current().group.led = True
+        start = time.monotonic()        # a rank's process ends: its cell line closes at once
+        with pytest.raises(GpugeekError, match="worker 1 died"):
+            gg.run("import os\nif rank == 1:\n    os._exit(1)\n", workers=2)
+        assert time.monotonic() - start < 10
     finally:
         group = current().group
         if group is not None:

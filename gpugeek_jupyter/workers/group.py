@@ -90,6 +90,7 @@ class WorkerGroup:
         self.info: list[dict] = []
         self.cells = 0
         self.broken = False
+        self.line_note: str | None = None
         self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
 
     # -- life -----------------------------------------------------------------------------------
@@ -130,10 +131,17 @@ class WorkerGroup:
                           scheduling_strategy=PlacementGroupSchedulingStrategy(
                               self.pg, placement_group_bundle_index=i)).remote()
             for i in range(n)]
-        master, port = ray.get(self.workers[0].node_address.remote())
-        self.info = ray.get([w.setup.remote(i, n, master, port, self.options)
-                             for i, w in enumerate(self.workers)]
-                            + [self.workers[0].meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)[:n]
+        lead = self.workers[0]
+        (master, port), cell_line = ray.get([lead.node_address.remote(),
+                                             lead.open_line.remote() if n > 1 else lead.pid.remote()])
+        cell_line = cell_line if n > 1 else None
+        *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line)
+                                       for i, w in enumerate(self.workers)]
+                                      + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
+        if no_line and n > 1:
+            self.line_note = (f"rank {', '.join(map(str, no_line))} did not connect to rank 0's cell line "
+                                    "(a port between the hosts closed?): cells reach the ranks by Ray calls, "
+                                    "about a millisecond slower each")
         from ray.util.client import ray as client
 
         self.led = client.is_connected()
@@ -179,7 +187,7 @@ class WorkerGroup:
 
     @property
     def notes(self) -> list[str]:
-        return sorted({i["note"] for i in self.info if i.get("note")})
+        return sorted({i["note"] for i in self.info if i.get("note")} | ({self.line_note} if self.line_note else set()))
 
     # -- a cell ---------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import time
 from concurrent import futures
 from datetime import timedelta
 
+from . import line
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -63,6 +64,7 @@ class Worker:
         self._interrupted_upto = 0         # an interrupt that came before its cell still counts
         self._peers: list = []             # rank 0: the others' handles, ranks 1..n-1
         self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
+        self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self.ns: dict = {}
         self.rank = -1
 
@@ -77,8 +79,15 @@ class Worker:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    def open_line(self) -> tuple[tuple[str, int], bytes]:
+        """Rank 0: listen for the other ranks' cell lines (``line``); their address and key."""
+        import ray
+
+        self._switchboard = line.Switchboard(ray.util.get_node_ip_address())
+        return self._switchboard.address, self._switchboard.key
+
     def setup(self, rank: int, world_size: int, master: str, port: int, options: RunOptions,
-              timeout_s: float = 300.0) -> dict:
+              timeout_s: float = 300.0, cell_line: tuple | None = None) -> dict:
         import ray
         import torch
         import torch.distributed as dist
@@ -99,6 +108,8 @@ class Worker:
         _use_interface_of(ray.util.get_node_ip_address())
         if rank != 0:
             _reach(master, port, rank, min(timeout_s, REACH_TIMEOUT_S))
+            if cell_line is not None:
+                line.serve(*cell_line, rank, self.execute)
         dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         self.rank = rank
@@ -196,11 +207,19 @@ class Worker:
 
     # -- rank 0: the lead -----------------------------------------------------------------------
 
-    def meet(self, peers: list) -> None:
-        """Rank 0: the other ranks' actor handles, given once when the group is built."""
+    def meet(self, peers: list) -> list[int]:
+        """Rank 0: the other ranks' actor handles, given once when the group is built, and their
+        cell lines taken. Returns the ranks without a line: the lead reaches them by actor call."""
         self._peers = list(peers)
         # one thread for every cell of rank 0, beside the lead (a stuck cell cannot hold the lead)
         self._cell_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="cell")
+        if self._switchboard is None:
+            return list(range(1, len(peers) + 1))
+        missing = self._switchboard.accept(set(range(1, len(peers) + 1)))
+        if missing:       # all by line or all by actor call: one way to wait on a cell
+            self._switchboard.close()
+            self._switchboard = None
+        return sorted(missing)
 
     def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' by actor
@@ -216,9 +235,20 @@ class Worker:
         cell_id = mine[-1]
         theirs = for_peers(mine)
         extra = tuple(pushed or ())
-        peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
-        own = self._cell_thread.submit(self.execute, call, *(ray.get(list(extra)) if extra else ()))
+        board = self._switchboard
         outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
+        if board is not None:
+            data = ray.get(extra[0]) if extra else None
+            peers = {}
+            for rank in range(1, len(self._peers) + 1):
+                peers[rank] = rank
+                if not board.send(rank, cell_id, theirs, data):
+                    outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                    del peers[rank]
+            own = self._cell_thread.submit(self.execute, call, data)
+        else:
+            peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
+            own = self._cell_thread.submit(self.execute, call, *(ray.get(list(extra)) if extra else ()))
         deadline = None
         while True:
             if own is not None and own.done():
@@ -237,10 +267,18 @@ class Worker:
                 break
             if peers:      # rank 0's own cell still running: look at it now and then
                 wait = LEAD_POLL_S if own is not None else left
-                done, _ = ray.wait(list(peers), num_returns=1,
-                                   timeout=wait if left is None or wait is None else min(wait, left))
-                for ref in done:
-                    self.collect(peers.pop(ref), ref, outcome)
+                wait = wait if left is None or wait is None else min(wait, left)
+                if board is not None:
+                    for rank, result in board.receive(set(peers), cell_id, wait):
+                        del peers[rank]
+                        if result is None:
+                            outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                        else:
+                            self.judge(rank, result, outcome)
+                else:
+                    done, _ = ray.wait(list(peers), num_returns=1, timeout=wait)
+                    for ref in done:
+                        self.collect(peers.pop(ref), ref, outcome)
             else:
                 futures.wait([own], timeout=left)
         outcome["stuck"] = sorted(([0] if own is not None else []) + list(peers.values()))

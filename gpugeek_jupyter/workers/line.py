@@ -1,0 +1,160 @@
+"""The cell line: rank 0 hands each cell to the other ranks over a socket of its own.
+
+A Ray actor call from rank 0 to another rank costs about 1 ms between the lab's hosts, the same
+message over a plain socket about 0.03 ms, and a cell crosses twice (``benchmarks/bench_remote.py``
+times the remote cell). Rank 0 listens on its node's address — the direction the
+``torch.distributed`` rendezvous already takes, so a firewall that lets the group form lets this
+through — and every other rank connects once, when the group is built. Both ends prove they hold
+a key that travelled through Ray (the HMAC challenge of ``multiprocessing.connection``), then the
+listening socket is closed. A rank whose line cannot be made gets its cells by actor call.
+
+A process that dies closes its end at once; TCP keepalive notices a host gone silent within
+about 11 s. Interrupts and drains still go by actor call: the line's thread is busy with the cell.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+
+ACCEPT_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 5.0
+KEEPALIVE = (5, 2, 3)       # idle seconds, seconds between probes, probes
+
+
+def _keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle, interval, count = KEEPALIVE
+    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+        if hasattr(socket, option):      # Linux; elsewhere the system's defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """A limit on each blocking read of the socket (0: none) that holds once the socket is a
+    ``Connection``, which reads its file descriptor directly: a stranger who connects and says
+    nothing cannot hold the handshake."""
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                    struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
+def _shake(sock: socket.socket, key: bytes, first: bool, rank: int | None = None) -> tuple[Connection, int]:
+    """Both ends prove the key, and the other rank says which it is; the socket is closed after
+    (the connection holds a duplicate of it)."""
+    conn = None
+    try:
+        _keepalive(sock)
+        sock.settimeout(None)
+        _receive_timeout(sock, HANDSHAKE_TIMEOUT_S)
+        conn = Connection(os.dup(sock.fileno()))
+        if first:
+            deliver_challenge(conn, key)
+            answer_challenge(conn, key)
+            rank = pickle.loads(conn.recv_bytes(64))
+        else:
+            answer_challenge(conn, key)
+            deliver_challenge(conn, key)
+            conn.send_bytes(pickle.dumps(rank))
+        _receive_timeout(sock, 0)
+        return conn, rank
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        raise
+    finally:
+        sock.close()
+
+
+class Switchboard:
+    """Rank 0's end: listens until every other rank has connected, then holds one line each."""
+
+    def __init__(self, ip: str):
+        self.key = secrets.token_bytes(32)
+        self._server: socket.socket | None = socket.create_server((ip, 0))
+        self.address = (ip, self._server.getsockname()[1])
+        self.lines: dict[int, Connection] = {}
+
+    def accept(self, ranks: set[int], timeout: float = ACCEPT_TIMEOUT_S) -> set[int]:
+        """Take the ranks' connections (strangers are turned away); close the listening socket.
+        Returns the ranks that did not connect in time."""
+        deadline = time.monotonic() + timeout
+        server, self._server = self._server, None
+        try:
+            while ranks - set(self.lines) and (left := deadline - time.monotonic()) > 0:
+                server.settimeout(left)
+                try:
+                    sock, _ = server.accept()
+                except (TimeoutError, OSError):
+                    break
+                try:
+                    conn, rank = _shake(sock, self.key, first=True)
+                except Exception:  # noqa: BLE001 - not one of ours (or gave up): turned away
+                    continue
+                if rank in ranks and rank not in self.lines:
+                    self.lines[rank] = conn
+                else:
+                    conn.close()
+        finally:
+            server.close()
+        return ranks - set(self.lines)
+
+    def send(self, rank: int, cell_id: int, call: bytes, pushed: bytes | None) -> bool:
+        """Hand a cell to ``rank``; False if its line is broken (the rank is gone)."""
+        try:
+            self.lines[rank].send_bytes(pickle.dumps((cell_id, call, pushed), protocol=pickle.HIGHEST_PROTOCOL))
+            return True
+        except OSError:
+            return False
+
+    def receive(self, ranks: set[int], cell_id: int, timeout: float | None) -> list[tuple[int, dict | None]]:
+        """The answers of ``ranks`` that came within ``timeout``: (rank, result), or (rank, None)
+        for a rank whose line broke (its process died, its host went silent)."""
+        by_conn = {self.lines[rank]: rank for rank in ranks}
+        out = []
+        for conn in wait(list(by_conn), timeout):
+            rank = by_conn[conn]
+            try:
+                answered, result = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                out.append((rank, None))
+                continue
+            if answered == cell_id:         # an earlier cell's late answer is dropped
+                out.append((rank, result))
+        return out
+
+    def close(self) -> None:
+        for conn in self.lines.values():
+            conn.close()
+        self.lines.clear()
+
+
+def serve(address: tuple[str, int], key: bytes, rank: int, execute: Callable[[bytes, bytes | None], dict]) -> None:
+    """Another rank's end: connect to rank 0 in a thread of its own and run each cell that comes."""
+
+    def loop() -> None:
+        try:
+            conn, _ = _shake(socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S), key,
+                             first=False, rank=rank)
+        except Exception:  # noqa: BLE001 - no line: rank 0 reaches this rank by actor call
+            return
+        while True:
+            try:
+                cell_id, call, pushed = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):      # rank 0 is gone, or the group is stopped
+                return
+            result = execute(call, pushed)
+            try:
+                conn.send_bytes(pickle.dumps((cell_id, result), protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError:
+                return
+
+    threading.Thread(target=loop, name="gpugeek-cell-line", daemon=True).start()

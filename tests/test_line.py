@@ -1,0 +1,65 @@
+"""The cell line between rank 0 and the other ranks, on loopback (no Ray): cells and answers go
+through, a stranger without the key is turned away, and a rank whose process goes is seen gone."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gpugeek_jupyter.workers import line
+
+
+def echo(call: bytes, pushed: bytes | None) -> dict:
+    return {"ok": True, "output": pickle.loads(call) + (pushed or b"").decode(), "samples": []}
+
+
+def test_cells_reach_each_rank_and_strangers_are_turned_away():
+    board = line.Switchboard("127.0.0.1")
+    with socket.create_connection(board.address) as stranger:     # connects first, knows no key
+        stranger.sendall(b"\x00\x00\x00\x05hello")
+        for rank in (1, 2):
+            line.serve(board.address, board.key, rank, echo)
+        missing = board.accept({1, 2}, timeout=10)
+    assert missing == set() and sorted(board.lines) == [1, 2]
+    with pytest.raises(ConnectionRefusedError):     # no longer listening
+        socket.create_connection(board.address, timeout=1).close()
+    try:
+        for cell_id in (1, 2):
+            for rank in (1, 2):
+                assert board.send(rank, cell_id, pickle.dumps(f"cell {cell_id} "), b"pushed")
+            got = {}
+            deadline = time.monotonic() + 10
+            while len(got) < 2 and time.monotonic() < deadline:
+                got.update(board.receive(set(board.lines) - set(got), cell_id, timeout=1))
+            assert got == {1: {"ok": True, "output": f"cell {cell_id} pushed", "samples": []},
+                           2: {"ok": True, "output": f"cell {cell_id} pushed", "samples": []}}
+    finally:
+        board.close()
+
+
+def test_a_rank_whose_process_ends_is_seen_gone_at_once():
+    board = line.Switchboard("127.0.0.1")
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, pickle, time
+        from gpugeek_jupyter.workers import line
+        line.serve({board.address!r}, {board.key!r}, 1, lambda call, pushed: os._exit(3))
+        time.sleep(30)
+        """)])
+    try:
+        assert board.accept({1}, timeout=20) == set()
+        assert board.send(1, 1, pickle.dumps("pass"), None)
+        start = time.monotonic()
+        assert board.receive({1}, 1, timeout=10) == [(1, None)]
+        assert time.monotonic() - start < 5
+        assert child.wait(timeout=10) == 3
+    finally:
+        child.kill()
+        child.wait()
+        board.close()
+

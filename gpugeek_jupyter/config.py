@@ -32,10 +32,17 @@ DEFAULT_METER_INTERVAL_S = 2.0
 BUDGET_WARN_AT = 0.8          # a budget warning at 80 % of the cap (watchdog, gauges, figures)
 
 
+_homes: dict[str, Path] = {}     # $GPUGEEK_HOME as set → the folder, made once (read at every cell)
+
+
 def home() -> Path:
     """The state directory, created private (0700) on first use."""
-    path = Path(os.environ.get("GPUGEEK_HOME", "~/.gpugeek")).expanduser()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    raw = os.environ.get("GPUGEEK_HOME", "~/.gpugeek")
+    path = _homes.get(raw)
+    if path is None or not path.is_dir():
+        path = Path(raw).expanduser()
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _homes[raw] = path
     return path
 
 

@@ -115,19 +115,20 @@ def path() -> Path:
     return home() / "state.db"
 
 
-def connect() -> sqlite3.Connection:
-    """A connection for this thread to this ``$GPUGEEK_HOME``'s database, schema in place."""
+def connect(durable: bool = True) -> sqlite3.Connection:
+    """A connection for this thread to this ``$GPUGEEK_HOME``'s database, schema in place; with
+    ``durable=False`` one whose commits do not wait for the disk (see ``transaction``)."""
     db = path()
     cache = getattr(_local, "connections", None)
     if cache is None:
         cache = _local.connections = {}
-    conn = cache.get(db)
+    conn = cache.get((db, durable))
     if conn is not None and db.exists():
         return conn
     conn = sqlite3.connect(db, timeout=30, isolation_level=None)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
     conn.execute("PRAGMA foreign_keys=ON")
     with _transaction(conn):
         for statement in SCHEMA.split(";"):
@@ -136,7 +137,7 @@ def connect() -> sqlite3.Connection:
         _add_missing_columns(conn)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     db.chmod(0o600)
-    cache[db] = conn
+    cache[(db, durable)] = conn
     return conn
 
 
@@ -173,17 +174,8 @@ def transaction(durable: bool = True) -> Iterator[sqlite3.Connection]:
     on a busy disk). Such a commit survives the process being killed, and the database stays
     whole; only a crash of the machine can lose the latest of them (those since the last durable
     commit or checkpoint synced the log). Money — nodes, clusters, events — is always durable."""
-    conn = connect()
-    if durable:
-        with _transaction(conn):
-            yield conn
-        return
-    conn.execute("PRAGMA synchronous=NORMAL")
-    try:
-        with _transaction(conn):
-            yield conn
-    finally:
-        conn.execute("PRAGMA synchronous=FULL")
+    with _transaction(connect(durable)) as conn:
+        yield conn
 
 
 def query(sql: str, params: tuple | dict = ()) -> list[sqlite3.Row]:

@@ -18,6 +18,7 @@ from gpugeek_jupyter.cluster import hosts, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
+from gpugeek_jupyter.server import clusters as server_clusters
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +109,15 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
         time.sleep(1)
     sampled = node_samples_frame(record.id)
     assert sampled["node_id"].nunique() == 3, f"telemetry from {sampled['node_id'].nunique()} of 3 hosts"
+
+    # what JupyterLab's status bar and sidebar are sent: the server reads the registry and ledger
+    # (kept current by the watchdog through the tunnel) and is never part of the cluster
+    shown = next(c for c in server_clusters.overview()["clusters"] if c["name"] == "lab3")
+    assert shown["live"] and shown["state"] == "running" and shown["backend"] == "ssh"
+    assert shown["nodes"] == 3 and shown["usd_per_hour"] == pytest.approx(3 * RATE) and shown["spent_usd"] > 0
+    detail = server_clusters.detail("lab3")
+    assert len({u["node"] for u in detail["utilisation"]}) == 3, detail["utilisation"]
+    assert any(e["kind"] == "tunnel" for e in detail["events"]), detail["events"]
 
     gg.down("lab3")
     record = registry.get(record.id)

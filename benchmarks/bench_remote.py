@@ -15,6 +15,8 @@ figures are medians of the rounds' medians.
      the remote cell is held against. The Ray Client requests of one cell are counted too.
      ``--against REV`` adds a third side: the local empty cell with the package of git revision
      REV (``git archive``d to a temporary folder put first on the path of that side and its workers).
+- C: rank 0's hop to a rank on another host and back, the two ways it can go: a Ray actor call,
+     and the cell line (``workers/line.py``), timed call by call inside one actor, interleaved.
 - B: steps/s of the DDP loop of ``bench_run.py``'s P2 (MLP 256→1024→256, batch 64) across the three
      hosts, through ``gg.run(..., workers=3)`` on the ssh cluster, against the same loop in plain
      ``torch.distributed`` processes started on the same hosts (``ip netns exec``; gloo on
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import queue
 import random
 import shutil
@@ -93,6 +96,8 @@ def side(kind: str) -> None:
                 nop = ray.remote(num_cpus=0)(Nop).remote()
                 ray.get(nop.nop.remote())
             answer({"s": [timed(round_trip(ray, nop)) for _ in range(ask["n"])]})
+        elif op == "hop":
+            answer(hop(ask["n"]))
         elif op == "requests":
             answer(count_requests(empty_cell(gg, ask["workers"]), ask["n"]))
         elif op == "where":       # which package the kernel and a worker load
@@ -110,6 +115,62 @@ def side(kind: str) -> None:
 class Nop:
     def nop(self):
         return None
+
+
+class Near:
+    """Plays rank 0: holds the cell line's end, and times both ways of reaching ``Far``."""
+
+    def open(self):
+        import ray
+
+        from gpugeek_jupyter.workers import line
+
+        self.board = line.Switchboard(ray.util.get_node_ip_address())
+        return self.board.address, self.board.key
+
+    def time(self, far, n: int) -> dict:
+        import ray
+
+        assert not self.board.accept({1}), "no cell line"
+        call = pickle.dumps(("pass", "<cell 1>", [], False, None, 1))
+        by_actor, by_line = [], []
+        for i in range(n):
+            by_actor.append(timed(lambda: ray.get(far.answer.remote(call))))
+            by_line.append(timed(lambda i=i: (self.board.send(1, i, call, None), self.board.receive({1}, i, None))))
+        self.board.close()
+        return {"actor": by_actor, "line": by_line}
+
+
+class Far:
+    """Plays another rank, on another host: answers at once, by actor call or by the line."""
+
+    def serve(self, address, key) -> None:
+        from gpugeek_jupyter.workers import line
+
+        line.serve(tuple(address), key, 1, lambda call, pushed: self.answer(call))
+
+    def answer(self, call: bytes) -> dict:
+        return {"ok": True, "output": "", "samples": []}
+
+
+def hop(n: int) -> dict:
+    """Rank 0's hop to a rank on another host, both ways it can go: a Ray actor call, the line."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+    def on(node):
+        return NodeAffinitySchedulingStrategy(node, soft=False)
+
+    near = ray.remote(num_cpus=0)(Near).options(scheduling_strategy=on(nodes[0])).remote()
+    far = ray.remote(num_cpus=0)(Far).options(scheduling_strategy=on(nodes[1]), max_concurrency=2).remote()
+    address, key = ray.get(near.open.remote())
+    ray.get(far.serve.remote(address, key))
+    timings = ray.get(near.time.remote(far, n))
+    for actor in (near, far):
+        ray.kill(actor)
+    return timings
 
 
 def empty_cell(gg, workers: int):
@@ -337,6 +398,9 @@ def main() -> None:
             if name in sides:
                 sides.pop(name).stop()
 
+        # C: rank 0's hop to another host, interleaved call by call
+        hops = [remote.ask(op="hop", n=args.cells * 2) for _ in range(3)]
+
         # B: the DDP loop across the three hosts, alternated
         remote.ask(op="loop", steps=20, workers=3)          # the 3-worker group, warm
         plain_steps_per_s(lab, 20)
@@ -381,6 +445,10 @@ def main() -> None:
           f"{json.dumps(requests3)} (workers=3)")
     print(f"   workers=3: remote empty cell {ms(cells3)}, round trip {ms(rtt3)}, cell − round trip "
           f"{med([c - t for c, t in zip(cells3, rtt3, strict=True)]) * 1000:.2f} ms")
+    actor, by_line = [med(h["actor"]) for h in hops], [med(h["line"]) for h in hops]
+    print(f"C  rank 0 → a rank on another host and back, {args.cells * 2} × 3 interleaved: Ray actor call "
+          f"{ms(actor)} ({listed(actor, 1000)}), cell line {med(by_line) * 1000:.3f} ms "
+          f"({', '.join(f'{v * 1000:.3f}' for v in by_line)}) → line/actor {med(by_line) / med(actor):.3f}")
     print(f"B  3-host DDP steps/s ({args.steps} steps, MLP 256→1024→256, batch 64): gg.run {med(ours):.1f} "
           f"({listed(ours)}) vs plain torch.distributed {med(plain):.1f} ({listed(plain)}) "
           f"→ {med(ours) / med(plain):.3f} (goal ≥ 0.95); "

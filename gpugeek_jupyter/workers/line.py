@@ -1,11 +1,12 @@
 """The cell line: rank 0 hands each cell to the other ranks over a socket of its own.
 
 A cell and its answer cross from rank 0 to another host and back in about 0.2 ms this way,
-against about 1.2 ms by Ray actor call (``benchmarks/bench_remote.py``, part C, in the lab). Rank 0 listens on its node's address — the direction the
-``torch.distributed`` rendezvous already takes, so a firewall that lets the group form lets this
-through — and every other rank connects once, when the group is built. Both ends prove they hold
-a key that travelled through Ray (the HMAC challenge of ``multiprocessing.connection``), then the
-listening socket is closed. A rank whose line cannot be made gets its cells by actor call.
+against about 1.2 ms by Ray actor call (``benchmarks/bench_remote.py``, part C, in the lab).
+Rank 0 listens on its node's address — the direction the ``torch.distributed`` rendezvous
+already takes, so a firewall that lets the group form lets this through — and every other rank
+connects once, when the group is built. Both ends prove they hold a key that travelled through
+Ray (the HMAC challenge of ``multiprocessing.connection``), then the listening socket is closed.
+A rank whose line cannot be made gets its cells by actor call.
 
 A process that dies closes its end at once; TCP keepalive notices a host gone silent within
 about 11 s. Interrupts and drains still go by actor call: the line's thread is busy with the cell.

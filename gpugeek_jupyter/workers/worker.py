@@ -7,10 +7,11 @@ The actor has two threads (``max_concurrency=2``): one runs the cell, the other 
 the running cell between two bytecodes — the only way found to stop a cell and keep the actor.
 
 Rank 0 also leads: the notebook sends it the cell once (``execute_all``) and it hands the cell to
-the other ranks from inside the cluster, over the cell line (``line``), so a cell costs the notebook one request whatever the
-group's size — what counts when the notebook is a Ray Client across a network. The lead is where
-a failing rank stops the others. Rank 0 runs its cells in a thread of its own, beside the lead,
-so that a cell stuck in a collective cannot keep the lead from answering.
+the other ranks from inside the cluster, over the cell line (``line``), so a cell costs the
+notebook one request whatever the group's size — what counts when the notebook is a Ray Client
+across a network. The lead is where a failing rank stops the others. Rank 0 runs its cells in a
+thread of its own, beside the lead, so that a cell stuck in a collective cannot keep the lead
+from answering.
 """
 
 from __future__ import annotations
@@ -223,9 +224,10 @@ class Worker:
 
     def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' over the
-        cell line (by actor call where there is none) — and wait for them all. A rank that fails (or dies) stops the others: they are
-        interrupted and get ``CANCEL_WAIT_S`` to end; any still running then is stuck (blocked in
-        a collective), and is named so the group can be stopped.
+        cell line (by actor call where there is none) — and wait for them all. A rank that fails
+        (or dies) stops the others: they are interrupted and get ``CANCEL_WAIT_S`` to end; any
+        still running then is stuck (blocked in a collective), and is named so the group can be
+        stopped.
 
         Returns {"results": {rank: execute's result}, "failed": the rank whose error ended the
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""

@@ -47,31 +47,30 @@ def test_three_hosts_up_train_cost_down(lab, gpugeek_home):
     status = gg.status()
     assert len(status.nodes) == 3 and status.burn_usd_per_hour == pytest.approx(3 * RATE)
 
-    # a restarted kernel: a new process finds the cluster by name, through the same tunnel
+    # a restarted kernel: a new process finds the cluster by name, through the same tunnel; then,
+    # as a user of someone else's cluster would, it attaches at its Ray Client server (here:
+    # through this cluster's tunnel) and detaches again, stopping nothing
+    client = ClusterSpec.from_json(registry.get(record.id).spec).remote["client_address"]
     again = new_kernel("import gpugeek_jupyter as gg\n"
                        "gg.up('lab3')\n"
-                       "print('value', gg.run('6 * 7', workers=1).shown())\n", gpugeek_home)
+                       "print('value', gg.run('6 * 7', workers=1).shown())\n"
+                       f"gg.up('theirs', address={client!r})\n"
+                       "print('theirs', gg.run('6 * 7', workers=1).shown())\n"
+                       "print('detached', gg.down('theirs'))\n", gpugeek_home)
     assert "re-attached to ssh cluster 'lab3'" in again.stdout, again.stderr[-2000:]
     assert "value 42" in again.stdout, again.stderr[-2000:]
     assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
-
-    # someone else's cluster, reached at its Ray Client server (here: through this cluster's tunnel)
-    client = ClusterSpec.from_json(registry.get(record.id).spec).remote["client_address"]
-    theirs = new_kernel("import gpugeek_jupyter as gg\n"
-                        f"gg.up('theirs', address={client!r})\n"
-                        "print('value', gg.run('6 * 7', workers=1).shown())\n"
-                        "print('detached', gg.down('theirs'))\n", gpugeek_home)
-    assert "value 42" in theirs.stdout and "detached ['theirs']" in theirs.stdout, theirs.stderr[-2000:]
+    assert "theirs 42" in again.stdout and "detached ['theirs']" in again.stdout, again.stderr[-2000:]
     assert registry.live("theirs") is None and all(hosts.processes_on_hosts(record).values()), \
         "detaching from an attached cluster stopped something"
 
     # the tunnel drops (the laptop slept, the network blinked) and the user runs a cell at once:
     # the watchdog opens the tunnel again on the same local ports, this kernel's Ray Client
     # reconnects through it, and the cell waits for that instead of failing inside Ray
-    assert gg.run("6 * 7", workers=1).shown() == 42
+    assert gg.run("6 * 7", workers=3).shown() == 42     # the group the DDP cell below uses
     os.kill(record.session_id, signal.SIGKILL)
     dropped = time.monotonic()
-    assert gg.run("6 * 7", workers=1).shown() == 42, "the kernel did not reconnect through the new tunnel"
+    assert gg.run("6 * 7", workers=3).shown() == 42, "the kernel did not reconnect through the new tunnel"
     print(f"a cell run as the tunnel dropped answered after {time.monotonic() - dropped:.1f} s")
     while registry.get(record.id).session_id == record.session_id and time.monotonic() - dropped < 30:
         time.sleep(0.2)

@@ -1,5 +1,5 @@
 """The doctor's judgement on facts as the probes report them: what counts as a problem, and whom
-it blames. (The lab tests, tests/lab/test_doctor.py, gather the facts on real hosts.)"""
+it blames. (The lab tests in tests/lab/test_ssh_cluster.py gather the facts on real hosts.)"""
 
 from __future__ import annotations
 

@@ -1,14 +1,26 @@
 """An ``ssh`` cluster on three lab hosts, driven from the laptop (this machine's own network
-namespace), which is not part of it: the kernel reaches it only through its SSH tunnel."""
+namespace), which is not part of it: the kernel reaches it only through its SSH tunnel.
+
+One cluster serves the whole module (each start takes ~35 s), in order: up and everything a
+kernel does on it; then ``doctor`` — all green when healthy; a slow link, a host cut off and a
+host with another package version each named as the problem they are; a rank that cannot reach
+rank 0 — and last ``down``, its dollars and what it leaves on the hosts. The second host's
+Python finds another ``packaging`` first (its sshd, and so Ray there, has it on PYTHONPATH): a
+package the doctor compares only when asked, so the cluster is otherwise healthy."""
 
 from __future__ import annotations
 
 import os
 import signal
 import stat
+import subprocess
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
+import netlab
 import pytest
 from cluster_processes import new_kernel
 
@@ -23,15 +35,57 @@ from gpugeek_jupyter.server import clusters as server_clusters
 pytestmark = pytest.mark.slow
 
 RATE = 7.2   # $/h per host: large enough to see the dollars move
+UNREACHABLE_WITHIN_S = 10.0
+CLOSED_PORT = 9         # nothing listens there on a lab host
 
 
-def test_three_hosts_up_train_cost_down(lab, gpugeek_home):
-    names = ",".join(f"root@{h.address}" for h in lab.hosts)
-    began = time.monotonic()
-    gg.up("lab3", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1,
-                    usd_per_hour=RATE)
-    took = time.monotonic() - began
-    print(f"\nup --backend ssh on 3 hosts: ready in {took:.1f} s")
+def fetch_other_packaging(folder):
+    """Another release of ``packaging`` than this environment's, from PyPI, into ``folder``:
+    (mine, other), or None when PyPI cannot be reached."""
+    mine = metadata.version("packaging")
+    other = "24.2" if mine != "24.2" else "24.1"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder),
+                           f"packaging=={other}"], capture_output=True, text=True, timeout=180)
+    return (mine, other) if done.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def cluster(lab, tmp_path_factory):
+    """The module's cluster, "lab3", on the three lab hosts (timed); stopped at the end if a test
+    before the last one failed. Yields its home, record, start time and packaging versions."""
+    home = tmp_path_factory.mktemp("lab3-home")
+    folder = tmp_path_factory.mktemp("skew")
+    versions = fetch_other_packaging(folder)
+    skewed = lab.hosts[1]
+    if versions:
+        lab.restart_host(skewed, env={"PYTHONPATH": str(folder)})
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("GPUGEEK_HOME", str(home))
+            try:
+                names = ",".join(f"root@{h.address}" for h in lab.hosts)
+                began = time.monotonic()
+                gg.up("lab3", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1,
+                      usd_per_hour=RATE)
+                took = time.monotonic() - began
+                yield SimpleNamespace(home=home, record=registry.live("lab3"), took=took, versions=versions)
+            finally:
+                if registry.live("lab3") is not None:
+                    gg.down("lab3")
+    finally:
+        if versions:
+            lab.restart_host(skewed)
+
+
+@pytest.fixture
+def on_lab3(cluster, monkeypatch):
+    monkeypatch.setenv("GPUGEEK_HOME", str(cluster.home))
+    return cluster
+
+
+def test_three_hosts_up_attach_reconnect_train(lab, on_lab3):
+    print(f"\nup --backend ssh on 3 hosts: ready in {on_lab3.took:.1f} s")
+    gpugeek_home = on_lab3.home
     record = registry.live("lab3")
     assert record.backend == "ssh"
     on_hosts = hosts.processes_on_hosts(record)
@@ -118,6 +172,91 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
     assert len({u["node"] for u in detail["utilisation"]}) == 3, detail["utilisation"]
     assert any(e["kind"] == "tunnel" for e in detail["events"]), detail["events"]
 
+
+def test_doctor_names_the_host_with_another_package_version(lab, on_lab3):
+    versions = on_lab3.versions
+    if versions is None:
+        pytest.skip("could not fetch another release of packaging from PyPI")
+    mine, other = versions
+    skewed = lab.hosts[1]
+    report = gg.doctor(packages="packaging")
+    print(f"\n{report!r}")
+    assert report.problems == _about(report, skewed), "a healthy host was blamed"
+    assert [p.what for p in report.problems] == [f"packaging {other}, the kernel has {mine}"], repr(report)
+    assert f"pip install 'packaging=={mine}'" in report.problems[0].fix
+
+
+def _about(report, host) -> list:
+    return [p for p in report.problems if host.address in p.host]
+
+
+def test_doctor_is_green_then_names_a_slow_link_and_a_host_cut_off(lab, on_lab3, capsys):
+    healthy = gg.doctor()
+    print(f"\n{healthy!r}")
+    assert healthy.ok, f"a healthy lab cluster has problems:\n{healthy!r}"
+    assert len(healthy.rows) == 3 and len(healthy.pairs) == 3
+    assert {row["interface"] for row in healthy.rows} == {"eth0"}
+    assert all(row[""] == "✓" for row in healthy.rows)
+
+    slow = lab.hosts[2]
+    if netlab.netem_available():
+        lab.slow_link(slow, delay_ms=20)
+    else:     # this kernel has no netem: a rate limit is the slow link
+        lab.slow_link(slow, rate_mbit=100)
+    try:
+        report = gg.doctor()
+    finally:
+        lab.heal_link(slow)
+    print(f"\n{report!r}")
+    assert _about(report, slow) and all("slow link" in p.what for p in _about(report, slow)), repr(report)
+    assert report.problems == _about(report, slow), "a healthy host was blamed for the slow one"
+
+    lab.cut_off(slow)
+    try:
+        began = time.monotonic()
+        report = gg.doctor()
+        took = time.monotonic() - began
+    finally:
+        lab.reconnect(slow)
+    said = capsys.readouterr().out
+    print(f"{said}\n{report!r}\ncut off: said after {report.unreachable} s, report after {took:.1f} s "
+          f"({report.phases})")
+    assert any("unreachable" in p.what for p in _about(report, slow)), repr(report)
+    assert f"doctor: root@{slow.address} is unreachable" in said, "the unreachable host was not said at once"
+    assert list(report.unreachable) == [f"root@{slow.address}"]
+    assert report.unreachable[f"root@{slow.address}"] <= UNREACHABLE_WITHIN_S
+    assert [sorted(pair) for pair in report.pairs] == [[f"root@{h.address}" for h in lab.hosts[:2]]], \
+        "the reachable nodes were not measured"
+
+
+def test_a_rank_that_cannot_reach_rank_0_fails_in_one_line_naming_both(lab, on_lab3):
+    """A worker on one host told that rank 0 listens on a port of another host where nothing
+    does — what a firewall between the hosts looks like to it: one line, within the timeout."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gpugeek_jupyter.workers.options import RunOptions
+    from gpugeek_jupyter.workers.worker import Worker
+
+    rank1, rank0 = lab.hosts[1], lab.hosts[2]
+    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == rank1.address)
+    worker = ray.remote(Worker).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node, soft=False)).remote()
+    try:
+        began = time.monotonic()
+        with pytest.raises(ray.exceptions.RayTaskError) as failed:
+            ray.get(worker.setup.remote(1, 2, rank0.address, CLOSED_PORT, RunOptions(), timeout_s=3), timeout=60)
+        took = time.monotonic() - began
+    finally:
+        ray.kill(worker)
+    said = str(failed.value.cause)
+    print(f"\n{said}\n(after {took:.1f} s)")
+    assert said.startswith(f"rank 1 on {rank1.address} cannot reach rank 0 at {rank0.address}:{CLOSED_PORT}")
+    assert len(said.splitlines()) == 1 and took < 30
+
+
+def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):
+    record = on_lab3.record
     gg.down("lab3")
     record = registry.get(record.id)
     assert record.stopped

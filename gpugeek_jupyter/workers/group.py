@@ -132,13 +132,11 @@ class WorkerGroup:
                               self.pg, placement_group_bundle_index=i)).remote()
             for i in range(n)]
         lead = self.workers[0]
-        (master, port), cell_line = ray.get([lead.node_address.remote(),
-                                             lead.open_line.remote() if n > 1 else lead.pid.remote()])
-        cell_line = cell_line if n > 1 else None
+        (master, port), cell_line = ray.get([lead.node_address.remote(), lead.open_line.remote()])
         *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line)
                                        for i, w in enumerate(self.workers)]
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
-        if no_line and n > 1:
+        if no_line:
             self.line_note = (f"rank {', '.join(map(str, no_line))} did not connect to rank 0's cell line "
                               "(a port between the hosts closed?): cells reach the ranks by Ray calls, "
                               "about a millisecond slower each")

@@ -2,7 +2,8 @@
 
 The process group is initialised once, when the group is built; every cell after that is just
 source sent to the actor and run with ``exec`` in the namespace, which persists between cells.
-The actor has two threads (``max_concurrency=2``): one runs the cell, the other answers
+The actor has two threads (``max_concurrency=2``): one runs the cell (on a rank other than 0,
+the cell line's own thread runs it when the cell came that way), the other answers
 ``drain`` (output and metrics so far) and ``interrupt``, which raises ``KeyboardInterrupt`` in
 the running cell between two bytecodes — the only way found to stop a cell and keep the actor.
 
@@ -214,8 +215,6 @@ class Worker:
         self._peers = list(peers)
         # one thread for every cell of rank 0, beside the lead (a stuck cell cannot hold the lead)
         self._cell_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="cell")
-        if self._switchboard is None:
-            return list(range(1, len(peers) + 1))
         missing = self._switchboard.accept(set(range(1, len(peers) + 1)))
         if missing:       # all by line or all by actor call: one way to wait on a cell
             self._switchboard.close()
@@ -241,7 +240,7 @@ class Worker:
         outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
         if board is not None:
             data = ray.get(extra[0]) if extra else None
-            peers = {}
+            peers = {}     # rank → rank, as the actor-call way keys ref → rank: one loop for both
             for rank in range(1, len(self._peers) + 1):
                 peers[rank] = rank
                 if not board.send(rank, cell_id, theirs, data):

@@ -4,10 +4,11 @@ through ``gg.run`` as it is, without the output drains, without the samplers' as
 
     .venv/bin/python benchmarks/bench_ddp_ticks.py [--rounds 4] [--steps 300]
 
-While a cell runs, the kernel asks rank 0 for the ranks' output (every 0.05 s, backing off to
-``DRAIN_EVERY_S[1]``) and the node samplers for their reports (every ``SAMPLE_EVERY_S``); each is a
-request through the Ray Client. The variants switch one of them off by setting the group's
-constants in this process (a drain every 30 s; no ask). Needs root, like ``bench_remote.py``.
+While a cell runs, the kernel keeps one drain out to rank 0, which answers when its cell prints
+or ends, else after ``DRAIN_WAIT_S``, and asks the node samplers (at most every
+``SAMPLE_EVERY_S``) on the kernel's behalf; each drain is a request through the Ray Client. The
+variants switch one of them off: a drain held 30 s (so one a cell), or the samplers not asked.
+Needs root, like ``bench_remote.py``.
 """
 
 from __future__ import annotations
@@ -45,29 +46,47 @@ def main() -> None:
 
         gg.up("ticks", backend="ssh", hosts=",".join(f"root@{h.address}" for h in lab.hosts),
               ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0)
-        default = group.DRAIN_EVERY_S, group.SAMPLE_EVERY_S
-        variants = {"as is": default, "no drains": ((30.0, 30.0), default[1]),
-                    "no sampler asks": (default[0], 3600.0)}
+        import ray
+
+        from gpugeek_jupyter.cluster.session import current
+
+        default = group.DRAIN_WAIT_S, group.DRAIN_GAP_S, group.SAMPLE_EVERY_S
+        variants = {"as is": default, "no drains": (30.0, 30.0, default[2]),
+                    "no sampler asks": (*default[:2], 3600.0)}
+
+        def use(values):
+            group.DRAIN_WAIT_S, group.DRAIN_GAP_S, group.SAMPLE_EVERY_S = values
+            workers = current().group
+            ray.get(workers.workers[0].keep_samplers.remote(workers.samplers, values[2]))
+
         code = LOOP_GG.replace("STEPS", str(args.steps)) + "\nsteps_per_s"
         gg.run(LOOP_GG.replace("STEPS", "20") + "\nsteps_per_s", workers=3, monitor=False)   # warm
         bench_remote.plain_steps_per_s(lab, 20)
         got: dict[str, list[float]] = {name: [] for name in [*variants, "plain"]}
+        drains = dict.fromkeys(variants, 0.0)     # drains sent per second of the loop
         for r in range(args.rounds):
             for name in list(got) if r % 2 == 0 else list(got)[::-1]:
                 if name == "plain":
                     got[name].append(bench_remote.plain_steps_per_s(lab, args.steps))
                     continue
-                group.DRAIN_EVERY_S, group.SAMPLE_EVERY_S = variants[name]
+                use(variants[name])
+                before = current().group.drains
                 got[name].append(gg.run(code, workers=3, monitor=False).shown())
-            group.DRAIN_EVERY_S, group.SAMPLE_EVERY_S = default
+                drains[name] += (current().group.drains - before) / (args.steps / got[name][-1]) / args.rounds
+            use(default)
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
         gg.reset()
         gg.down("ticks")
     finally:
         lab.down()
     plain = statistics.median(got["plain"])
+    for name in drains:      # the same, round by round: a round's variants ran side by side
+        ratios = [v / p for v, p in zip(got[name], got["plain"], strict=True)]
+        print(f"{name:16s} per-round ratios {' '.join(f'{r:.3f}' for r in ratios)}; "
+              f"median {statistics.median(ratios):.3f}")
     for name, values in got.items():
-        print(f"{name:16s} {statistics.median(values):6.1f} steps/s → {statistics.median(values) / plain:.3f} of plain")
+        print(f"{name:16s} {statistics.median(values):6.1f} steps/s → {statistics.median(values) / plain:.3f} of plain"
+              + (f", {drains[name]:.2f} drains/s" if name in drains else ""))
 
 
 if __name__ == "__main__":

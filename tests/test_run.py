@@ -245,6 +245,51 @@ def test_output_streams_and_all_ranks_are_prefixed(ipython, capsys):
     assert sorted(out) == ["[rank 0] from 0", "[rank 1] from 1"]
 
 
+@pytest.mark.parametrize("led", [False, True], ids=["sent", "led"])
+def test_prints_and_node_reports_arrive_while_the_cell_runs_with_about_one_drain_a_second(
+        ipython, monkeypatch, led):
+    """A print shows while the cell still runs; the node samplers report during it too; and a
+    cell that prints nothing for 3.5 s costs the notebook about one drain a second, not ten."""
+    import sys
+
+    from gpugeek_jupyter.cluster.session import current
+
+    gg.run("import time", workers=2)
+    group = current().group
+    deadline = time.monotonic() + 20      # a new group's samplers take a moment to start
+    while group.drain_telemetry() == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    group.led = led
+    seen: list[tuple[float, str]] = []
+    start = time.monotonic()
+
+    class Clocked:
+        def write(self, text):
+            seen.append((time.monotonic() - start, text))
+            return len(text)
+
+        def flush(self):
+            pass
+
+    record_nodes = group.on_node_samples
+    monkeypatch.setattr(group, "on_node_samples", lambda s: (seen.append((time.monotonic() - start, "nodes")),
+                                                             record_nodes(s)))
+    try:
+        monkeypatch.setattr(sys, "stdout", Clocked())
+        start = time.monotonic()
+        drains = group.drains
+        gg.run("print('early', flush=True)\ntime.sleep(3.5)\nprint('late')", workers=2, monitor=False)
+        took = time.monotonic() - start
+        monkeypatch.undo()
+    finally:
+        group.led = False
+    early = next(t for t, text in seen if "early" in text)
+    late = next(t for t, text in seen if "late" in text)
+    assert early < 1.5 < 3.5 <= late, seen
+    assert sum(1 for t, text in seen if text == "nodes" and t < took - 0.3) >= 2, seen
+    assert group.drains - drains <= 5, f"{group.drains - drains} drains in {took:.1f} s"
+
+
 def test_each_run_is_a_ledger_job_with_samples(ipython):
     record = registry.live("runs")
     before = len(ledger.cost_table(record.id, "job"))

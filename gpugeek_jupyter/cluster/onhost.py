@@ -205,18 +205,25 @@ def _listening(ip, port):
 
 
 def stop(args):
+    """SIGTERM every process of ours, SIGKILL what is left after GRACE seconds. The list is made
+    anew each round: a process forked while we stop (a worker the raylet was starting) carries the
+    marker too, and is caught by the next round instead of outliving the cluster."""
     marker, grace = args[0], float(args[1]) if len(args) > 1 else 5.0
-    pids = ours(marker)
+    termed = set()
+    pids = []
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
         deadline = time.time() + wait
-        while time.time() < deadline:
-            pids = [pid for pid in pids if _running(pid)]
-            if not pids:
+        while True:
+            pids = [pid for pid in ours(marker) if _running(pid)]
+            for pid in pids:
+                if sig == signal.SIGTERM and pid in termed:
+                    continue      # once is the ask; its grace runs on
+                termed.add(pid)
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            if not pids or time.time() > deadline:
                 break
             time.sleep(0.1)
         if not pids:

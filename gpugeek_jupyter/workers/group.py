@@ -4,13 +4,15 @@ N ``Worker`` actors are placed with a Ray placement group (one bundle per worker
 CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up between cells
 until its size changes, a rank fails in a way that leaves it unusable, or
 ``reset()``. Running a cell is one actor call, to rank 0, which hands it to the other ranks
-inside the cluster and stops them if one fails (``Worker.execute_all``), plus a drain of every
-rank's output through rank 0 every so often while it runs; the stop button and dead workers are
-handled here.
+inside the cluster and stops them if one fails (``Worker.execute_all``); the stop button and
+dead workers are handled here.
 
-A short cell costs one request and one wait (on a Ray Client: one round trip): the call carries
-one bytes argument (Ray serialises every argument on its own, and a few small ones cost more
-than an empty cell) and the node samplers' reports ride along, at most once a second.
+While a cell runs, one drain at a time is out to rank 0, which answers for every rank and for
+the node samplers (``progress``): it comes back when rank 0's cell prints or ends, else after
+``DRAIN_WAIT_S``. A short cell costs one request and one wait (on a Ray Client: one round trip):
+the call carries one bytes argument (Ray serialises every argument on its own, and a few small
+ones cost more than an empty cell) and the node samplers' reports, asked of rank 0 at most once
+a second, ride along.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from dataclasses import dataclass, field
 from ..cluster import connection
 from ..errors import GpugeekError
 from ..meter import telemetry
+from . import progress
 from .options import RunOptions
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
 
 READY_TIMEOUT_S = 120
-DRAIN_EVERY_S = (0.05, 0.5)      # first drain soon, then back off
+FIRST_WAIT_S = 0.05      # a cell done within this needs no drain at all
+DRAIN_WAIT_S = 1.0       # rank 0 holds a drain this long for a cell that prints nothing
+DRAIN_GAP_S = 0.5        # a drain goes no sooner than this after the one before
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 
 
@@ -91,6 +96,7 @@ class WorkerGroup:
         self.cells = 0
         self.broken = False
         self.line_note: str | None = None
+        self.drains = 0         # drains sent while cells ran (one a second or so: tests read it)
         self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
 
     # -- life -----------------------------------------------------------------------------------
@@ -146,6 +152,8 @@ class WorkerGroup:
         if self.on_node_samples is not None:       # one sampler per node the group runs on
             self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
                                                      gpus=self.sample_gpus)
+            # rank 0 asks them, with the ranks' output
+            ray.get(lead.keep_samplers.remote(self.samplers, SAMPLE_EVERY_S), timeout=READY_TIMEOUT_S)
 
     def connected(self) -> bool:
         """Whether this process is still a driver of the group's cluster. Once it is not (the
@@ -200,29 +208,36 @@ class WorkerGroup:
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         cell = (Led if self.led else Sent)(self.workers, call, pushed)
-        asked = self._ask_samplers(SAMPLE_EVERY_S)
-        sampled = bool(asked)
+        asked = self._ask_nodes(SAMPLE_EVERY_S)
+        sampled = asked is not None
         printer = _Printer(all_ranks)
-        outcome = None
-        drain_at, drain_gap = start + DRAIN_EVERY_S[0], DRAIN_EVERY_S[0]
+        outcome = poll = None
         try:
-            gathered = self._gather(cell, asked, max(0.0, drain_at - time.perf_counter()))
+            gathered = self._gather(cell, asked, FIRST_WAIT_S)
             if gathered is not None:           # done at once: no loop, no drains
                 outcome, samples = gathered
-                asked = {}
+                asked = None
                 self._record_node_samples(samples)
+            poll_at = time.perf_counter()
             while outcome is None:
-                done, _ = ray.wait(cell.pending, num_returns=1, timeout=max(0.0, drain_at - time.perf_counter()))
+                now = time.perf_counter()
+                if poll is None and now >= poll_at:       # one drain out at a time
+                    poll = self.workers[0].drain_all.remote(0.0 if all_ranks else DRAIN_WAIT_S)
+                    poll_at = now + DRAIN_GAP_S
+                    self.drains += 1
+                timeout = DRAIN_WAIT_S + 1.0 if poll is not None else max(0.0, poll_at - now)
+                done, _ = ray.wait(cell.pending + ([poll] if poll is not None else []), num_returns=1,
+                                   timeout=timeout)
+                if poll is not None and poll in done:
+                    done.remove(poll)
+                    self._show(ray.get(poll), printer, on_samples)
+                    poll = None
                 if done:
                     try:
                         outcome = cell.take(done)
                     except WorkerDied:
                         self.broken = True
                         raise
-                elif time.perf_counter() >= drain_at:
-                    self._drain(printer, on_samples)
-                    drain_gap = min(drain_gap * 2, DRAIN_EVERY_S[1])
-                    drain_at = time.perf_counter() + drain_gap
         except KeyboardInterrupt:
             self._cancel(cell)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
@@ -232,8 +247,11 @@ class WorkerGroup:
         finally:
             if outcome is None and not self.broken:   # left another way: nothing may keep running
                 self._cancel(cell)
-            if asked and self.connected():    # asked with the cell: their reports are not lost
-                self._record_node_samples(self._samples_from(asked))
+            if self.connected():
+                if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
+                    self._show(self._get(poll, progress.PEER_TIMEOUT_S + 1.0), printer, on_samples)
+                if asked is not None:     # asked with the cell: their reports are not lost
+                    self._record_node_samples(self._get(asked, 0.5) or [])
         self._settle(outcome, printer, on_samples)
         if not sampled:            # what was sampled since the last drain, if a second ago
             self.drain_telemetry(every=SAMPLE_EVERY_S)
@@ -245,18 +263,28 @@ class WorkerGroup:
                       pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
                       seconds=time.perf_counter() - start)
 
-    def _gather(self, cell, asked: dict, timeout: float):
-        """The cell's outcome and the samplers' reports in one ``ray.get``, if all are there
+    def _gather(self, cell, asked, timeout: float):
+        """The cell's outcome and the node samplers' reports in one ``ray.get``, if all are there
         within ``timeout``: (outcome, node samples). None otherwise, or if any call failed (a
         dead actor): the loop then takes them one by one and says which."""
         import ray
 
         refs = list(cell.pending)
         try:
-            values = ray.get(refs + list(asked), timeout=timeout)
+            values = ray.get(refs + ([asked] if asked is not None else []), timeout=timeout)
         except Exception:  # noqa: BLE001 - a timeout, or an error the loop reports precisely
             return None
-        return cell.complete(values[:len(refs)]), [s for part in values[len(refs):] for s in part]
+        return cell.complete(values[:len(refs)]), (values[-1] if asked is not None else [])
+
+    @staticmethod
+    def _get(ref, timeout: float):
+        """A drain's or a report's answer, None if it did not come (its rank is dying or gone)."""
+        import ray
+
+        try:
+            return ray.get(ref, timeout=timeout)
+        except Exception:  # noqa: BLE001 - a dying worker shows up through the cell's outcome
+            return None
 
     def _settle(self, outcome: dict, printer, on_samples) -> None:
         """The ranks' results: their output and reports shown, then the cell's failure raised."""
@@ -279,57 +307,33 @@ class WorkerGroup:
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
-        asked = self._ask_samplers(every)
-        return self._record_node_samples(self._samples_from(asked)) if asked else 0
+        asked = self._ask_nodes(every)
+        return self._record_node_samples(self._get(asked, 2.0) or []) if asked is not None else 0
 
-    def _ask_samplers(self, every: float) -> dict:
-        """Ask every sampler for its reports, if the last ask is ``every`` seconds old: {ref: sampler}."""
+    def _ask_nodes(self, every: float):
+        """Rank 0 asked for the node samplers' reports if the last ask is ``every`` seconds old
+        (they have nothing newer before): the ref, else None."""
         now = time.monotonic()
-        if not self.samplers or now - self.sampled_at < every or not self.connected():
-            return {}
+        if not self.samplers or not self.workers or now - self.sampled_at < every or not self.connected():
+            return None
         self.sampled_at = now
-        return {s.drain.remote(): s for s in self.samplers}
-
-    def _samples_from(self, asked: dict, timeout: float = 0.5) -> list[dict]:
-        """The asked samplers' reports: all in one ``ray.get``, else those that answered within
-        ``timeout`` (never stall the run); a sampler whose node is gone is asked no more."""
-        import ray
-
-        refs = list(asked)
-        try:
-            return [s for part in ray.get(refs, timeout=timeout) for s in part]
-        except Exception:  # noqa: BLE001 - sorted out one by one below
-            pass
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        samples = []
-        for ref in ready:
-            try:
-                samples.extend(ray.get(ref))
-            except ray.exceptions.RayActorError:   # its node is gone: stop asking it
-                if asked[ref] in self.samplers:
-                    self.samplers.remove(asked[ref])
-            except Exception:  # noqa: BLE001 - one bad answer costs that sampler's batch only
-                pass
-        return samples
+        return self.workers[0].node_reports.remote()
 
     def _record_node_samples(self, samples: list[dict]) -> int:
         if samples:
             self.on_node_samples(samples)
         return len(samples)
 
-    def _drain(self, printer, on_samples) -> None:
-        """Every rank's output and reports so far, in one request to rank 0 (which asks the others)."""
-        import ray
-
-        self.drain_telemetry(every=SAMPLE_EVERY_S)
-        try:
-            drained = ray.get(self.workers[0].drain_all.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - a dying worker shows up through the cell's outcome
+    def _show(self, drained: dict | None, printer, on_samples) -> None:
+        """A drain's answer (``progress.gather``): the ranks' output and reports, the nodes' reports."""
+        if not drained:
             return
-        for rank in sorted(drained):
-            printer.show(rank, drained[rank]["output"])
-            if on_samples and drained[rank]["samples"]:
-                on_samples(drained[rank]["samples"])
+        ranks = drained["ranks"]
+        for rank in sorted(ranks):
+            printer.show(rank, ranks[rank]["output"])
+            if on_samples and ranks[rank]["samples"]:
+                on_samples(ranks[rank]["samples"])
+        self._record_node_samples(drained["nodes"])
 
     def _cancel(self, cell) -> None:
         """Interrupt every rank; if the cell has not ended ``CANCEL_WAIT_S`` later (a rank stuck in

@@ -26,40 +26,21 @@ import time
 from concurrent import futures
 from datetime import timedelta
 
-from . import line
+from . import line, progress
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
 
 MAX_VALUE_BYTES = 20 * 2**20
 CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
-LEAD_THREADS = 3        # rank 0's actor threads: the lead, drain_all, interrupt (its cell has its own)
+LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
+                        # (its cell has its own)
 LEAD_POLL_S = 0.05      # while rank 0's own cell runs, the lead looks at it this often
-
-
-class _Stream:
-    """Stands in for sys.stdout/stderr while a cell runs; the notebook drains it."""
-
-    def __init__(self, sink: list[str], lock: threading.Lock):
-        self._sink, self._lock = sink, lock
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            self._sink.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
 
 
 class Worker:
     def __init__(self):
-        self._lock = threading.Lock()
-        self._output: list[str] = []
-        self._samples: list[dict] = []
+        self._outbox = progress.Outbox()      # output and reports until the notebook asks
         self._thread: int | None = None
         self._cell: int | None = None      # which cell ``_thread`` runs: a late interrupt misses
         self._switch = threading.Lock()
@@ -67,6 +48,7 @@ class Worker:
         self._peers: list = []             # rank 0: the others' handles, ranks 1..n-1
         self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
+        self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self.ns: dict = {}
         self.rank = -1
 
@@ -115,7 +97,7 @@ class Worker:
         dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         self.rank = rank
-        helper = Helper(rank, world_size, device, options, self._samples.append)
+        helper = Helper(rank, world_size, device, options, self._outbox.report)
         self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
                    "device": device, "torch": torch}
         return {"rank": rank, "device": str(device), "backend": backend, "note": note,
@@ -130,11 +112,13 @@ class Worker:
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
             try:
                 if result is None:
-                    sys.stdout = sys.stderr = _Stream(self._output, self._lock)
+                    sys.stdout = sys.stderr = progress.Stream(self._outbox)
+                    self._outbox.begin()
                     result = self._run(call, pushed)
                 self._stop_interrupts()
                 sys.stdout, sys.stderr = stdout, stderr
                 result.update(self.drain())
+                self._outbox.end()
                 return result
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
@@ -185,12 +169,8 @@ class Worker:
                 continue
 
     def drain(self) -> dict:
-        with self._lock:
-            output = "".join(self._output)
-            self._output.clear()
-            samples = list(self._samples)
-            self._samples.clear()
-        return {"output": output, "samples": samples}
+        """This rank's output and reports so far."""
+        return self._outbox.take()
 
     def interrupt(self, cell_id: int) -> bool:
         """Raise KeyboardInterrupt in cell ``cell_id`` if it still runs (lands between bytecodes);
@@ -306,20 +286,18 @@ class Worker:
         if not result["ok"] and not result.get("interrupted") and outcome["failed"] is None:
             outcome["failed"] = rank
 
-    def drain_all(self) -> dict:
-        """Rank 0: every rank's output and reports so far, {rank: drain()} (a rank that does not
-        answer within 5 s is left out: a dying one shows up through ``execute_all``)."""
-        import ray
+    def keep_samplers(self, samplers: list, every: float) -> None:
+        """Rank 0: the node samplers, which it asks with the ranks (``drain_all``, ``node_reports``)."""
+        self._nodes = progress.Nodes(samplers, every)
 
-        drained = {0: self.drain()}
-        refs = {peer.drain.remote(): rank for rank, peer in enumerate(self._peers, 1)}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=5) if refs else ([], [])
-        for ref in ready:
-            try:
-                drained[refs[ref]] = ray.get(ref)
-            except Exception:  # noqa: BLE001 - see above
-                pass
-        return drained
+    def drain_all(self, wait_s: float = 0.0) -> dict:
+        """Rank 0: every rank's output and reports so far, and the node samplers' when due; held
+        up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``)."""
+        return progress.gather(self._outbox, self._peers, self._nodes, wait_s)
+
+    def node_reports(self) -> list[dict]:
+        """Rank 0: the node samplers' reports, asked from inside the cluster."""
+        return self._nodes.collect(self._nodes.ask(now=True))
 
 
 REACH_TIMEOUT_S = 30.0

@@ -269,7 +269,7 @@ def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):
           f" at ${RATE}/h per host")
     for host in lab.hosts:
         assert lab.ssh(host, "true").returncode == 0
-    assert not any(hosts_left := _ours_on_hosts(lab, record)), f"processes left on the hosts: {hosts_left}"
+    assert not (left := _ours_on_hosts(lab, record)), f"processes left on the hosts: {_described(left)}"
     assert not processes.alive(record.session_id), "the tunnel outlived down"
 
 
@@ -277,6 +277,16 @@ def _ours_on_hosts(lab, record) -> list[int]:
     from gpugeek_jupyter.cluster import onhost
 
     return [pid for host in lab.hosts for pid in host.pids() if _carries(pid, record.marker, onhost.MARKER)]
+
+
+def _described(pids: list[int]) -> list[str]:
+    """PID and command line, so a failure says which process outlived ``down``."""
+    def line(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            return "(gone)"
+    return [f"{pid}: {line(pid)}" for pid in pids]
 
 
 def _carries(pid: int, marker: str, key: str) -> bool:

@@ -1,0 +1,146 @@
+"""What a running cell sends home, and how it gets there in as few requests as can be.
+
+Every rank keeps its output and ``gg`` reports in an ``Outbox`` until asked. The notebook asks
+rank 0 alone (``gather``), which asks the other ranks and the node samplers from inside the
+cluster and answers for them all: one request from the notebook, whatever the group's size and
+however many nodes are sampled. Rank 0 holds the ask until its cell prints something or ends, or
+``wait_s`` passes — a cell that prints nothing costs the notebook about one request a second, and
+a print still shows within a moment. On a Ray Client each request crosses the network and goes
+through the cluster's client server, whose CPU is the training's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+PEER_TIMEOUT_S = 5.0      # a rank that does not answer within this is left out of the reply
+NODE_TIMEOUT_S = 0.5      # samplers that do not answer within this report next time
+
+
+class Outbox:
+    """A rank's output and reports since they were last taken. Rank 0's also wakes an ask that
+    waits on it (``gather``): on output, and when the cell ends."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._output: list[str] = []
+        self._samples: list[dict] = []
+        self._news = threading.Event()
+        self._running = False
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            self._output.append(text)
+        self._news.set()
+
+    def report(self, sample: dict) -> None:
+        """A ``gg`` report: no wake-up, reports come at most once a second and so do the asks."""
+        with self._lock:
+            self._samples.append(sample)
+
+    def take(self) -> dict:
+        with self._lock:
+            output, samples = "".join(self._output), list(self._samples)
+            self._output.clear()
+            self._samples.clear()
+        return {"output": output, "samples": samples}
+
+    def begin(self) -> None:
+        self._running = True
+
+    def end(self) -> None:
+        self._running = False
+        self._news.set()
+
+    def wait(self, seconds: float) -> None:
+        """Until there is output, the cell has ended, or ``seconds`` passed (not at all between cells)."""
+        if self._running and seconds > 0:
+            self._news.wait(seconds)
+        self._news.clear()
+
+
+class Stream:
+    """Stands in for sys.stdout/stderr while a cell runs."""
+
+    def __init__(self, outbox: Outbox):
+        self._outbox = outbox
+
+    def write(self, text: str) -> int:
+        self._outbox.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def gather(own: Outbox, peers: list, nodes: Nodes, wait_s: float = 0.0) -> dict:
+    """Rank 0's answer to the notebook: {"ranks": {rank: Outbox.take()}, "nodes": [node samples]}.
+    The others are asked after the wait, all at once, and the samplers with them if their last
+    ask is a second old; a rank that does not answer within ``PEER_TIMEOUT_S`` is left out (a
+    dying one shows up through the cell's outcome)."""
+    import ray
+
+    own.wait(wait_s)
+    refs = {peer.drain.remote(): rank for rank, peer in enumerate(peers, 1)}
+    asked = nodes.ask()
+    ranks = {0: own.take()}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PEER_TIMEOUT_S) if refs else ([], [])
+    for ref in ready:
+        try:
+            ranks[refs[ref]] = ray.get(ref)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+    return {"ranks": ranks, "nodes": nodes.collect(asked)}
+
+
+class Nodes:
+    """Rank 0's node samplers. They sample at most once a second, so they are asked no more often.
+    An answer that comes late is taken with the next one: a sampler empties its buffer when it
+    answers, so an answer left behind would be samples lost."""
+
+    def __init__(self, samplers: list | None = None, every: float = 1.0):
+        self.samplers, self.every = list(samplers or []), every
+        self._asked_at = float("-inf")
+        self._late: dict = {}           # ref → sampler: asked before, not answered yet
+        self._lock = threading.Lock()   # the lead's threads ask at once: a drain, a report between cells
+
+    def ask(self, now: bool = False) -> dict:
+        """Ask every sampler for its reports if due (or ``now``): {ref: sampler}. One whose last
+        answer is still out is not asked again until it comes."""
+        at = time.monotonic()
+        if not self.samplers or (not now and at - self._asked_at < self.every * 0.9):   # 0.9: timers jitter
+            return {}
+        self._asked_at = at
+        with self._lock:
+            waiting = set(map(id, self._late.values()))
+        return {s.drain.remote(): s for s in self.samplers if id(s) not in waiting}
+
+    def collect(self, asked: dict, timeout: float = NODE_TIMEOUT_S) -> list[dict]:
+        """The reports of the samplers asked now that answered within ``timeout``, and of those
+        asked before that have answered since (no wait for those: a slow sampler must not hold
+        up the ranks' output). Answers still out are kept for the next time; a sampler whose
+        node is gone is asked no more."""
+        import ray
+
+        ready, late = ray.wait(list(asked), num_returns=len(asked), timeout=timeout) if asked else ([], [])
+        with self._lock:
+            before, self._late = self._late, {}
+        if before:
+            answered, still = ray.wait(list(before), num_returns=len(before), timeout=0)
+            ready, late, asked = ready + answered, late + still, {**asked, **before}
+        with self._lock:
+            self._late.update({ref: asked[ref] for ref in late})
+        samples = []
+        for ref in ready:
+            try:
+                samples.extend(ray.get(ref))
+            except ray.exceptions.RayActorError:   # its node is gone
+                if asked[ref] in self.samplers:
+                    self.samplers.remove(asked[ref])
+            except Exception:  # noqa: BLE001 - one bad answer costs that sampler's batch only
+                pass
+        return samples

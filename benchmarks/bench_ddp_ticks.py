@@ -2,22 +2,28 @@
 through ``gg.run`` as it is, without the output drains, without the samplers' asks, and as plain
 ``torch.distributed`` processes — alternated round by round on one ``ssh`` cluster of the lab.
 
-    .venv/bin/python benchmarks/bench_ddp_ticks.py [--rounds 4] [--steps 300]
+    .venv/bin/python benchmarks/bench_ddp_ticks.py [--rounds 4] [--steps 300] [--quiet 15]
 
 While a cell runs, the kernel keeps one drain out to rank 0, which answers when its cell prints
 or ends, else after ``DRAIN_WAIT_S``, and asks the node samplers (at most every
 ``SAMPLE_EVERY_S``) on the kernel's behalf; each drain is a request through the Ray Client. The
 variants switch one of them off: a drain held 30 s (so one a cell), or the samplers not asked.
 Needs root, like ``bench_remote.py``.
+
+Steps/s swing by ±15 % round to round on a shared machine, so the ticks' cost is also measured
+directly: the CPU time that every process of the three hosts and the kernel spend per second of
+a cell that only sleeps (``--quiet`` seconds), each variant in turn, twice, after one cell to warm up.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--quiet", type=float, default=15.0, help="seconds of the sleeping cell (0: skip it)")
     args = parser.parse_args()
     import netlab
 
@@ -75,10 +82,16 @@ def main() -> None:
                 drains[name] += (current().group.drains - before) / (args.steps / got[name][-1]) / args.rounds
             use(default)
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in got.items()), flush=True)
+        quiet = quiet_cpu(lab, variants, use, args.quiet) if args.quiet else {}
         gg.reset()
         gg.down("ticks")
     finally:
         lab.down()
+    for name, spent in quiet.items():
+        print(f"{name:16s} a sleeping cell: " + ", ".join(f"{total:.0f}" for total in spent["total"])
+              + " ms CPU per second; of that " + ", ".join(
+                  f"{k} {statistics.median(v):.0f}" for k, v in sorted(spent.items(), key=lambda kv: -max(kv[1]))
+                  if k != "total" and max(v) >= 1))
     plain = statistics.median(got["plain"])
     for name in drains:      # the same, round by round: a round's variants ran side by side
         ratios = [v / p for v, p in zip(got[name], got["plain"], strict=True)]
@@ -87,6 +100,46 @@ def main() -> None:
     for name, values in got.items():
         print(f"{name:16s} {statistics.median(values):6.1f} steps/s → {statistics.median(values) / plain:.3f} of plain"
               + (f", {drains[name]:.2f} drains/s" if name in drains else ""))
+
+
+def quiet_cpu(lab, variants: dict, use, seconds: float) -> dict[str, dict[str, list[float]]]:
+    """{variant: {process kind or "total": [ms of CPU per second of a sleeping cell, per round]}}."""
+    import gpugeek_jupyter as gg
+
+    gg.run("import time\ntime.sleep(1)", workers=3, monitor=False)       # warm
+    spent: dict[str, dict[str, list[float]]] = {name: collections.defaultdict(list) for name in variants}
+    for _ in range(2):
+        for name, values in variants.items():
+            use(values)
+            before, start = _cpu_seconds(lab), time.monotonic()
+            gg.run(f"time.sleep({seconds})", workers=3, monitor=False)
+            took, after = time.monotonic() - start, _cpu_seconds(lab)
+            by_kind = collections.Counter()
+            for key, (kind, used) in after.items():
+                if key in before:             # processes that lived through the cell
+                    by_kind[kind] += used - before[key][1]
+            spent[name]["total"].append(sum(by_kind.values()) / took * 1000)
+            for kind, used in by_kind.items():
+                spent[name][kind].append(used / took * 1000)
+    return spent
+
+
+def _cpu_seconds(lab) -> dict[tuple, tuple[str, float]]:
+    """(host, pid) → (kind of process, user + system CPU seconds so far), this process included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for host, pid in [(h.name, pid) for h in lab.hosts for pid in h.pids()] + [("kernel", os.getpid())]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        kind = ("kernel" if host == "kernel" else "Ray client server" if "client.server" in command
+                else "raylet" if "raylet" in command else "gcs" if "gcs_server" in command
+                else "Ray workers" if "default_worker" in command or command.startswith("ray::")
+                else "Ray's agents" if "agent" in command or "log_monitor" in command else "other")
+        found[(host, pid)] = (kind, (int(fields[11]) + int(fields[12])) / tick)
+    return found
 
 
 if __name__ == "__main__":

@@ -4,17 +4,22 @@
   so it stays live, listed as failed, watched and metered — and ``down`` retries the stop.
 - A bug in reading Ray's node table (a ``TypeError`` after a Ray upgrade) is a bug, not an
   unreachable cluster: it surfaces, and the watchdog does not stop a healthy cluster as lost.
+- A process that starts another while the host's processes are stopped (a raylet starting a
+  worker) leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.cluster import onhost, processes, registry
 from gpugeek_jupyter.cluster.backends import LocalBackend
 from gpugeek_jupyter.cluster.lifecycle import phase_of
 from gpugeek_jupyter.cluster.watchdog import UNREACHABLE_LIMIT, Watch
@@ -124,3 +129,30 @@ def test_a_type_error_reading_the_node_table_is_a_bug_not_an_unreachable_cluster
         gg.down("steady")
     assert _gone(registry.get(record.id))
 
+
+
+FORKS_WHEN_TERMINATED = """
+import signal, subprocess, sys, time
+def term(*_):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stopping_a_hosts_processes_also_stops_one_started_meanwhile():
+    marker = f"test-{os.getpid()}-{time.time_ns()}"
+    parent = subprocess.Popen([sys.executable, "-c", FORKS_WHEN_TERMINATED], stdout=subprocess.PIPE,
+                              env={**os.environ, onhost.MARKER: marker})
+    try:
+        assert parent.stdout.readline().strip() == b"ready"
+        answer = onhost.stop([marker, "3"])
+        left = onhost.ours(marker)
+        assert answer == {"ok": True, "left": []} and not left, f"left running: {left}"
+    finally:
+        for pid in onhost.ours(marker):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()

@@ -25,7 +25,7 @@ from .registry import ClusterRecord
 from .session import current
 from .spec import ClusterSpec
 
-WATCH_INTERVAL_S = 2.0
+WATCH_INTERVAL_S = registry.KERNELS_LOOK_EVERY_S
 CLIENT_TRIES = 3
 CLIENT_SETTLE_S = 40.0      # Ray's reconnect grace period (30 s) and a margin
 DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver

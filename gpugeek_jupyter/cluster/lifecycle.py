@@ -24,6 +24,10 @@ from .spec import ClusterSpec
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 WATCHDOG_GRACE_S = 2.0
+# a watchdog's stop waits this long before it stops the nodes, so that a kernel still connected
+# lets go first (it looks every KERNELS_LOOK_EVERY_S): a Ray driver whose cluster dies under it
+# can be ended by Ray itself, and a notebook's kernel with it
+LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 1.5
 
 
 def phase_of(record: ClusterRecord) -> ClusterPhase:
@@ -115,6 +119,8 @@ def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False,
         sync_ledger(record)
     if before_stop is not None:
         before_stop(record)
+    if from_watchdog and registry.attached_kernels(record.id):
+        time.sleep(LET_GO_S)
     try:
         BACKENDS[record.backend].stop(record, grace=grace)
     except BaseException as exc:

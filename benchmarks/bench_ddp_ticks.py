@@ -58,8 +58,9 @@ def main() -> None:
         from gpugeek_jupyter.cluster.session import current
 
         default = group.DRAIN_WAIT_S, group.DRAIN_GAP_S, group.SAMPLE_EVERY_S
-        variants = {"as is": default, "no drains": (30.0, 30.0, default[2]),
-                    "no sampler asks": (*default[:2], 3600.0)}
+        variants = {"as is": default, "held 1 s": (1.0, *default[1:]), "held 2 s": (2.0, *default[1:]),
+                    "no drains": (30.0, 30.0, default[2])}
+        variants = {k: v for k, v in variants.items() if k == "as is" or v != default}
 
         def use(values):
             group.DRAIN_WAIT_S, group.DRAIN_GAP_S, group.SAMPLE_EVERY_S = values

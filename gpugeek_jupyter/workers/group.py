@@ -9,7 +9,9 @@ dead workers are handled here.
 
 While a cell runs, one drain at a time is out to rank 0, which answers for every rank and for
 the node samplers (``progress``): it comes back when rank 0's cell prints or ends, else after
-``DRAIN_WAIT_S``. A short cell costs one request and one wait (on a Ray Client: one round trip):
+``DRAIN_WAIT_S``. On a Ray Client, that drain is all the notebook waits on (rank 0 answers it
+when the cell ends), so a quiet cell costs two requests every ``DRAIN_WAIT_S``.
+A short cell costs one request and one wait (on a Ray Client: one round trip):
 the call carries one bytes argument (Ray serialises every argument on its own, and a few small
 ones cost more than an empty cell) and the node samplers' reports, asked of rank 0 at most once
 a second, ride along.
@@ -31,7 +33,8 @@ from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
 
 READY_TIMEOUT_S = 120
 FIRST_WAIT_S = 0.05      # a cell done within this needs no drain at all
-DRAIN_WAIT_S = 1.0       # rank 0 holds a drain this long for a cell that prints nothing
+DRAIN_WAIT_S = 2.0       # rank 0 holds a drain this long for a cell that prints nothing: live
+                         # figures every 2 s (3-host DDP: 0.97 of plain, 0.92 at 1 s; BENCHMARKS.md)
 DRAIN_GAP_S = 0.5        # a drain goes no sooner than this after the one before
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 
@@ -219,15 +222,26 @@ class WorkerGroup:
                 asked = None
                 self._record_node_samples(samples)
             poll_at = time.perf_counter()
+            hold = 0.0 if all_ranks else DRAIN_WAIT_S
             while outcome is None:
                 now = time.perf_counter()
                 if poll is None and now >= poll_at:       # one drain out at a time
-                    poll = self.workers[0].drain_all.remote(0.0 if all_ranks else DRAIN_WAIT_S)
+                    poll = self.workers[0].drain_all.remote(hold)
                     poll_at = now + DRAIN_GAP_S
                     self.drains += 1
-                timeout = DRAIN_WAIT_S + 1.0 if poll is not None else max(0.0, poll_at - now)
-                done, _ = ray.wait(cell.pending + ([poll] if poll is not None else []), num_returns=1,
-                                   timeout=timeout)
+                if poll is not None and self.led:
+                    # a Ray Client, where each request goes through the cluster's client server:
+                    # the drain alone is waited on, as rank 0 answers it when the cell ends (its
+                    # lead stops the ranks if one fails) and a dead rank 0 fails it at once
+                    drained, poll = self._get(poll, hold + progress.ANSWER_WITHIN_S), None
+                    self._show(drained, printer, on_samples)
+                    if drained is not None and drained["running"] and time.perf_counter() >= poll_at:
+                        continue      # a quiet cell: the next drain, nothing else to ask
+                    waiting = cell.pending
+                else:
+                    waiting = cell.pending + ([poll] if poll is not None else [])
+                timeout = hold + 1.0 if poll is not None else max(0.0, poll_at - time.perf_counter())
+                done, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
                 if poll is not None and poll in done:
                     done.remove(poll)
                     self._show(self._get(poll, 0.0), printer, on_samples)   # rank 0 dead: its cell says so
@@ -245,11 +259,11 @@ class WorkerGroup:
                                  else "; a rank was stuck, so the group was stopped — its variables are gone, "
                                       "the next cell starts a new one")) from None
         finally:
-            if outcome is None and not self.broken:   # left another way: nothing may keep running
-                self._cancel(cell)
+            if outcome is None and not self.broken and self.connected():   # left another way: nothing
+                self._cancel(cell)                                              # may keep running
             if self.connected():
                 if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
-                    self._show(self._get(poll, progress.PEER_TIMEOUT_S + 1.0), printer, on_samples)
+                    self._show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)
                 if asked is not None:     # asked with the cell: their reports are not lost
                     self._record_node_samples(self._get(asked, 0.5) or [])
         self._settle(outcome, printer, on_samples)

@@ -16,6 +16,7 @@ import time
 
 PEER_TIMEOUT_S = 5.0      # a rank that does not answer within this is left out of the reply
 NODE_TIMEOUT_S = 0.5      # samplers that do not answer within this report next time
+ANSWER_WITHIN_S = PEER_TIMEOUT_S + NODE_TIMEOUT_S + 5.0   # rank 0's answer, after its wait: else it is gone
 
 
 class Outbox:
@@ -27,7 +28,7 @@ class Outbox:
         self._output: list[str] = []
         self._samples: list[dict] = []
         self._news = threading.Event()
-        self._running = False
+        self._open = 0       # cells (and rank 0's lead) running now: begin() and end() nest
 
     def write(self, text: str) -> None:
         with self._lock:
@@ -47,15 +48,26 @@ class Outbox:
         return {"output": output, "samples": samples}
 
     def begin(self) -> None:
-        self._running = True
+        with self._lock:
+            self._open += 1
 
-    def end(self) -> None:
-        self._running = False
-        self._news.set()
+    def end(self, lead: bool = False) -> None:
+        """A cell ended; the last one to end wakes a waiting ask. On rank 0 that is the lead
+        (``lead``), which waits for every rank and has the cell's answer, even if rank 0's own
+        cell is stuck (its group is then stopped)."""
+        with self._lock:
+            self._open = 0 if lead else max(0, self._open - 1)
+            last = self._open == 0
+        if last:
+            self._news.set()
+
+    @property
+    def running(self) -> bool:
+        return self._open > 0
 
     def wait(self, seconds: float) -> None:
         """Until there is output, the cell has ended, or ``seconds`` passed (not at all between cells)."""
-        if self._running and seconds > 0:
+        if self.running and seconds > 0:
             self._news.wait(seconds)
         self._news.clear()
 
@@ -78,7 +90,9 @@ class Stream:
 
 
 def gather(own: Outbox, peers: list, nodes: Nodes, wait_s: float = 0.0) -> dict:
-    """Rank 0's answer to the notebook: {"ranks": {rank: Outbox.take()}, "nodes": [node samples]}.
+    """Rank 0's answer to the notebook: {"ranks": {rank: Outbox.take()}, "nodes": [node samples],
+    "running": whether its cell (the lead, on a Ray Client) still runs — if not, the cell's own
+    answer is there to take, and until then the notebook need ask nothing else}.
     The others are asked after the wait, all at once, and the samplers with them if their last
     ask is a second old; a rank that does not answer within ``PEER_TIMEOUT_S`` is left out (a
     dying one shows up through the cell's outcome)."""
@@ -94,7 +108,7 @@ def gather(own: Outbox, peers: list, nodes: Nodes, wait_s: float = 0.0) -> dict:
             ranks[refs[ref]] = ray.get(ref)
         except Exception:  # noqa: BLE001 - see above
             pass
-    return {"ranks": ranks, "nodes": nodes.collect(asked)}
+    return {"ranks": ranks, "nodes": nodes.collect(asked), "running": own.running}
 
 
 class Nodes:

@@ -210,6 +210,13 @@ class Worker:
 
         Returns {"results": {rank: execute's result}, "failed": the rank whose error ended the
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
+        self._outbox.begin()     # a drain held on rank 0 is answered when every rank is done
+        try:
+            return self._lead(call, pushed)
+        finally:
+            self._outbox.end(lead=True)
+
+    def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray
 
         mine = pickle.loads(call)

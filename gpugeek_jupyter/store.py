@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS clusters (
     watchdog_pid  INTEGER,
     budget_usd    REAL,
     idle_minutes  REAL,
-    idle_since    REAL,                   -- no job and every node idle since (the watchdog's view)
+    idle_since    REAL,                   -- idle since (the watchdog's view, meter/activity.py)
+    idle_why      TEXT,                   -- what that rests on: "job 'x' stalled: GPUs at most 0 %"
     created       REAL NOT NULL,
     ready         REAL,
     stopping      REAL,
@@ -104,6 +105,7 @@ CREATE TABLE IF NOT EXISTS attachments (
     pid           INTEGER NOT NULL,
     create_time   REAL NOT NULL,
     since         REAL NOT NULL,
+    last_cell     REAL,                   -- when the notebook last ran a cell (the idle autostop)
     PRIMARY KEY (cluster_id, pid)
 );
 """
@@ -142,7 +144,8 @@ def connect(durable: bool = True) -> sqlite3.Connection:
 
 
 ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"},
-                 "clusters": {"start_failed": "TEXT"}}
+                 "clusters": {"start_failed": "TEXT", "idle_why": "TEXT"},
+                 "attachments": {"last_cell": "REAL"}}
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

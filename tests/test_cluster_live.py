@@ -202,6 +202,31 @@ def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
         gg.scale(1)
 
 
+def test_a_stalled_loop_is_stopped_after_the_idle_window_and_a_training_one_is_not(gpugeek_home):
+    """Idleness that sees the work: the job's devices (CPUs here: no GPU) are read by the node
+    samplers; a loop that trains keeps the cluster up past the window, one that only sleeps does
+    not, and the cell that stalled says why it ended."""
+    settings(gpugeek_home, meter_interval_s=0.5)
+    gg.up("stall", idle=0.1)                               # six seconds
+    record = registry.live("stall")
+    start = time.monotonic()
+    gg.run("import time\nt = time.time()\nwhile time.time() - t < 14:\n    sum(range(20000))", monitor=False)
+    assert time.monotonic() - start > 14
+    assert registry.get(record.id).stopped is None, "a training loop keeps the cluster up"
+    assert "working: CPUs" in (registry.get(record.id).idle_why or ""), registry.get(record.id).idle_why
+    start = time.monotonic()
+    with pytest.raises(gg.GpugeekError) as stopped:
+        gg.run("import time\nwhile True:\n    time.sleep(0.2)", monitor=False)
+    assert time.monotonic() - start < 30, str(stopped.value)
+    wait_until(lambda: registry.get(record.id).stopped, 30, "the idle stop")
+    assert registry.get(record.id).stop_reason == "idle 0.1 min", str(stopped.value)
+    event = ledger.events(record.id, "idle-stop")[0]["message"]
+    assert "job 'cell 2' stalled: CPUs at most" in event, event
+    assert "was stopped while the cell ran (idle for 0.1 min (job 'cell 2' stalled" in str(stopped.value), \
+        str(stopped.value)
+    assert not _leftovers(registry.get(record.id))
+
+
 def test_local_cluster_outlives_a_kernel_restart_and_is_reattached_by_name(gpugeek_home):
     from jupyter_client.manager import start_new_kernel
 

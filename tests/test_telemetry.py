@@ -32,8 +32,8 @@ def test_host_sample_is_sane():
     telemetry.host_sample()
     time.sleep(0.2)
     row = telemetry.host_sample()
-    assert set(row) == {"cpu_percent", "mem_used", "mem_total"}
-    assert 0 <= row["cpu_percent"] <= 100 * psutil.cpu_count()
+    assert set(row) == {"cpu_percent", "mem_used", "mem_total", "cpus"}
+    assert 0 <= row["cpu_percent"] <= 100 and row["cpus"] == psutil.cpu_count()   # all CPUs' share, and how many
     assert 0 < row["mem_used"] <= row["mem_total"]
 
 
@@ -140,7 +140,7 @@ def test_sampler_thread_with_gpus_caps_at_1hz_and_reports_errors(monkeypatch, fr
         left = sampler.stop()
     assert len(samples) == 1 and not sampler._thread.is_alive()
     assert samples[0]["node_id"] == "node-a" and samples[0]["gpus"] == EXPECTED_GPUS
-    assert set(samples[0]["host"]) == {"cpu_percent", "mem_used", "mem_total"}
+    assert set(samples[0]["host"]) == {"cpu_percent", "mem_used", "mem_total", "cpus"}
     assert left == []
 
     # a GPU that goes wrong: its error is kept, the host is still sampled
@@ -256,7 +256,7 @@ def test_samplers_on_a_real_ray_node(monkeypatch):
 
         assert len(samples) >= 2
         assert all(s["node_id"] == node_ids[0] and "gpus" not in s for s in samples)
-        assert all(set(s["host"]) == {"cpu_percent", "mem_used", "mem_total"} for s in samples)
+        assert all(set(s["host"]) == {"cpu_percent", "mem_used", "mem_total", "cpus"} for s in samples)
         times = [s["t"] for s in samples + left]
         assert all(b - a >= 0.99 for a, b in pairwise(times)), times
 

@@ -22,6 +22,7 @@ from ..raynodes import use_token_auth
 from . import registry, tunnel
 from .backends import CLIENT_SCHEME
 from .registry import ClusterRecord
+from .session import attach as session_attach
 from .session import current
 from .spec import ClusterSpec
 
@@ -59,13 +60,15 @@ def connect(record: ClusterRecord) -> None:
     if record.backend in CLIENT_BACKENDS and reachable:
         record = tunnel.ensure(record)
     if not record.address or not reachable or record.backend not in DRIVER_BACKENDS + CLIENT_BACKENDS:
-        registry.attach(record.id)     # this notebook looks after it, even without a driver
+        session_attach(record)     # this notebook looks after it, even without a driver
         return
     import ray
 
+    _no_auto_init()
+
     if ray.is_initialized():
         if session.connection and session.connection.address == record.address:
-            registry.attach(record.id)
+            session_attach(record)
             return
         if session.connection is None:
             print(f"note: this kernel's own Ray connection is closed; it now drives {record.name!r}")
@@ -84,7 +87,7 @@ def connect(record: ClusterRecord) -> None:
     from ray.util.client import ray as client
 
     session.connection = Connection(record.address, store.path(), record.id, client=client.is_connected())
-    registry.attach(record.id)
+    session_attach(record)
     if _watcher is None:
         _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
         _watcher.start()
@@ -157,6 +160,15 @@ def shipped() -> dict:
     workers run the kernel's own version of it, and a host needs only Python, Ray and torch."""
     package = Path(__file__).resolve().parent.parent
     return {"py_modules": [str(package)], "excludes": ["__pycache__", "labextension", "*.pyc"]}
+
+
+def _no_auto_init() -> None:
+    """Switch off Ray's auto-init (``RAY_ENABLE_AUTO_CONNECT=0``, read when Ray is imported): once
+    this kernel's cluster goes, a Ray call still under way — a running cell's, on the main thread,
+    when the watcher lets go — must fail and say so, not start a Ray of its own on this machine."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def disconnect(record: ClusterRecord) -> None:

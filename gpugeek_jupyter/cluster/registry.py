@@ -44,6 +44,7 @@ class ClusterRecord:
     stopped: float | None
     stop_reason: str | None
     start_failed: str | None = None   # its `up` failed and so did stopping what had started
+    idle_why: str | None = None       # what the watchdog's idle_since rests on (meter/activity.py)
 
     @property
     def live(self) -> bool:
@@ -89,6 +90,12 @@ def update(cluster_id: int, **fields) -> None:
     columns = ", ".join(f"{key}=?" for key in fields)
     with store.transaction() as db:
         db.execute(f"UPDATE clusters SET {columns} WHERE id=?", (*fields.values(), cluster_id))
+
+
+def note_idleness(cluster_id: int, since: float | None, why: str) -> None:
+    """The watchdog's view of the idle clock (each look: not worth waiting for the disk)."""
+    with store.transaction(durable=False) as db:
+        db.execute("UPDATE clusters SET idle_since=?, idle_why=? WHERE id=?", (since, why, cluster_id))
 
 
 def get(cluster_id: int) -> ClusterRecord:
@@ -154,17 +161,29 @@ def stop_started(db: Path, cluster_id: int) -> bool:
 # -- kernels attached ---------------------------------------------------------------------------
 
 def attach(cluster_id: int, pid: int | None = None) -> None:
-    pid = pid or os.getpid()
-    started = processes.process_started(pid) or time.time()
+    pid, now = pid or os.getpid(), time.time()
+    started = processes.process_started(pid) or now
     with store.transaction() as db:
-        db.execute("INSERT OR REPLACE INTO attachments (cluster_id, pid, create_time, since)"
-                   " VALUES (?,?,?,?)", (cluster_id, pid, started, time.time()))
+        db.execute("INSERT INTO attachments (cluster_id, pid, create_time, since, last_cell) VALUES (?,?,?,?,?)"
+                   " ON CONFLICT (cluster_id, pid) DO UPDATE SET create_time=excluded.create_time,"
+                   " since=excluded.since", (cluster_id, pid, started, now, now))
 
 
 def detach(cluster_id: int, pid: int | None = None) -> None:
     with store.transaction() as db:
         db.execute("DELETE FROM attachments WHERE cluster_id=? AND pid=?",
                    (cluster_id, pid or os.getpid()))
+
+
+def cell_ran(pid: int | None = None, at: float | None = None) -> None:
+    """A notebook ran a cell: every cluster it is attached to counts as in use (the idle autostop)."""
+    with store.transaction(durable=False) as db:
+        db.execute("UPDATE attachments SET last_cell=? WHERE pid=?", (at or time.time(), pid or os.getpid()))
+
+
+def last_cell(cluster_id: int) -> float | None:
+    """When a notebook attached to the cluster last ran a cell."""
+    return store.query("SELECT MAX(last_cell) FROM attachments WHERE cluster_id=?", (cluster_id,))[0][0]
 
 
 def attached_kernels(cluster_id: int) -> list[int]:

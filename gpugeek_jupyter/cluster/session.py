@@ -7,6 +7,7 @@ the only per-kernel state, so a kernel restart loses exactly this and ``up NAME`
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,39 @@ class KernelSession:
 
 
 _SESSION = KernelSession()
+CELL_NOTE_EVERY_S = 1.0     # the registry hears of this notebook's cells at most this often
+_cells_heard = [False, 0.0]  # hooked into IPython yet; when a cell was last noted
 
 
 def current() -> KernelSession:
     return _SESSION
+
+
+def attach(record: ClusterRecord) -> None:
+    """This notebook looks after the cluster, and the cluster's idle autostop hears of its cells:
+    a notebook in use keeps its cluster up (``meter/activity.py``)."""
+    registry.attach(record.id)
+    if _cells_heard[0]:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.events.register("pre_run_cell", _cell_starts)
+        _cells_heard[0] = True
+
+
+def _cell_starts(info=None) -> None:
+    now = time.time()
+    if now - _cells_heard[1] < CELL_NOTE_EVERY_S:
+        return
+    _cells_heard[1] = now
+    try:
+        registry.cell_ran(at=now)
+    except Exception:  # noqa: BLE001 - the user's cell matters more than this note
+        pass
 
 
 def live_cluster(name: str | None = None) -> ClusterRecord:

@@ -37,6 +37,7 @@ class ClusterStatus:
     budget_usd: float | None
     idle_minutes: float | None
     idle_for_s: float | None
+    idle_why: str | None = None       # what the watchdog's idle clock rests on (meter/activity.py)
     events: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -66,7 +67,8 @@ class ClusterStatus:
         out.append(money)
         if self.idle_minutes:
             idle = f"idle for {duration(self.idle_for_s)}" if self.idle_for_s is not None else "busy"
-            out.append(f"autostop after {self.idle_minutes:g} min idle ({idle})")
+            out.append(f"autostop after {self.idle_minutes:g} min idle ({idle}"
+                       + (f": {self.idle_why})" if self.idle_why else ")"))
         out += [f"{pd.Timestamp(e['at'], unit='s'):%H:%M:%S} {e['kind']}: {e['message']}" for e in self.events[-5:]]
         out += self.notes
         return out
@@ -108,6 +110,7 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
         budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
         idle_for_s=_idle_for(record) if record.live else None,
+        idle_why=record.idle_why if record.live else None,
         events=ledger.events(record.id), notes=list(ClusterSpec.from_json(record.spec).notes),
     )
 

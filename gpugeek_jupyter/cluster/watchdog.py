@@ -8,7 +8,8 @@ and acts:
 - spend ≥ 80 % of the budget → a warning event (shown by the next ``%gpugeek`` call and status);
 - spend would pass the budget before the next look (one loop period plus the time a stop takes)
   → stop jobs, shut the cluster down;
-- no job and every node idle (Ray's own idle clock) for ``idle`` minutes → shut it down;
+- idle for ``idle`` minutes → shut it down: no job and every node idle by Ray's clock, or a job
+  whose devices sat unused (a stalled loop), and no notebook running cells (``meter/activity.py``);
 - a head we started on this machine has died → close the ledger and stop what is left;
 - a remote head no longer answers through its SSH tunnel and the tunnel is what dropped (the
   laptop slept, the network blinked) → open it again on the same local ports, so the kernel's
@@ -23,7 +24,7 @@ import traceback
 
 from ..config import BUDGET_WARN_AT, settings
 from ..errors import GpugeekError
-from ..meter import ledger
+from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from . import processes, registry, tunnel
 from .lifecycle import shutdown
@@ -32,6 +33,7 @@ from .spec import ClusterSpec
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
 STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)
 BUDGET_STOP_GRACE_S = 0.5
+DEFAULT_IDLE_WINDOW_MIN = 10.0   # how far back devices are read where no idle stop is set (for status)
 
 
 class Watch:
@@ -64,10 +66,10 @@ class Watch:
             if stopped:
                 return stopped
         if nodes is not None:
-            since = self._idle_since(record, nodes, now)
-            if record.idle_minutes and since is not None and now - since >= record.idle_minutes * 60:
+            idle = self._idleness(record, nodes, now)
+            if record.idle_minutes and idle.since is not None and now - idle.since >= record.idle_minutes * 60:
                 ledger.event(self.cluster_id, "idle-stop",
-                             f"idle for {record.idle_minutes:g} min with no job — shutting the cluster down")
+                             f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down")
                 if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True):
                     return "idle"
         return None
@@ -131,17 +133,21 @@ class Watch:
                 return "budget"
         return None
 
-    def _idle_since(self, record, nodes, now: float) -> float | None:
+    def _idleness(self, record, nodes, now: float) -> activity.Idleness:
         """Ray reports how long a node had been idle when its state last changed; a node whose
-        idle time went *down* since the last look did work in between, so the clock restarts."""
+        idle time went *down* since the last look did work in between. The rest is
+        ``activity.judge``: jobs and their devices, the notebooks' cells."""
         alive = {n.node_id: n.idle_s for n in nodes if n.alive}
         worked = any(node_id not in self.idle_seen or idle is None or idle < self.idle_seen[node_id]
                      for node_id, idle in alive.items())
         self.idle_seen = {k: v for k, v in alive.items() if v is not None}
-        since = ledger.idle_since(self.cluster_id, nodes, None if worked else record.idle_since, now)
-        if since != record.idle_since:
-            registry.update(self.cluster_id, idle_since=since)
-        return since
+        idle = activity.judge(self.cluster_id, nodes, record.idle_since,
+                              (record.idle_minutes or DEFAULT_IDLE_WINDOW_MIN) * 60, ray_worked=worked,
+                              last_cell=registry.last_cell(self.cluster_id),
+                              notebook=bool(registry.attached_kernels(self.cluster_id)), now=now)
+        if (idle.since, idle.why) != (record.idle_since, record.idle_why):
+            registry.note_idleness(self.cluster_id, idle.since, idle.why)
+        return idle
 
 
 def run(cluster_id: int, interval: float | None = None) -> str:

@@ -106,19 +106,15 @@ def last_job_end(cluster_id: int) -> float | None:
     return store.query("SELECT MAX(ended) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
 
 
-def idle_since(cluster_id: int, nodes: Iterable[RayNode], since: float | None,
-               now: float | None = None) -> float | None:
-    """When the cluster became idle — no job running, every node idle by Ray's own account —
-    or None while anything runs. ``since`` is the previous answer: Ray reports how long a node
-    had been idle when it last changed state, so idleness is carried forward between looks."""
-    now = time.time() if now is None else now
-    alive = [n for n in nodes if n.alive]
-    if running_jobs(cluster_id) or not alive or any(n.idle_s is None for n in alive):
-        return None
-    if since is None:
-        since = now - min(n.idle_s for n in alive)
-    last_job = last_job_end(cluster_id)
-    return max(since, last_job) if last_job else since
+def job_status(cluster_id: int, job_id: str) -> str | None:
+    rows = store.query("SELECT status FROM jobs WHERE cluster_id=? AND job_id=?", (cluster_id, job_id))
+    return rows[0][0] if rows else None
+
+
+def running_job_starts(cluster_id: int) -> dict[str, float]:
+    """The jobs running now: {name: when it started}."""
+    return {r["name"]: r["started"] for r in store.query(
+        "SELECT name, started FROM jobs WHERE cluster_id=? AND ended IS NULL ORDER BY started", (cluster_id,))}
 
 
 def record_samples(cluster_id: int, job_id: str, samples: Iterable[dict]) -> int:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the samplers on the nodes never build a table
 MIN_INTERVAL_S = 1.0          # the cap: at most one sample per second per node
 BUFFER_SAMPLES = 3600         # an hour at 1 Hz; if undrained, the oldest are dropped (and counted)
 GPU_METRICS = ("gpu_util", "gpu_mem_used", "gpu_mem_total", "power_w")
-HOST_METRICS = ("cpu_percent", "mem_used", "mem_total")
+HOST_METRICS = ("cpu_percent", "mem_used", "mem_total", "cpus")
 METRICS = GPU_METRICS + HOST_METRICS
 
 _nvml_lock = threading.Lock()
@@ -115,7 +115,7 @@ def host_sample() -> dict:
     memory = psutil.virtual_memory()
     row = {"cpu_percent": cpu} if _cpu_primed else {}
     _cpu_primed = True
-    row.update(mem_used=int(memory.used), mem_total=int(memory.total))
+    row.update(mem_used=int(memory.used), mem_total=int(memory.total), cpus=psutil.cpu_count() or 1)
     return row
 
 

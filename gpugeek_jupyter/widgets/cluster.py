@@ -95,10 +95,11 @@ class ClusterPanel(LivePanel):
     def _idle_text(status) -> str:
         if not status.idle_minutes:
             return "no idle autostop"
+        why = f" ({status.idle_why})" if status.idle_why else ""
         if status.idle_for_s is None:
-            return f"autostop after {status.idle_minutes:g} min idle — busy now"
+            return f"autostop after {status.idle_minutes:g} min idle — busy now{why}"
         left = status.idle_minutes * 60 - status.idle_for_s
-        return (f"idle for {duration(status.idle_for_s)} — autostop in "
+        return (f"idle for {duration(status.idle_for_s)}{why} — autostop in "
                 f"{duration(max(0.0, left))}")
 
     # -- buttons ----------------------------------------------------------------------------------

@@ -139,6 +139,11 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                 if _is_oom(error):
                     error.extra = oom_diagnosis(error, opts, plan)
                 raise
+            except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
+                if isinstance(error, GpugeekError) or group.connected():
+                    raise
+                group.broken = True      # its cluster was stopped under the cell (budget, idle, another kernel)
+                raise GpugeekError(_stopped_under(record, job_id)) from None
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -148,6 +153,14 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     finally:
         ledger.job_ended(cluster_id, job_id, status)
         watcher.finish(status)
+
+
+def _stopped_under(record: ClusterRecord, job_id: str) -> str:
+    """One line for a cell whose cluster was stopped while it ran, saying why."""
+    said = [e["message"].split(" — ")[0] for e in ledger.events(record.id) if e["kind"] in ("idle-stop", "budget-stop")]
+    status = ledger.job_status(record.id, job_id) or ""
+    why = said[-1] if said else status.removeprefix("stopped: ") if status.startswith("stopped: ") else "elsewhere"
+    return f"cluster {record.name!r} was stopped while the cell ran ({why}) — its workers and their variables are gone"
 
 
 class _Watcher:

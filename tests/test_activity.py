@@ -116,3 +116,19 @@ def test_a_notebook_running_cells_notes_them_for_every_cluster_it_is_attached_to
     session._cells_heard[1] = 0.0
     ipython.run_cell("1 + 1")
     assert registry.last_cell(cluster) > attached_at
+
+
+def test_the_watchdogs_readings_are_kept_between_looks_and_take_a_late_batch(cluster):
+    ledger.job_started(cluster, "j1", "train", at=NOW - 3000)
+    kept = activity.Readings(cluster)
+    gpu_readings(cluster, NOW - 3000, NOW - 900, 95)
+    assert judge(cluster, readings=kept).since is not None      # stalled for 900 s
+    gpu_readings(cluster, NOW - 900, NOW - 5, 0)
+    assert judge(cluster, readings=kept) == activity.Idleness(NOW - 901, "job 'train' stalled: GPUs at most 0 %")
+    gpu_readings(cluster, NOW - 3, NOW, 70, node="n2")           # a late node's batch: busy again
+    assert judge(cluster, readings=kept) == judge(cluster) == activity.Idleness(
+        None, "job 'train' working: GPUs at most 70 %")
+    ledger.job_ended(cluster, "j1", at=NOW - 2)
+    ledger.job_started(cluster, "j2", "next", at=NOW - 0.5)   # another job: its own readings only
+    assert judge(cluster, readings=kept, notebook=True) == activity.Idleness(
+        None, "job 'next' running (no device readings yet)")

@@ -46,6 +46,7 @@ class Watch:
         self.misses = 0
         self.unmetered_said = False
         self.idle_seen: dict[str, float] = {}
+        self.readings = activity.Readings(cluster_id)   # a running job's device readings, read as they come
         self.period = interval
 
     def look(self) -> str | None:
@@ -144,7 +145,8 @@ class Watch:
         idle = activity.judge(self.cluster_id, nodes, record.idle_since,
                               (record.idle_minutes or DEFAULT_IDLE_WINDOW_MIN) * 60, ray_worked=worked,
                               last_cell=registry.last_cell(self.cluster_id),
-                              notebook=bool(registry.attached_kernels(self.cluster_id)), now=now)
+                              notebook=bool(registry.attached_kernels(self.cluster_id)),
+                              readings=self.readings, now=now)
         if (idle.since, idle.why) != (record.idle_since, record.idle_why):
             registry.note_idleness(self.cluster_id, idle.since, idle.why)
         return idle

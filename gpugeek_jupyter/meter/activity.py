@@ -25,6 +25,7 @@ from . import ledger
 GPU_BUSY_PERCENT = 10.0      # NVML's utilisation: a kernel ran in this share of the last interval
 CPU_BUSY_CORES = 0.5         # a node's CPU time, in cores: a training loop keeps a core busy
 READINGS_LAG_S = 15.0        # readings reach the ledger with the notebook's drains, a few seconds late
+RECENT_S = 5.0               # "working: GPUs at most …" says the readings of the last few seconds
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,18 @@ class Idleness:
 
 def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, window_s: float, *,
           ray_worked: bool = False, last_cell: float | None = None, notebook: bool = False,
-          now: float | None = None) -> Idleness:
+          readings: Readings | None = None, now: float | None = None) -> Idleness:
     """Is the cluster idle, since when, and why. ``previous`` is the last look's ``since``, carried
-    forward; ``window_s`` how far back the devices' readings are read (the idle window);
-    ``ray_worked`` whether Ray saw a node work since the last look; ``last_cell`` when an attached
-    notebook last ran a cell, ``notebook`` whether one is attached now."""
+    forward; ``window_s`` the idle window; ``ray_worked`` whether Ray saw a node work since the
+    last look; ``last_cell`` when an attached notebook last ran a cell, ``notebook`` whether one is
+    attached now; ``readings`` the devices' readings kept from the last look (the watchdog's:
+    it then reads only what came since)."""
     now = time.time() if now is None else now
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:
         name, started = max(jobs.items(), key=lambda item: item[1])
-        idleness = _job(cluster_id, name, started, previous, window_s, notebook, now)
+        read = (readings or Readings(cluster_id)).update(started)
+        idleness = _job(name, started, read, window_s, notebook, now)
     else:
         idleness = _no_job(cluster_id, nodes, None if ray_worked else previous, now)
     if idleness.since is not None and last_cell is not None and last_cell > idleness.since:
@@ -52,21 +55,14 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
     return idleness
 
 
-def _job(cluster_id: int, name: str, started: float, previous: float | None, window_s: float,
-         notebook: bool, now: float) -> Idleness:
-    read = Readings(cluster_id, max(started, now - window_s))
-    if read.busy_at is not None:
-        if now - read.busy_at <= min(READINGS_LAG_S, window_s / 2):
-            return Idleness(None, f"job {name!r} working: {read.level}")
-        return Idleness(read.busy_at, f"job {name!r} stalled: {read.level}")
+def _job(name: str, started: float, read: Readings, window_s: float, notebook: bool, now: float) -> Idleness:
+    if read.busy_at is not None and now - read.busy_at <= min(READINGS_LAG_S, window_s / 2):
+        return Idleness(None, f"job {name!r} working: {read.said(read.recent_top)}")
     if read.first is None:                  # no readings
         if notebook:
             return Idleness(None, f"job {name!r} running (no device readings yet)")
         return Idleness(started, f"job {name!r} has no device readings and no notebook attached")
-    since = max(started, read.first)
-    if previous is not None and started <= previous < since:
-        since = previous                     # still below the bar since an earlier look
-    return Idleness(since, f"job {name!r} stalled: {read.level}")
+    return Idleness(max(started, read.busy_at or read.first), f"job {name!r} stalled: {read.said(read.quiet_top)}")
 
 
 def _no_job(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, now: float) -> Idleness:
@@ -83,31 +79,60 @@ def _no_job(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, n
 
 
 class Readings:
-    """The devices' readings since ``since``: when one last worked (``busy_at``), when the first
-    came (``first``), and the highest, said for people (``level``). GPUs where a node has them;
-    its CPUs where it has none."""
+    """A running job's device readings, as they reach the ledger: when a device last worked
+    (``busy_at``), when the first reading came (``first``), the highest reading since the last
+    busy one (``quiet_top``) and in the newest batch (``recent_top``). GPUs where a node has them,
+    its CPUs (in cores) where it has none. Kept between looks, it reads only the rows added since
+    (by rowid: a late batch is still read), so a long window costs nothing more."""
 
     SQL = """
-        SELECT node_id, device, MIN(at) AS first,
-               MAX(CASE WHEN device = 'host' THEN {cores} ELSE json_extract(metrics, '$.gpu_util') END) AS top,
-               MAX(CASE WHEN (device = 'host' AND {cores} >= :cores)
-                          OR (device <> 'host' AND json_extract(metrics, '$.gpu_util') >= :gpu)
-                        THEN at END) AS busy_at
-        FROM node_samples WHERE cluster_id = :cluster AND at >= :since
-        GROUP BY node_id, device
-    """.format(cores="json_extract(metrics, '$.cpu_percent') / 100.0 * COALESCE(json_extract(metrics, '$.cpus'), 1)")
+        SELECT rowid, node_id, device, at,
+               CASE WHEN device = 'host'
+                    THEN json_extract(metrics, '$.cpu_percent') / 100.0 * COALESCE(json_extract(metrics, '$.cpus'), 1)
+                    ELSE json_extract(metrics, '$.gpu_util') END AS level
+        FROM node_samples WHERE rowid > ? AND +cluster_id = ? AND +at >= ? ORDER BY rowid
+    """   # the "+"s keep SQLite on the rowid (the new rows only), off the index by time
 
-    def __init__(self, cluster_id: int, since: float):
-        rows = store.query(self.SQL, {"cluster": cluster_id, "since": since,
-                                      "cores": CPU_BUSY_CORES, "gpu": GPU_BUSY_PERCENT})
-        with_gpus = {r["node_id"] for r in rows if r["device"] != "host"}
-        rows = [r for r in rows if r["device"] != "host" or r["node_id"] not in with_gpus]
-        self.first = min((r["first"] for r in rows), default=None)
-        self.busy_at = max((r["busy_at"] for r in rows if r["busy_at"] is not None), default=None)
-        tops = [r["top"] for r in rows if r["top"] is not None]
-        if not tops:
-            self.level = "no device readings"
-        elif with_gpus:
-            self.level = f"GPUs at most {max(tops):.0f} %"
-        else:
-            self.level = f"CPUs at most {max(tops):.1f} cores busy"
+    def __init__(self, cluster_id: int):
+        self.cluster_id = cluster_id
+        self._job_started: float | None = None
+
+    def update(self, started: float) -> Readings:
+        """Read what came since the last update, for the job that started at ``started``."""
+        if started != self._job_started:              # another job: start afresh
+            self._job_started, self._upto, self._gpu_nodes = started, 0, set()
+            self.first = self.busy_at = self.quiet_top = self.recent_top = None
+        rows = store.query(self.SQL, (self._upto, self.cluster_id, started))
+        if not rows:
+            return self
+        self._upto = rows[-1]["rowid"]
+        self._gpu_nodes |= {r["node_id"] for r in rows if r["device"] != "host"}
+        batch = [r for r in rows if r["level"] is not None
+                 and (r["device"] != "host" or r["node_id"] not in self._gpu_nodes)]
+        if not batch:
+            return self
+        self.first = min([r["at"] for r in batch] + ([self.first] if self.first is not None else []))
+        newest = max(r["at"] for r in batch)
+        self.recent_top = max(self._shown(r) for r in batch if r["at"] >= newest - RECENT_S)
+        busy = [r["at"] for r in batch if self._busy(r)]
+        if busy and (self.busy_at is None or max(busy) > self.busy_at):
+            self.busy_at, self.quiet_top = max(busy), None
+        quiet = [self._shown(r) for r in batch if not self._busy(r) and r["at"] > (self.busy_at or 0.0)]
+        if quiet:
+            self.quiet_top = max(quiet + ([self.quiet_top] if self.quiet_top is not None else []))
+        return self
+
+    @staticmethod
+    def _busy(row) -> bool:
+        return row["level"] >= (CPU_BUSY_CORES if row["device"] == "host" else GPU_BUSY_PERCENT)
+
+    def _shown(self, row) -> float:
+        """A reading as ``said`` shows it: GPU % where the job has GPUs (a CPU node's counts as 0)."""
+        if not self._gpu_nodes:
+            return row["level"]
+        return row["level"] if row["device"] != "host" else 0.0
+
+    def said(self, level: float | None) -> str:
+        if level is None:
+            return "no device readings"
+        return f"GPUs at most {level:.0f} %" if self._gpu_nodes else f"CPUs at most {level:.1f} cores busy"

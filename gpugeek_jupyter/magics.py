@@ -261,11 +261,13 @@ def cost(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @argument("node", help="node id, or its last characters as `status` shows them")
+@argument("--notice", type=float, default=0.0, metavar="SECONDS",
+          help="warn the node's workers this long before it goes, as AWS (120 s) and GCP (30 s) do")
 @cluster_name
 def preempt(self: GpugeekMagics, line: str):
-    """Rehearse a spot preemption on a sim cluster: the node vanishes."""
+    """Rehearse a spot preemption on a sim cluster: the node vanishes (after a notice, if given)."""
     args = parse_argstring(preempt, line)
-    print(api.preempt(args.node, args.name))
+    print(api.preempt(args.node, args.name, notice=args.notice))
 
 
 @subcommand

@@ -4,7 +4,8 @@ Ray records when each node joined (``start_time_ms``), when it died (``end_time_
 autoscaler node type it is and whether it is idle. That is the record we price, so node
 lifetimes in the ledger are Ray's, not our guesses. Reading it needs no driver connection and no
 dashboard; it is the one place this project touches Ray's private ``GcsClient``, so a Ray upgrade
-that moves it breaks exactly this module.
+that moves it breaks exactly this module. (The same client writes the sim backend's preemption
+notices into the cluster's KV store.)
 """
 
 from __future__ import annotations
@@ -123,3 +124,18 @@ def _node(info) -> RayNode:
         resources=resources,
         death_reason=info.death_info.reason_message if not alive else "",
     )
+
+
+# -- preemption notices in the cluster's KV store (the sim backend's; workers/notice.py reads them)
+
+NOTICE_NAMESPACE = b"gpugeek"
+NOTICE_PREFIX = "notice/"            # + node id → when the node goes (Unix time, as text)
+
+
+def send_notice(address: str, node_id: str, deadline: float) -> None:
+    """Tell a node of the cluster at ``address`` that it goes at ``deadline`` (no driver needed)."""
+    from ray._raylet import GcsClient
+
+    use_token_auth()
+    GcsClient(address=address).internal_kv_put((NOTICE_PREFIX + node_id).encode(), str(deadline).encode(),
+                                               True, NOTICE_NAMESPACE)

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     status        TEXT NOT NULL DEFAULT 'running',
     workers       INTEGER,
     nodes         INTEGER,
+    preemptions   INTEGER DEFAULT 0,      -- stopped on a notice and resumed: not failures
     PRIMARY KEY (cluster_id, job_id)
 );
 
@@ -143,7 +144,7 @@ def connect(durable: bool = True) -> sqlite3.Connection:
     return conn
 
 
-ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER"},
+ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER", "preemptions": "INTEGER DEFAULT 0"},
                  "clusters": {"start_failed": "TEXT", "idle_why": "TEXT"},
                  "attachments": {"last_cell": "REAL"}}
 

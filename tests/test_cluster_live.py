@@ -13,6 +13,7 @@ import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import use_token_auth
@@ -87,29 +88,67 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     assert not _leftovers(registry.get(record.id))
 
 
-def test_preempted_spot_node_is_replaced_on_demand(ipython, capsys):
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+STEADY = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = gg.prepare(model, optimizer)
+data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(60)]
+for batch in gg.steps(data):
+    gg.backward(model(batch).pow(2).mean())
+    if rank == 0:
+        with open(log, "a") as f:
+            f.write(f"{gg.step} {time.time()}\\n")
+    time.sleep(0.1)
+final_step = gg.step
+"""
+
+
+def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
+        ipython, capsys, tmp_path):
+    """A spot node gets a 5 s notice mid-job: its workers checkpoint at once and stop, the job
+    waits for the node to go and resumes from that checkpoint — every step taken once, none
+    lost, with ``--max-failures 0`` — and an on-demand node replaces the spot one."""
+    import threading
+
+    from gpugeek_jupyter.cluster.session import current
 
     gg.up("p1", backend="sim", gpu="A100", count=8, workers=2, pricing="spot", spot_fallback=True)
-    victim = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU"))
+    record = registry.live("p1")
+    log, ckpt = tmp_path / "steps.log", tmp_path / "ckpt"
+    gg.run("pass", workers=2, gpus_per_worker=1)
+    victim = current().group.info[0]["node_id"]           # rank 0's node (both ranks: PACK)
+    noticed = []
 
-    @ray.remote(num_cpus=1)
-    def train_step():
-        time.sleep(120)
+    def notice():
+        noticed.append((time.time(), gg.preempt(victim[-6:], notice=5)))
 
-    running = train_step.options(scheduling_strategy=NodeAffinitySchedulingStrategy(victim, soft=False)).remote()
-    wait_until(lambda: ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"], 30,
-          "the task to start on the node")
-    ipython.run_line_magic("gpugeek", f"preempt {victim[-6:]}")
-    assert "an on-demand replacement is on its way" in capsys.readouterr().out
-    with pytest.raises(ray.exceptions.RayError):
-        ray.get(running, timeout=60)                       # the work on that node died with it
+    threading.Timer(2.0, notice).start()
+    result = gg.run(STEADY + "\nfinal_step", workers=2, gpus_per_worker=1, push={"log": str(log)},
+                    checkpoint_dir=str(ckpt), max_failures=0, monitor=False)
+    out = capsys.readouterr().out
+    assert result.shown() == 60, out
+    steps = [int(line.split()[0]) for line in log.read_text().splitlines()]
+    assert steps == list(range(1, 61)), f"each step once, none lost: {steps}"
+    at, said = noticed[0]
+    assert "it goes in 5 s" in said
+    saved = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").exists()]
+    assert len(saved) == 1, saved
+    assert "preemption notice: checkpointed at step" in out and f"resumed from {saved[0].name}" in out, out
+    by_node = ledger.nodes_frame(record.id).set_index("node_id")
+    assert by_node.loc[victim, "end_reason"] == "preempted"
+    assert at < (saved[0] / "COMPLETE").stat().st_mtime < by_node.loc[victim, "ended"], \
+        "the checkpoint was written after the notice and before the node was gone"
+    job = store.query("SELECT status, preemptions FROM jobs WHERE cluster_id=? ORDER BY started DESC LIMIT 1",
+                      (record.id,))[0]
+    assert (job["status"], job["preemptions"]) == ("finished", 1)     # not a failure: recorded apart
+    kinds = [e["kind"] for e in ledger.events(record.id)]
+    assert kinds.index("preemption-notice") < kinds.index("job-preempted") < kinds.index("preempted")
 
     def replaced():
         return "on-demand" in set(gg.status("p1").nodes["pricing"])
     wait_until(replaced, 120, "an on-demand replacement")
-    record = registry.live("p1")
     gg.down("p1")
     by_node = ledger.nodes_frame(record.id).set_index("node_id")
     assert by_node.loc[victim, "end_reason"] == "preempted"

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 from ..errors import GpugeekError
 from ..meter import ledger
+from ..raynodes import send_notice
 from . import connection, registry, sim
 from .backends import BACKENDS
 from .lifecycle import shutdown
@@ -65,10 +68,36 @@ def scale(workers: int, name: str | None = None) -> Cluster:
     return Cluster(record.name)
 
 
-def preempt(node: str, name: str | None = None) -> str:
+def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
+    """Take a node of a sim cluster away as a spot preemption does; with ``notice`` seconds of
+    warning first, as the clouds give (the workers checkpoint and stop: ``workers/notice.py``).
+    The call returns at once; the node goes when the notice runs out."""
     record = live_cluster(name)
     if record.backend != "sim":
         raise GpugeekError("preempt rehearses losing a spot node, on the sim backend only")
+    if not 0 <= notice <= 600:
+        raise GpugeekError(f"--notice {notice:g}: give 0 to 600 seconds (AWS gives 120, GCP and Azure 30)")
+    if notice:
+        target = sim.find_node(record.address, node)
+        send_notice(record.address, target.node_id, time.time() + notice)
+        ledger.event(record.id, "preemption-notice",
+                     f"node {target.node_id[-6:]} ({target.node_type}) goes in {notice:g} s")
+        timer = threading.Timer(notice, _preempt_later, (record, target.node_id))
+        timer.daemon = True      # a kernel that ends first takes its rehearsal with it
+        timer.start()
+        return f"preemption notice sent to node {target.node_id[-6:]} ({target.node_type}): it goes in {notice:g} s"
+    return _preempt_now(record.name, node)
+
+
+def _preempt_later(record: ClusterRecord, node_id: str) -> None:
+    try:
+        _preempt_now(record.name, node_id)
+    except Exception as exc:  # noqa: BLE001 - on a timer thread: said in the ledger, not lost
+        ledger.event(record.id, "preempt-failed", f"node {node_id[-6:]} was not preempted: {exc}")
+
+
+def _preempt_now(name: str, node: str) -> str:
+    record = live_cluster(name)
     spec = ClusterSpec.from_json(record.spec)
     gone, spec = sim.preempt(record.id, record.name, spec, record.address, record.session_id,
                              record.created, record.marker, record.temp_dir, node)
@@ -105,8 +134,8 @@ class Cluster:
     def scale(self, workers: int) -> Cluster:
         return scale(workers, self.name)
 
-    def preempt(self, node: str) -> str:
-        return preempt(node, self.name)
+    def preempt(self, node: str, notice: float = 0.0) -> str:
+        return preempt(node, self.name, notice)
 
     def down(self) -> None:
         down(self.name)

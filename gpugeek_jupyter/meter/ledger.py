@@ -106,6 +106,13 @@ def last_job_end(cluster_id: int) -> float | None:
     return store.query("SELECT MAX(ended) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
 
 
+def job_preempted(cluster_id: int, job_id: str) -> None:
+    """The job stopped on a preemption notice, checkpointed, to resume elsewhere (not a failure)."""
+    with store.transaction() as db:
+        db.execute("UPDATE jobs SET preemptions=COALESCE(preemptions, 0)+1 WHERE cluster_id=? AND job_id=?",
+                   (cluster_id, job_id))
+
+
 def job_status(cluster_id: int, job_id: str) -> str | None:
     rows = store.query("SELECT status FROM jobs WHERE cluster_id=? AND job_id=?", (cluster_id, job_id))
     return rows[0][0] if rows else None

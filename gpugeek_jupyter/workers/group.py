@@ -42,9 +42,10 @@ SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer mo
 class RemoteError(GpugeekError):
     """An exception in the user's cell on a worker: its traceback, labelled with the rank."""
 
-    def __init__(self, rank: int, traceback_text: str, extra: str = ""):
+    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None):
         super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
         self.rank, self.traceback_text, self.extra = rank, traceback_text, extra
+        self.preempted = preempted    # the job stopped on a preemption notice: {step, deadline, nodes}
 
     def _render_traceback_(self) -> list[str]:
         lines = [f"\x1b[0;31mgpugeek: the cell failed on rank {self.rank}\x1b[0m",
@@ -87,8 +88,10 @@ class _Text:
 
 
 class WorkerGroup:
-    def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True):
+    def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True,
+                 notices: str | None = None):
         self.options, self.address = options, address
+        self.notices = notices                      # where nodes hear of their preemption (workers/notice.py)
         self.sample_gpus = sample_gpus              # False on simulated nodes (declared GPUs)
         self.on_node_samples = on_node_samples      # where the node samplers' reports go
         self.samplers: list = []
@@ -142,7 +145,8 @@ class WorkerGroup:
             for i in range(n)]
         lead = self.workers[0]
         (master, port), cell_line = ray.get([lead.node_address.remote(), lead.open_line.remote()])
-        *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line)
+        *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line,
+                                                      notices=self.notices)
                                        for i, w in enumerate(self.workers)]
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
         if no_line:
@@ -317,7 +321,10 @@ class WorkerGroup:
         if failed is not None:
             extra = (f"rank {', '.join(map(str, stuck))} did not stop (blocked in a collective), so the group was "
                      f"stopped — its variables are gone, the next cell starts a new one" if stuck else "")
-            raise RemoteError(failed, results[failed]["error"], extra)
+            notices = [r["preempted"] for r in results.values() if r.get("preempted")]
+            preempted = {"step": notices[0]["step"], "deadline": max(n["deadline"] for n in notices),
+                         "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
+            raise RemoteError(failed, results[failed]["error"], extra, preempted)
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""

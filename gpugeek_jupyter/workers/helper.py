@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import notice
 from .options import RunOptions
 
 REPORT_EVERY_S = 1.0
@@ -51,6 +52,7 @@ class Helper:
         self._sharded = False          # the model was just sharded: the optimizer must follow
         self.total_steps: int | None = None   # what the notebook's progress bar counts to
         self.loop_start = 0
+        self.notice: notice.NoticeWatch | None = None    # on a node that can be preempted
         self.configure(options)
 
     def configure(self, options: RunOptions) -> None:
@@ -194,6 +196,15 @@ class Helper:
             self.save_checkpoint()
         return True
 
+    def _heed_notice(self) -> None:
+        """Between two steps: if any rank's node has a preemption notice (they agree: a collective),
+        checkpoint this step and stop the cell everywhere (``workers/notice.py``)."""
+        deadline = notice.agreed_deadline(self.notice.deadline, self.device)
+        if deadline is not None:
+            if self.latest_checkpoint() != self._checkpoint_root() / f"step-{self.step:08d}":
+                self.save_checkpoint()
+            raise notice.Preempted(self.step, deadline)
+
     def _sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Gradients are all-reduced on the last micro-batch only (DDP ``no_sync``; FSDP2 flag)."""
         model = self.model
@@ -229,6 +240,8 @@ class Helper:
                     continue
                 if max_steps is not None and self.step >= max_steps:
                     return
+                if self.notice is not None and self.micro == 0 and self._checkpoint_root() is not None:
+                    self._heed_notice()
                 yield batch
                 self._count(batch)
         if self.micro and self.optimizer is not None:   # a partial accumulation is not carried over

@@ -10,6 +10,7 @@ variables come back — so a cell meant to survive failures defines what it trai
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from dataclasses import replace
 
@@ -21,8 +22,11 @@ from ..cluster.up import up
 from ..config import home
 from ..errors import GpugeekError
 from ..meter import ledger, telemetry
+from . import notice
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
+
+NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
 
 
 def _cluster() -> ClusterRecord:
@@ -63,7 +67,8 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     if session.group is None:
         cluster_id = record.id
         group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
-                            on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s))
+                            on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
+                            notices=record.backend if record.backend in notice.SOURCES else None)
         group.start()
         session.group = group
         for note in group.notes:
@@ -136,6 +141,9 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                       f"(failure {failures} of {max_failures} allowed)", flush=True)
                 group, _ = group_for(opts)
             except RemoteError as error:
+                if error.preempted is not None:    # checkpointed on a notice: not a failure
+                    group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
+                    continue
                 if _is_oom(error):
                     error.extra = oom_diagnosis(error, opts, plan)
                 raise
@@ -153,6 +161,30 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     finally:
         ledger.job_ended(cluster_id, job_id, status)
         watcher.finish(status)
+
+
+def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, preempted: dict,
+                             opts: RunOptions) -> WorkerGroup:
+    """The job stopped on a preemption notice right after a checkpoint: wait for the node to go
+    (a group built before would land on it again), then a new group on the nodes left."""
+    ledger.job_preempted(record.id, job_id)
+    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {preempted['step']} on a "
+                                             f"preemption notice; it resumes once the node is gone")
+    print(f"preemption notice: checkpointed at step {preempted['step']}; resuming once the node is gone "
+          "(not counted as a failure)", flush=True)
+    reset()
+    _wait_gone(preempted["nodes"], preempted["deadline"] + NODE_GONE_S)
+    return group_for(opts)[0]
+
+
+def _wait_gone(node_ids: list[str], until: float) -> None:
+    import ray
+
+    while time.time() < until:
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        if node_ids and not alive & set(node_ids):
+            return
+        time.sleep(0.5)
 
 
 def _stopped_under(record: ClusterRecord, job_id: str) -> str:

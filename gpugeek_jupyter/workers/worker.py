@@ -26,7 +26,7 @@ import time
 from concurrent import futures
 from datetime import timedelta
 
-from . import line, progress
+from . import line, notice, progress
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -71,7 +71,7 @@ class Worker:
         return self._switchboard.address, self._switchboard.key
 
     def setup(self, rank: int, world_size: int, master: str, port: int, options: RunOptions,
-              timeout_s: float = 300.0, cell_line: tuple | None = None) -> dict:
+              timeout_s: float = 300.0, cell_line: tuple | None = None, notices: str | None = None) -> dict:
         import ray
         import torch
         import torch.distributed as dist
@@ -98,10 +98,13 @@ class Worker:
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s))
         self.rank = rank
         helper = Helper(rank, world_size, device, options, self._outbox.report)
+        node_id = ray.get_runtime_context().get_node_id()
+        if notices:             # where this node's preemption notice comes from (sim, aws, gcp, azure)
+            helper.notice = notice.NoticeWatch(notices, node_id)
         self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
                    "device": device, "torch": torch}
         return {"rank": rank, "device": str(device), "backend": backend, "note": note,
-                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+                "pid": os.getpid(), "node_id": node_id}
 
     def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
@@ -152,6 +155,11 @@ class Worker:
                 result["pulled"] = cloudpickle.dumps({name: _cpu(self.ns[name]) for name in pull})
         except KeyboardInterrupt:
             result = {"ok": False, "interrupted": True}
+        except notice.Preempted as exc:       # every rank stops at the same step, checkpointed
+            watch = self.ns["gg"].notice
+            result = {"ok": False, "error": user_traceback(exc), "type": "Preempted",
+                      "preempted": {"step": exc.step, "deadline": exc.deadline,
+                                    "node": watch.node_id if watch is not None and watch.deadline else None}}
         except BaseException as exc:  # noqa: BLE001 - the user's error, sent back as text
             result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
                       "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}

@@ -126,6 +126,30 @@ def _node(info) -> RayNode:
     )
 
 
+def held_by_placement_groups(address: str, timeout: float = 5.0) -> bool:
+    """Whether every CPU and GPU in use on the cluster is a placement group's reservation. A warm
+    worker group between cells holds its nodes that way, and Ray then calls them busy; a task or
+    actor outside any group uses them otherwise."""
+    import re
+
+    from ray._raylet import GcsClient
+    from ray.exceptions import RpcError
+
+    use_token_auth()
+    try:
+        usage = GcsClient(address=address).get_all_resource_usage(timeout=timeout)
+    except (RpcError, ConnectionError, TimeoutError) as exc:
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+    for node in usage.resource_usage_data.batch:
+        total, available = dict(node.resources_total), dict(node.resources_available)
+        for kind in ("CPU", "GPU"):
+            used = total.get(kind, 0.0) - available.get(kind, 0.0)
+            reserved = sum(v for k, v in total.items() if re.fullmatch(rf"{kind}_group_[0-9a-f]+", k))
+            if used > reserved + 1e-6:
+                return False
+    return True
+
+
 # -- preemption notices in the cluster's KV store (the sim backend's; workers/notice.py reads them)
 
 NOTICE_NAMESPACE = b"gpugeek"

@@ -132,3 +132,12 @@ def test_the_watchdogs_readings_are_kept_between_looks_and_take_a_late_batch(clu
     ledger.job_started(cluster, "j2", "next", at=NOW - 0.5)   # another job: its own readings only
     assert judge(cluster, readings=kept, notebook=True) == activity.Idleness(
         None, "job 'next' running (no device readings yet)")
+
+
+def test_warm_workers_between_cells_do_not_keep_the_cluster_busy(cluster):
+    held = [_node(idle_s=None)]                     # Ray calls a node its placement group holds busy
+    assert activity.judge(cluster, held, None, WINDOW, ray_worked=True, now=NOW).since is None
+    first = activity.judge(cluster, held, None, WINDOW, ray_worked=True, held=True, now=NOW)
+    assert first == activity.Idleness(NOW, "no job running; warm workers wait for the next cell")
+    later = activity.judge(cluster, held, first.since, WINDOW, ray_worked=True, held=True, now=NOW + 60)
+    assert later.since == NOW                       # carried forward, whatever Ray's clock says

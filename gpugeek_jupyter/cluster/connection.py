@@ -190,11 +190,14 @@ def _watch() -> None:
         connection = session.connection
         if connection is None:
             continue
-        if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
-            try:
+        try:
+            if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
                 import ray
 
                 ray.shutdown()
-            except Exception:  # noqa: BLE001 - the cluster is gone already; nothing left to close
-                pass
+        # never end this thread: without it, the next cluster stopped elsewhere takes the kernel
+        # with it (Ray ends a driver whose raylet dies). Ray's calls raise SystemExit while it shuts down.
+        except BaseException:  # noqa: BLE001 - the cluster is gone already; nothing left to close
+            pass
+        if session.connection == connection and registry.stop_started(connection.db, connection.cluster_id):
             session.connection = None

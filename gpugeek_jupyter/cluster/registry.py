@@ -19,7 +19,7 @@ from .. import store
 from ..config import home
 from . import processes
 
-KERNELS_LOOK_EVERY_S = 2.0   # a kernel looks this often for a stop of its cluster begun elsewhere
+KERNELS_LOOK_EVERY_S = 1.0   # a kernel looks this often for a stop of its cluster begun elsewhere
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")   # a cluster's name: also a path and URL part
 
 

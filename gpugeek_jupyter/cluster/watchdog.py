@@ -25,7 +25,7 @@ import traceback
 from ..config import BUDGET_WARN_AT, settings
 from ..errors import GpugeekError
 from ..meter import activity, ledger
-from ..raynodes import ClusterUnreachable, read_nodes
+from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from . import processes, registry, tunnel
 from .lifecycle import shutdown
 from .spec import ClusterSpec
@@ -134,6 +134,13 @@ class Watch:
                 return "budget"
         return None
 
+    def _held(self, record) -> bool:
+        """Whether only placement groups (warm worker groups) hold the cluster's CPUs and GPUs."""
+        try:
+            return held_by_placement_groups(record.address, timeout=max(1.0, self.interval))
+        except ClusterUnreachable:
+            return False
+
     def _idleness(self, record, nodes, now: float) -> activity.Idleness:
         """Ray reports how long a node had been idle when its state last changed; a node whose
         idle time went *down* since the last look did work in between. The rest is
@@ -146,7 +153,7 @@ class Watch:
                               (record.idle_minutes or DEFAULT_IDLE_WINDOW_MIN) * 60, ray_worked=worked,
                               last_cell=registry.last_cell(self.cluster_id),
                               notebook=bool(registry.attached_kernels(self.cluster_id)),
-                              readings=self.readings, now=now)
+                              readings=self.readings, held=self._held(record), now=now)
         if (idle.since, idle.why) != (record.idle_since, record.idle_why):
             registry.note_idleness(self.cluster_id, idle.since, idle.why)
         return idle

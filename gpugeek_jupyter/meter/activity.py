@@ -36,12 +36,13 @@ class Idleness:
 
 def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, window_s: float, *,
           ray_worked: bool = False, last_cell: float | None = None, notebook: bool = False,
-          readings: Readings | None = None, now: float | None = None) -> Idleness:
+          readings: Readings | None = None, held: bool = False, now: float | None = None) -> Idleness:
     """Is the cluster idle, since when, and why. ``previous`` is the last look's ``since``, carried
     forward; ``window_s`` the idle window; ``ray_worked`` whether Ray saw a node work since the
     last look; ``last_cell`` when an attached notebook last ran a cell, ``notebook`` whether one is
     attached now; ``readings`` the devices' readings kept from the last look (the watchdog's:
-    it then reads only what came since)."""
+    it then reads only what came since); ``held`` whether all Ray calls busy is placement groups'
+    reservations (``raynodes.held_by_placement_groups``: warm worker groups between cells)."""
     now = time.time() if now is None else now
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:
@@ -49,7 +50,7 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
         read = (readings or Readings(cluster_id)).update(started)
         idleness = _job(name, started, read, window_s, notebook, now)
     else:
-        idleness = _no_job(cluster_id, nodes, None if ray_worked else previous, now)
+        idleness = _no_job(cluster_id, nodes, None if ray_worked and not held else previous, held, now)
     if idleness.since is not None and last_cell is not None and last_cell > idleness.since:
         return Idleness(last_cell, "since a notebook's last cell")
     return idleness
@@ -65,17 +66,22 @@ def _job(name: str, started: float, read: Readings, window_s: float, notebook: b
     return Idleness(max(started, read.busy_at or read.first), f"job {name!r} stalled: {read.said(read.quiet_top)}")
 
 
-def _no_job(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, now: float) -> Idleness:
+def _no_job(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, held: bool,
+            now: float) -> Idleness:
     """Ray's account: every node idle (it reports how long a node had been idle when it last
-    changed state, so the time is carried forward), and not before the last job ended."""
+    changed state, so the time is carried forward), and not before the last job ended. Nodes that
+    only warm worker groups hold (``held``) are idle for this: Ray calls them busy for good."""
     alive = [n for n in nodes if n.alive]
     if not alive:
         return Idleness(None, "no node alive")
+    last_job = ledger.last_job_end(cluster_id) or 0.0
+    if held:
+        return Idleness(max(previous if previous is not None else now, last_job),
+                        "no job running; warm workers wait for the next cell")
     if any(n.idle_s is None for n in alive):
         return Idleness(None, "no job; Ray tasks are running")
     since = previous if previous is not None else now - min(n.idle_s for n in alive)
-    last_job = ledger.last_job_end(cluster_id)
-    return Idleness(max(since, last_job) if last_job else since, "no job running")
+    return Idleness(max(since, last_job), "no job running")
 
 
 class Readings:

@@ -106,6 +106,12 @@ def last_job_end(cluster_id: int) -> float | None:
     return store.query("SELECT MAX(ended) FROM jobs WHERE cluster_id=?", (cluster_id,))[0][0]
 
 
+def job_placed(cluster_id: int, job_id: str, nodes: int) -> None:
+    """How many nodes the job's workers run on, once its group is built."""
+    with store.transaction(durable=False) as db:
+        db.execute("UPDATE jobs SET nodes=? WHERE cluster_id=? AND job_id=?", (nodes, cluster_id, job_id))
+
+
 def job_preempted(cluster_id: int, job_id: str) -> None:
     """The job stopped on a preemption notice, checkpointed, to resume elsewhere (not a failure)."""
     with store.transaction() as db:

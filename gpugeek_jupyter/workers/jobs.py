@@ -109,12 +109,13 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         # per job name, else per cell text: re-running the same cell resumes, another cell does not
         key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]
         opts = replace(opts, checkpoint_dir=str(home() / "checkpoints" / key))
-    group, record = group_for(opts)
+    record = _cluster()
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
-    job_name = name or f"cell {group.cells + 1}"
-    ledger.job_started(cluster_id, job_id, job_name,
-                       workers=opts.workers, nodes=len({i["node_id"] for i in group.info}))
+    warm = current().group
+    job_name = name or f"cell {warm.cells + 1 if warm is not None and not warm.broken else 1}"
+    # the job starts before its group is built: building it is the job's work (the idle autostop)
+    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers)
     watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
@@ -125,6 +126,8 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     status = "failed"
     failures = 0
     try:
+        group, record = group_for(opts)
+        ledger.job_placed(cluster_id, job_id, nodes=len({i["node_id"] for i in group.info}))
         while True:
             try:
                 result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,

@@ -218,17 +218,14 @@ def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
     settings(gpugeek_home, meter_interval_s=0.5)
     gg.up("i1", idle=0.1)                                  # six seconds
     record = registry.live("i1")
-    ledger.job_started(record.id, "j1", "training")
-    time.sleep(8)
-    assert registry.get(record.id).stopped is None, "a running job keeps the cluster up"
-    ledger.job_ended(record.id, "j1")
+    # (a job without device readings while a notebook is attached: tests/test_activity.py)
     gg.run("pass", workers=1, monitor=False)     # a warm worker group: Ray calls its node busy for good
 
     @ray.remote(num_cpus=1)
     def step():
         time.sleep(1.0)
 
-    until = time.monotonic() + 12                          # tasks beside it, with idle gaps < 6 s
+    until = time.monotonic() + 9                           # tasks beside it, with idle gaps < 6 s
     while time.monotonic() < until:
         ray.get(step.remote())
         time.sleep(1.0)
@@ -251,8 +248,8 @@ def test_a_stalled_loop_is_stopped_after_the_idle_window_and_a_training_one_is_n
     gg.up("stall", idle=0.1)                               # six seconds
     record = registry.live("stall")
     start = time.monotonic()
-    gg.run("import time\nt = time.time()\nwhile time.time() - t < 10:\n    sum(range(20000))", monitor=False)
-    assert time.monotonic() - start > 10
+    gg.run("import time\nt = time.time()\nwhile time.time() - t < 8:\n    sum(range(20000))", monitor=False)
+    assert time.monotonic() - start > 8
     assert registry.get(record.id).stopped is None, "a training loop keeps the cluster up"
     assert "working: CPUs" in (registry.get(record.id).idle_why or ""), registry.get(record.id).idle_why
     start = time.monotonic()

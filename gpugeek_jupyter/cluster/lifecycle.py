@@ -28,7 +28,7 @@ WATCHDOG_GRACE_S = 2.0
 # lets go first (it looks every KERNELS_LOOK_EVERY_S, then shuts its Ray connection, which takes
 # a few seconds): a Ray driver whose cluster dies under it can be ended by Ray itself, and a
 # notebook's kernel with it
-LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 4.0
+LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 2.5
 
 
 def phase_of(record: ClusterRecord) -> ClusterPhase:

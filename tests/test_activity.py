@@ -137,7 +137,7 @@ def test_the_watchdogs_readings_are_kept_between_looks_and_take_a_late_batch(clu
 def test_warm_workers_between_cells_do_not_keep_the_cluster_busy(cluster):
     held = [_node(idle_s=None)]                     # Ray calls a node its placement group holds busy
     assert activity.judge(cluster, held, None, WINDOW, ray_worked=True, now=NOW).since is None
-    first = activity.judge(cluster, held, None, WINDOW, ray_worked=True, held=True, now=NOW)
+    first = activity.judge(cluster, held, None, WINDOW, ray_worked=True, held=lambda: True, now=NOW)
     assert first == activity.Idleness(NOW, "no job running; warm workers wait for the next cell")
-    later = activity.judge(cluster, held, first.since, WINDOW, ray_worked=True, held=True, now=NOW + 60)
+    later = activity.judge(cluster, held, first.since, WINDOW, ray_worked=True, held=lambda: True, now=NOW + 60)
     assert later.since == NOW                       # carried forward, whatever Ray's clock says

@@ -153,7 +153,7 @@ class Watch:
                               (record.idle_minutes or DEFAULT_IDLE_WINDOW_MIN) * 60, ray_worked=worked,
                               last_cell=registry.last_cell(self.cluster_id),
                               notebook=bool(registry.attached_kernels(self.cluster_id)),
-                              readings=self.readings, held=self._held(record), now=now)
+                              readings=self.readings, held=lambda: self._held(record), now=now)
         if (idle.since, idle.why) != (record.idle_since, record.idle_why):
             registry.note_idleness(self.cluster_id, idle.since, idle.why)
         return idle

@@ -15,7 +15,7 @@ workers went with their notebook.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .. import store
@@ -36,13 +36,15 @@ class Idleness:
 
 def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, window_s: float, *,
           ray_worked: bool = False, last_cell: float | None = None, notebook: bool = False,
-          readings: Readings | None = None, held: bool = False, now: float | None = None) -> Idleness:
+          readings: Readings | None = None, held: Callable[[], bool] = lambda: False,
+          now: float | None = None) -> Idleness:
     """Is the cluster idle, since when, and why. ``previous`` is the last look's ``since``, carried
     forward; ``window_s`` the idle window; ``ray_worked`` whether Ray saw a node work since the
     last look; ``last_cell`` when an attached notebook last ran a cell, ``notebook`` whether one is
     attached now; ``readings`` the devices' readings kept from the last look (the watchdog's:
-    it then reads only what came since); ``held`` whether all Ray calls busy is placement groups'
-    reservations (``raynodes.held_by_placement_groups``: warm worker groups between cells)."""
+    it then reads only what came since); ``held`` asks whether all Ray calls busy is placement
+    groups' reservations (``raynodes.held_by_placement_groups``: warm worker groups between
+    cells) — a request to the GCS, made only when no job runs."""
     now = time.time() if now is None else now
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:
@@ -50,7 +52,8 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
         read = (readings or Readings(cluster_id)).update(started)
         idleness = _job(name, started, read, window_s, notebook, now)
     else:
-        idleness = _no_job(cluster_id, nodes, None if ray_worked and not held else previous, held, now)
+        only_groups = held()
+        idleness = _no_job(cluster_id, nodes, None if ray_worked and not only_groups else previous, only_groups, now)
     if idleness.since is not None and last_cell is not None and last_cell > idleness.since:
         return Idleness(last_cell, "since a notebook's last cell")
     return idleness

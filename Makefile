@@ -25,6 +25,7 @@ CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
+PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 
 .PHONY: lab labextension lint test test-fast test-browser chromium sshd bench clean
 
@@ -62,12 +63,24 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
-# Lint first; then both suites always run; `make test` fails if any of them does.
+# Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
+# once: the multi-host lab (tests/lab) then the browser suite, into artifacts/test-*.log (printed
+# when they end), beside the rest of the main suite. Much of each stream's time is waiting — idle
+# windows, budgets, SSH, page loads — so on two cores they overlap (MAKE_TEST_SERIAL=1: one after
+# another, as `test-fast` and friends always run).
 test: lint $(VENV)/.installed-test chromium sshd
-	@$(PYTEST_MAIN); main=$$?; \
-	$(PYTEST_BROWSER); browser=$$?; \
-	echo "make test: main suite exit $$main, browser suite exit $$browser"; \
-	test $$main -eq 0 && test $$browser -eq 0
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
+	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
+	  $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
+	else \
+	  ( $(PYTEST_LAB) > artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
+	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
+	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
+	fi; \
+	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
+	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
 
 test-fast: $(VENV)/.installed-test
 	$(PYTEST_MAIN) -m "not slow"

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -110,7 +111,6 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     """A spot node gets a 5 s notice mid-job: its workers checkpoint at once and stop, the job
     waits for the node to go and resumes from that checkpoint — every step taken once, none
     lost, with ``--max-failures 0`` — and an on-demand node replaces the spot one."""
-    import threading
 
     from gpugeek_jupyter.cluster.session import current
 
@@ -247,11 +247,28 @@ def test_a_stalled_loop_is_stopped_after_the_idle_window_and_a_training_one_is_n
     settings(gpugeek_home, meter_interval_s=0.5)
     gg.up("stall", idle=0.1)                               # six seconds
     record = registry.live("stall")
+    # the loop trains past the window, and on until the watchdog has said why it is busy (the
+    # first device readings come later on a loaded machine): this test's thread watches for that
+    said, seen = [], gpugeek_home / "seen-working"
+
+    def watch():
+        deadline = time.monotonic() + 30
+        while not seen.exists() and time.monotonic() < deadline:
+            why = registry.get(record.id).idle_why or ""
+            if "working: CPUs" in why:
+                said.append(why)
+                seen.touch()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     start = time.monotonic()
-    gg.run("import time\nt = time.time()\nwhile time.time() - t < 8:\n    sum(range(20000))", monitor=False)
+    gg.run(f"import os, time\nt = time.time()\nwhile time.time() - t < 8 or not os.path.exists({str(seen)!r}):\n"
+           f"    sum(range(20000))\n    if time.time() - t > 30: break", monitor=False)
+    watcher.join()
     assert time.monotonic() - start > 8
     assert registry.get(record.id).stopped is None, "a training loop keeps the cluster up"
-    assert "working: CPUs" in (registry.get(record.id).idle_why or ""), registry.get(record.id).idle_why
+    assert said, f"the watchdog never saw the loop work: {registry.get(record.id).idle_why}"
     start = time.monotonic()
     with pytest.raises(gg.GpugeekError) as stopped:
         gg.run("import time\nwhile True:\n    time.sleep(0.2)", monitor=False)

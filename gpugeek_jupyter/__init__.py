@@ -10,7 +10,8 @@ API (or ``%load_ext``) registers the widgets that the API's results show as.
 from __future__ import annotations
 
 API = ("Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
-       "doctor", "down", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up")
+       "doctor", "down", "limits", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status",
+       "up")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from . import display
 from .catalog.offers import find_offers as offers
-from .cluster.actions import Cluster, down, preempt, scale
+from .cluster.actions import Cluster, down, limits, preempt, scale
 from .cluster.backends import LaunchConfig
 from .cluster.lifecycle import sync_ledger
 from .cluster.session import any_cluster, current
@@ -30,7 +30,8 @@ from .workers.options import JobWatch
 
 __all__ = [
     "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
-    "doctor", "down", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status", "up",
+    "doctor", "down", "limits", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status",
+    "up",
 ]
 
 

@@ -229,6 +229,17 @@ def scale(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
+@argument("--budget", type=_number("--budget"), help="USD: the new cap (warn at 80%%, stop at 100%%)")
+@argument("--idle", type=_number("--idle"), help="minutes idle before the cluster stops")
+@cluster_name
+def limits(self: GpugeekMagics, line: str):
+    """Change a live cluster's budget cap or idle stop; on a remote cluster its head is told too."""
+    args = parse_argstring(limits, line)
+    return api.limits(args.name, budget=args.budget, idle=args.idle)
+
+
+@subcommand
+@magic_arguments()
 @cluster_name
 @argument("--all", action="store_true", help="every live cluster")
 def down(self: GpugeekMagics, line: str):

@@ -163,3 +163,35 @@ def send_notice(address: str, node_id: str, deadline: float) -> None:
     use_token_auth()
     GcsClient(address=address).internal_kv_put((NOTICE_PREFIX + node_id).encode(), str(deadline).encode(),
                                                True, NOTICE_NAMESPACE)
+
+
+# -- what the notebook's machine and the head's watchdog tell each other (cluster/headguard.py)
+
+def kv_put(address: str, key: str, value: dict, timeout: float = 5.0) -> None:
+    """``value`` (JSON) under ``key`` in the cluster's KV store."""
+    import json
+
+    from ray._raylet import GcsClient
+    from ray.exceptions import RpcError
+
+    use_token_auth()
+    try:
+        GcsClient(address=address).internal_kv_put(key.encode(), json.dumps(value).encode(), True,
+                                                   NOTICE_NAMESPACE, timeout=timeout)
+    except (RpcError, ConnectionError, TimeoutError) as exc:
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+
+
+def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
+    """What ``kv_put`` left under ``key``, or None."""
+    import json
+
+    from ray._raylet import GcsClient
+    from ray.exceptions import RpcError
+
+    use_token_auth()
+    try:
+        raw = GcsClient(address=address).internal_kv_get(key.encode(), NOTICE_NAMESPACE, timeout=timeout)
+    except (RpcError, ConnectionError, TimeoutError) as exc:
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+    return json.loads(raw) if raw else None

@@ -75,6 +75,19 @@ class Host:
         out = _run("ip", "netns", "pids", self.netns, check=False).stdout
         return [int(p) for p in out.split()]
 
+    def pids_with(self, key: str, value: str) -> list[int]:
+        """This host's processes whose environment has ``key=value`` (read from /proc here, so it
+        needs no network to the host)."""
+        needle = f"{key}={value}".encode()
+        found = []
+        for pid in self.pids():
+            try:
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
 
 @dataclass
 class Lab:
@@ -115,6 +128,19 @@ class Lab:
 
     def reconnect(self, host: Host) -> None:
         _run("ip", "link", "set", host.link, "up")
+
+    def cut_laptop(self) -> None:
+        """Take the laptop off the network: the hosts still reach each other over the bridge, but
+        what passes between them and this machine is dropped, silently, both ways (blackhole
+        routes: nothing is sent anywhere else meanwhile)."""
+        for host in self.hosts:
+            _run("ip", "route", "add", "blackhole", f"{host.address}/32")
+            host.ns("ip", "route", "add", "blackhole", f"{self.gateway}/32")
+
+    def reconnect_laptop(self) -> None:
+        for host in self.hosts:
+            _run("ip", "route", "del", "blackhole", f"{host.address}/32", check=False)
+            host.ns("ip", "route", "del", "blackhole", f"{self.gateway}/32", check=False)
 
     def slow_link(self, host: Host, *, rate_mbit: float | None = None, delay_ms: float | None = None,
                   loss_pct: float = 0.0) -> None:
@@ -197,10 +223,13 @@ class Lab:
         left += [f"link {name}" for name in [self.bridge, *(h.link for h in self.hosts)]
                  if f" {name}:" in links or f" {name}@" in links]
         left += [f"process {pid}" for h in self.hosts if h.netns in namespaces for pid in h.pids()]
+        routes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout
+        left += [f"route blackhole {h.address}" for h in self.hosts if h.address in routes.split()]
         left += [f"sshd {h.sshd.pid}" for h in self.hosts if h.sshd is not None and h.sshd.poll() is None]
         return left
 
     def down(self) -> None:
+        self.reconnect_laptop()
         for host in self.hosts:
             self.kill_host(host)
             _run("ip", "link", "del", host.link, check=False)     # both ends of the veth pair

@@ -1,5 +1,5 @@
-"""What a notebook does to a running cluster — ``down``, ``scale``, ``preempt`` — and the
-``Cluster`` handle whose methods are these."""
+"""What a notebook does to a running cluster — ``down``, ``scale``, ``limits``, ``preempt`` — and
+the ``Cluster`` handle whose methods are these."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from ..errors import GpugeekError
 from ..meter import ledger
-from ..raynodes import send_notice
-from . import connection, registry, sim
+from ..raynodes import ClusterUnreachable, send_notice
+from . import connection, headguard, registry, sim
 from .backends import BACKENDS
 from .lifecycle import shutdown
 from .registry import ClusterRecord
@@ -65,6 +65,32 @@ def scale(workers: int, name: str | None = None) -> Cluster:
     spec = BACKENDS[record.backend].scale(record, spec, int(workers))
     registry.update(record.id, spec=spec.to_json())
     ledger.event(record.id, "scale", f"scaled to {workers} worker node(s)")
+    return Cluster(record.name)
+
+
+def limits(name: str | None = None, *, budget: float | None = None, idle: float | None = None) -> Cluster:
+    """Change a live cluster's budget cap or idle stop (those ``up`` took). A cap at or below
+    what is spent stops the cluster at the watchdog's next look. A head that runs the watchdog
+    is told too, through the cluster: it must answer, or nothing changes."""
+    check_numbers(budget=budget, idle=idle)
+    if budget is None and idle is None:
+        raise GpugeekError("limits: give --budget USD, --idle MINUTES or both")
+    record = live_cluster(name)
+    if record.backend in ("attach", "kuberay"):
+        raise GpugeekError(f"cluster {record.name!r} ({record.backend}) has no watchdog of ours: budget and idle "
+                           f"stop are not enforced there")
+    budget = record.budget_usd if budget is None else float(budget)
+    idle = record.idle_minutes if idle is None else float(idle)
+    if headguard.guarded(record):
+        try:
+            headguard.set_limits(record, budget, idle)
+        except ClusterUnreachable:
+            raise GpugeekError(f"cluster {record.name!r}'s head does not answer, so its watchdog keeps the limits it "
+                               f"has — try again once it does") from None
+    registry.update(record.id, budget_usd=budget, idle_minutes=idle)
+    said = ", ".join(f for f in (f"budget ${budget:,.2f}" if budget else "", f"idle stop {idle:g} min" if idle else "")
+                     if f)
+    ledger.event(record.id, "limits", f"limits set: {said}")
     return Cluster(record.name)
 
 

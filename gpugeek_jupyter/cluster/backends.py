@@ -207,12 +207,14 @@ class LauncherBackend(Backend):
         # recorded before `ray up`, so a failure half-way can still be taken down
         registry.update(record.id, temp_dir=str(path))
         log = self._log(record)
-        launcher.write_node_files(record.name)
+        guard = launcher.guard_order(record, spec)
+        launcher.write_node_files(record.name, guard)
         launcher.ray_cli("up", "-y", str(path), log=log)
         found = launcher.find_head(record.name, path, log)
         spec.remote.update(hosts=[f"{found.ssh_user}@{found.public_ip}"], head_ip=found.private_ip,
                            ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT,
-                           known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"))
+                           known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"),
+                           guard_home=guard["home"])
         registry.update(record.id, spec=spec.to_json())
         opened = tunnel.open_tunnel(record, spec)
         spec.remote["client_address"] = opened.client

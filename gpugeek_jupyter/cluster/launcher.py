@@ -30,9 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from ..config import home
+from ..config import home, settings
 from ..errors import GpugeekError
 from ..raynodes import token_text
+from . import headguard
 from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 from .spec import ClusterSpec, NodeType
 
@@ -48,6 +49,7 @@ GCP_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-
 # On the nodes: Ray's default setup commands put the Python that has Ray first on the PATH of the
 # login shell its start commands run in; `ray up` leaves the autoscaler's config at BOOTSTRAP.
 NODE_PYTHON = "python3"
+GUARD_ORDER = "guard.json"
 BOOTSTRAP = "~/ray_bootstrap_config.yaml"
 SHOWN_MARKER = "<marker, set by up>"
 
@@ -57,8 +59,10 @@ def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> d
     the cluster's, known once ``up`` has recorded it."""
     provider = spec.backend
     workers = {t.name: _worker(provider, t) for t in spec.node_types}
-    head = {"node_config": _node_config(provider, HEAD_INSTANCE[provider], None, spot=False),
-            "resources": {}}
+    head_config = _node_config(provider, HEAD_INSTANCE[provider], None, spot=False)
+    if provider == "aws":       # the head's watchdog ends the head with `shutdown`: that must terminate it
+        head_config["InstanceInitiatedShutdownBehavior"] = "terminate"
+    head = {"node_config": head_config, "resources": {}}
     head_start, worker_start = start_commands(name, marker or SHOWN_MARKER)
     return {
         "cluster_name": name,
@@ -84,8 +88,17 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
     run = f"ulimit -n 65536; {NODE_PYTHON} {node_dir(name)}/onhost.py start"
-    return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP}",
+    # then the head's watchdog (cluster/headwatch.py), on the package and order file_mounts copied
+    guard = f"{NODE_PYTHON} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
+    return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order}))}")
+
+
+def guard_order(record, spec: ClusterSpec) -> dict:
+    """The head watchdog's order for a cloud head (its address filled in there)."""
+    return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
+                           temp_dirs={"*": f"/tmp/gg-{_tag(record.name)}-{{ip}}"},
+                           token_path=f"{node_dir(record.name)}/auth_token")
 
 
 def node_ip_command(name: str) -> str:
@@ -103,12 +116,16 @@ def node_files(name: str) -> Path:
     return home() / "launch" / f"{name}-node"
 
 
-def write_node_files(name: str) -> Path:
-    """``onhost.py`` and the token, in a 0700 folder, the token 0600 (rsync keeps the modes)."""
+def write_node_files(name: str, guard: dict | None = None) -> Path:
+    """``onhost.py`` and the token, in a 0700 folder, the token 0600 (rsync keeps the modes); with
+    ``guard``, the head watchdog's order and the package it runs (``headguard``)."""
     folder = node_files(name)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     shutil.copyfile(Path(__file__).with_name("onhost.py"), folder / "onhost.py")
+    if guard is not None:
+        (folder / GUARD_ORDER).write_text(json.dumps(guard))
+        headguard.copy_package(folder / "package")
     fd = os.open(folder / "auth_token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token_text())

@@ -17,7 +17,7 @@ from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..units import duration
 from ..vocab import ClusterPhase
-from . import processes, registry
+from . import headguard, processes, registry, tunnel
 from .backends import BACKENDS
 from .registry import ClusterRecord
 from .spec import ClusterSpec
@@ -92,25 +92,33 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None) -> Cluste
 
 def sync_ledger(record: ClusterRecord) -> None:
     """Pull Ray's node table into the ledger (cheap; the kernel and the watchdog both do it).
-    A cluster that does not answer is left as the ledger has it."""
+    A cluster that does not answer is left as the ledger has it — unless its head keeps a ledger
+    of its own (``headguard``) and answers over SSH: then that one is copied, with a stop the
+    head made while this machine was away."""
     if not record.address or record.stopped or record.address.startswith("ray://"):
         return      # a cluster we reach only as a Ray Client (someone else's): its GCS is not ours to read
     try:
+        if record.backend in tunnel.BACKENDS and not tunnel.forwards(record.address):
+            raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
         nodes = read_nodes(record.address, timeout=3)
     except ClusterUnreachable:
+        if headguard.guarded(record):
+            headguard.pull(record)
         return
     ledger.sync_nodes(record.id, nodes, ClusterSpec.from_json(record.spec).prices())
 
 
 def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False, sync: bool = True,
-             grace: float = 3.0, before_stop: Callable[[ClusterRecord], None] | None = None) -> bool:
+             grace: float = 3.0, before_stop: Callable[[ClusterRecord], None] | None = None,
+             stop: Callable[..., None] | None = None) -> bool:
     """Stop the cluster's jobs and nodes and close its ledger. Exactly once, whoever calls it:
     returns False when another stop was under way (after waiting for it).
 
     Nodes are billed until their processes are gone (the time is taken after the stop). If the
     stop itself fails (``ray down`` errors, say) the cluster is *not* marked stopped — it may still
     be billing — the claim is released, the failure recorded, the watchdog left running, and the
-    error raised. ``before_stop`` runs once the stop is ours (a kernel drops its Ray connection).
+    error raised. ``before_stop`` runs once the stop is ours (a kernel drops its Ray connection);
+    ``stop`` stands in for the backend's (the head's watchdog stops the nodes through Ray).
     """
     if not registry.claim_stop(record.id):
         wait_stopped(record.id)
@@ -123,7 +131,7 @@ def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False,
     if from_watchdog and registry.attached_kernels(record.id):
         time.sleep(LET_GO_S)
     try:
-        BACKENDS[record.backend].stop(record, grace=grace)
+        (stop or BACKENDS[record.backend].stop)(record, grace=grace)
     except BaseException as exc:
         registry.release_stop(record.id)
         ledger.event(record.id, "stop-failed", f"stopping failed ({exc}) — the cluster may still be running")

@@ -12,6 +12,10 @@ left on them but Ray's own temp dir and the cluster's token file.
     ps MARKER                 our processes on this host: those whose environment carries MARKER
     stop MARKER GRACE [DIR]   SIGTERM, then SIGKILL after GRACE seconds, every process of ours;
                               then remove Ray's temp dir DIR
+    guard ORDER               the head's watchdog (``headwatch.py``), marked like Ray: this
+                              package comes in the script (``PACKAGE = …``, a base64 tar.gz) and
+                              is unpacked beside the token, or the launcher copied it there
+    ledger HOME NAME          the head watchdog's ledger for cluster NAME, as JSON
 
 Ownership is checked here, by process, on the host itself: a process is ours only if its
 environment carries the cluster's marker. Ray's word ("No nodes remaining") is never taken for it.
@@ -33,6 +37,7 @@ import time
 
 MARKER = "GPUGEEK_CLUSTER"
 TOKEN = globals().get("TOKEN")      # prepended by the sender for `start`
+PACKAGE = globals().get("PACKAGE")  # prepended by the sender for `guard`
 
 
 def facts():
@@ -233,6 +238,74 @@ def stop(args):
     return {"ok": not pids, "left": pids}
 
 
+def guard(args):
+    """Start the head's watchdog with this host's Python (which has Ray) on the package sent along,
+    in a session of its own carrying the marker (so ``stop`` ends it with Ray); its pid."""
+    import base64
+    import io
+    import tarfile
+
+    if args[0].startswith("@"):       # a file the launcher copied (a cloud head)
+        with open(os.path.expanduser(args[0][1:])) as f:
+            order = json.load(f)
+    else:
+        order = json.loads(args[0])
+    if "{head_ip}" in order["gcs"]:    # a cloud head knows its address only once it runs
+        order = json.loads(json.dumps(order).replace("{head_ip}", node_ip()))
+    home = os.path.expanduser(order["home"])
+    folder = os.path.dirname(home)
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    package = os.path.join(folder, "package")
+    if PACKAGE is not None:
+        shutil.rmtree(package, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(PACKAGE)), mode="r:gz") as tar:
+            # our own archive; the "data" filter where this Python has it (3.8.17+, 3.12)
+            tar.extractall(package, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    elif not os.path.isdir(os.path.join(package, "gpugeek_jupyter")):
+        return {"ok": False, "error": f"no package: none sent and none at {package}"}
+    path = os.path.join(home, "order.json")
+    with open(path, "w") as f:
+        json.dump(order, f)
+    env = dict(os.environ, GPUGEEK_HOME=home, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0",
+               RAY_AUTH_TOKEN_PATH=os.path.expanduser(order["token_path"]),
+               PYTHONPATH=os.pathsep.join([package] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env[MARKER] = order["marker"]
+    env.pop("RAY_AUTH_TOKEN", None)
+    # Ray first, as in every Ray process: it puts the packages it ships (psutil) on the path
+    boot = ("import sys, runpy, ray\nsys.argv[0] = 'headwatch'\n"
+            "runpy.run_module('gpugeek_jupyter.cluster.headwatch', run_name='__main__')")
+    with open(os.path.join(home, "watchdog.log"), "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", boot, path], env=env, stdout=out, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+    time.sleep(1.0)
+    if proc.poll() is not None:
+        with open(os.path.join(home, "watchdog.log"), "rb") as f:
+            tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
+        return {"ok": False, "error": "; ".join(tail) or f"exit {proc.returncode}"}
+    return {"ok": True, "pid": proc.pid}
+
+
+def ledger(args):
+    """The head watchdog's ledger for one cluster (its newest row of that name): the cluster's
+    stop, its nodes and its events."""
+    import sqlite3
+
+    db = os.path.join(os.path.expanduser(args[0]), "state.db")
+    if not os.path.exists(db):
+        return {"ok": False, "error": f"no ledger at {db}"}
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM clusters WHERE name=? ORDER BY id DESC LIMIT 1", (args[1],)).fetchone()
+        if row is None:
+            return {"ok": True, "cluster": None, "nodes": [], "events": []}
+        nodes = [dict(r) for r in conn.execute("SELECT * FROM nodes WHERE cluster_id=?", (row["id"],))]
+        events = [dict(r) for r in conn.execute("SELECT at, kind, message FROM events WHERE cluster_id=?",
+                                                (row["id"],))]
+    cluster = {k: row[k] for k in ("stopping", "stopped", "stop_reason", "budget_usd", "idle_minutes",
+                                   "idle_since", "idle_why")}
+    return {"ok": True, "cluster": cluster, "nodes": nodes, "events": events}
+
+
 def _running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -253,6 +326,10 @@ def main(argv):
         result = {"pids": ours(args[0])}
     elif command == "stop":
         result = stop(args)
+    elif command == "guard":
+        result = guard(args)
+    elif command == "ledger":
+        result = ledger(args)
     else:
         result = {"ok": False, "error": f"unknown command {command!r}"}
     sys.stdout.write(json.dumps(result) + "\n")

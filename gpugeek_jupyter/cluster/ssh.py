@@ -79,7 +79,7 @@ def argv(target: Target, key: str | None, *remote: str, known_hosts: str | None 
 
 
 def on_host(target: Target, key: str | None, python: str, command: str, *args: str,
-            token: str | None = None, timeout: float = 60) -> dict:
+            token: str | None = None, package: str | None = None, timeout: float = 60) -> dict:
     """Run ``onhost.py COMMAND ARGS`` on the host with its ``python``; its JSON answer.
 
     One line naming the host when SSH fails, the host has no such Python, or the script fails.
@@ -87,6 +87,8 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
     script = ONHOST.read_text()
     if token is not None:
         script = f"TOKEN = {token!r}\n{script}"
+    if package is not None:     # base64 text: the head's watchdog (``guard``)
+        script = f"PACKAGE = {package!r}\n{script}"
     quoted = " ".join(_quote(a) for a in (python, "-", command, *args))
     done = _ssh(target, key, quoted, script, timeout)
     try:   # a script that answers ``ok: false`` exits 1: its answer says why

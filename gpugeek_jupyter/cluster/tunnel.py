@@ -84,6 +84,21 @@ def _ensure(record: ClusterRecord) -> ClusterRecord:
     return registry.get(record.id)
 
 
+def forwards(address: str | None) -> bool:
+    """Whether what listens at ``address`` here (a tunnel's end) reaches a server: SSH accepts the
+    connection locally and closes it at once when nothing answers at the head's port. Ray's
+    client would wait ~35 s to find that out."""
+    host, _, port = (address or "").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.5) as sock:
+            sock.settimeout(0.5)
+            return sock.recv(1) != b""      # a gRPC server waits for the client to speak first
+    except TimeoutError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):

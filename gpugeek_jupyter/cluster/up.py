@@ -14,17 +14,19 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import home
+from ..config import home, settings
 from ..errors import GpugeekError
+from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..vocab import Pricing
-from . import processes, registry
+from . import headguard, processes, registry
 from .actions import Cluster, check_numbers, stop
 from .backends import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from .lifecycle import sync_ledger
 from .nodetypes import spec_for, ssh_spec
 from .registry import NAME, ClusterRecord
 from .session import current
+from .spec import ClusterSpec
 
 
 def up(name: str | None = None, *, backend: str | None = None, address: str | None = None,
@@ -119,6 +121,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         if impl.launches and record.address:
             start_watchdog(record)
         impl.wait_ready(record, spec)
+        if backend == "ssh":       # a cloud head starts its own (launcher.start_commands)
+            _guard_on_head(registry.get(record.id))
     except BaseException as exc:
         _abandon(record, exc)
         raise
@@ -205,6 +209,18 @@ def _reachable(record: ClusterRecord) -> bool:
         return True
     except ClusterUnreachable:
         return False
+
+
+def _guard_on_head(record: ClusterRecord) -> None:
+    """The watchdog on the head too, so that the budget cap and idle stop hold without this
+    machine; a cluster whose head could not start it is still watched from here, and says so."""
+    try:
+        headguard.start(record, ClusterSpec.from_json(record.spec), settings().meter_interval_s)
+    except GpugeekError as exc:
+        said = (f"the head's watchdog did not start ({exc}): the budget cap and idle stop hold only while "
+                f"this machine's watchdog runs")
+        ledger.event(record.id, "guard", said)
+        print(f"warning: {said}", flush=True)
 
 
 def start_watchdog(record: ClusterRecord) -> None:

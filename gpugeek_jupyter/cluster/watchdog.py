@@ -14,6 +14,11 @@ and acts:
 - a remote head no longer answers through its SSH tunnel and the tunnel is what dropped (the
   laptop slept, the network blinked) → open it again on the same local ports, so the kernel's
   Ray Client reconnects within its grace period and the cluster is metered on.
+
+A remote cluster's head runs this watch too (``headwatch.py``), and while its heartbeat comes
+that one enforces the limits: this one then tells it what only this machine sees (its idleness
+verdict), passes a stop it began on to the kernels here, and once the cluster stops answering
+copies the head's ledger (``headguard.pull``) — and so learns of a stop made while it was away.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from ..config import BUDGET_WARN_AT, settings
 from ..errors import GpugeekError
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
-from . import processes, registry, tunnel
+from . import headguard, processes, registry, tunnel
 from .lifecycle import shutdown
 from .spec import ClusterSpec
 
@@ -48,13 +53,16 @@ class Watch:
         self.idle_seen: dict[str, float] = {}
         self.readings = activity.Readings(cluster_id)   # a running job's device readings, read as they come
         self.period = interval
+        self.stop = None                 # the backend's stop (the head's watchdog has its own)
+        self.stop_allowance = STOP_ALLOWANCE_S
+        self.head_stopping = False       # the head's watchdog began a stop (passed on to the kernels here)
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
         record = registry.get(self.cluster_id)
         if record.stopped:
             return record.stop_reason
-        if record.stopping:
+        if record.stopping and not self.head_stopping:
             return None                     # someone else is stopping it; watch until it is done
         nodes = self._read(record)
         if isinstance(nodes, str):
@@ -62,18 +70,39 @@ class Watch:
         if nodes is not None:
             ledger.sync_nodes(self.cluster_id, nodes, ClusterSpec.from_json(record.spec).prices())
         now = time.time()
+        on_head = nodes is not None and self._head_guards(record, now)
         if record.budget_usd:
-            stopped = self._budget(record, now)
+            stopped = self._budget(record, now, enforce=not on_head)
             if stopped:
                 return stopped
         if nodes is not None:
             idle = self._idleness(record, nodes, now)
-            if record.idle_minutes and idle.since is not None and now - idle.since >= record.idle_minutes * 60:
+            if on_head:
+                self._tell_head(record, idle)
+            elif record.idle_minutes and idle.since is not None and now - idle.since >= record.idle_minutes * 60:
                 ledger.event(self.cluster_id, "idle-stop",
                              f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down")
-                if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True):
+                if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True, stop=self.stop):
                     return "idle"
         return None
+
+    def _head_guards(self, record, now: float) -> bool:
+        """Whether the head's watchdog enforces the limits (its heartbeat is fresh); a stop it began
+        is claimed here, so that the kernels attached here let go of the cluster first."""
+        if not headguard.guarded(record):
+            return False
+        beat = headguard.heartbeat(record, timeout=max(1.0, self.interval))
+        if not headguard.fresh(beat, now):
+            return False
+        if beat.get("stopping") and not self.head_stopping and registry.claim_stop(self.cluster_id):
+            self.head_stopping = True
+        return True
+
+    def _tell_head(self, record, idle: activity.Idleness) -> None:
+        try:
+            headguard.report(record, idle.since, idle.why, self.interval)
+        except ClusterUnreachable:
+            pass
 
     def _read(self, record):
         # the tunnel first: Ray's client waits ~35 s on a port nothing forwards any more, and a
@@ -85,11 +114,13 @@ class Watch:
             return nodes
         except ClusterUnreachable:
             self.misses += 1
+        if headguard.guarded(record) and headguard.pull(record) and registry.get(self.cluster_id).stopped:
+            return registry.get(self.cluster_id).stop_reason    # the head stopped it while we could not see
         ours_here = record.backend in ("local", "sim")
         head_gone = ours_here and not processes.session_processes(
             record.session_id, record.created, record.marker)
         if head_gone or (ours_here and self.misses >= UNREACHABLE_LIMIT):
-            if shutdown(record, "lost: the head stopped answering", from_watchdog=True):
+            if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
             # a cloud head we cannot reach may still be running: keep billing its open nodes, and
@@ -116,7 +147,7 @@ class Watch:
                                                 f"on the same ports ({fresh.address})")
         return fresh
 
-    def _budget(self, record, now: float) -> str | None:
+    def _budget(self, record, now: float, enforce: bool = True) -> str | None:
         budget = record.budget_usd
         spent = ledger.spend(self.cluster_id, now)
         burn = ledger.burn_rate(self.cluster_id)
@@ -125,12 +156,12 @@ class Watch:
                          f"{spent / budget:.0%} of the ${budget:,.2f} budget spent (${spent:,.2f}; "
                          f"burning ${burn:,.2f}/h)")
             self.warned = True
-        ahead = burn * (self.period + STOP_ALLOWANCE_S) / 3600.0
-        if spent + ahead >= budget:
+        ahead = burn * (self.period + self.stop_allowance) / 3600.0
+        if enforce and spent + ahead >= budget:
             ledger.event(self.cluster_id, "budget-stop",
                          f"budget ${budget:,.2f} reached (${spent:,.2f} spent, ${burn:,.2f}/h) — stopping "
                          f"jobs and shutting the cluster down")
-            if shutdown(record, "budget cap reached", from_watchdog=True, grace=BUDGET_STOP_GRACE_S):
+            if shutdown(record, "budget cap reached", from_watchdog=True, grace=BUDGET_STOP_GRACE_S, stop=self.stop):
                 return "budget"
         return None
 
@@ -159,11 +190,11 @@ class Watch:
         return idle
 
 
-def run(cluster_id: int, interval: float | None = None) -> str:
+def run(cluster_id: int, interval: float | None = None, watch: Watch | None = None) -> str:
     """Watch until the cluster stops; returns why it stopped. An error in one look is logged and
     the next look goes on: a watchdog that dies quietly would leave a budget unenforced."""
-    interval = interval or settings().meter_interval_s
-    watch = Watch(cluster_id, interval)
+    interval = interval or (watch.interval if watch else settings().meter_interval_s)
+    watch = watch or Watch(cluster_id, interval)
     while True:
         started = time.monotonic()
         try:

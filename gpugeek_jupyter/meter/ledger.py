@@ -69,6 +69,22 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
         )
 
 
+def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) -> None:
+    """Another ledger's account of the cluster made this one's — the head watchdog's
+    (``cluster/headguard.py``): its node rows replace these (the same nodes, read from the same
+    Ray, but closed where the head closed them) and its events not yet here are added, unshown."""
+    columns = ("node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "on_demand_usd_per_hour", "gpus",
+               "started", "ended", "end_reason")
+    with store.transaction() as db:
+        db.executemany(f"INSERT OR REPLACE INTO nodes (cluster_id, {', '.join(columns)})"
+                       f" VALUES (?{',?' * len(columns)})", [(cluster_id, *(n.get(c) for c in columns)) for n in nodes])
+        have = {(round(r[0], 3), r[1]) for r in db.execute("SELECT at, kind FROM events WHERE cluster_id=?",
+                                                            (cluster_id,))}
+        db.executemany("INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
+                       [(cluster_id, e["at"], e["kind"], e["message"]) for e in events
+                        if (round(e["at"], 3), e["kind"]) not in have])
+
+
 # -- jobs ---------------------------------------------------------------------------------------
 
 def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None,

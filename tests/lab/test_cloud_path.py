@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_processes import new_kernel
+from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import launcher, onhost, processes, registry
+from gpugeek_jupyter.cluster import headguard, launcher, onhost, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 
 pytestmark = pytest.mark.slow
@@ -156,6 +156,8 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkey
         assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"
         token = cloud.home / head_order["token_path"].removeprefix("~/")
         assert stat.S_IMODE(token.stat().st_mode) == 0o600, "the token on the nodes is readable by others"
+        # the head's watchdog, started by the head's start command from what file_mounts copied
+        wait_until(lambda: headguard.beating(registry.get(record.id)), 20, "the head watchdog's heartbeat")
 
         print(f"  checked: {time.monotonic() - began:.1f} s")
         status = gg.status()

@@ -1,0 +1,136 @@
+"""The notebook machine's side of a remote cluster's head watchdog (``headwatch.py``): starting it
+with the cluster, what this machine tells it, and copying its ledger back.
+
+The head's watchdog enforces the budget cap and the idle stop, so they hold while this machine
+sleeps or is cut off. This machine's own watchdog still runs while it can: it keeps the tunnel
+open, writes its idleness verdict for the head (it sees what the head cannot: a notebook's cells,
+a job's device readings) and, should the head's watchdog stop beating, enforces the limits itself.
+Whenever the head answers over SSH, its ledger — node lifetimes, events, the stop — replaces this
+machine's for the cluster (``pull``), so the dollars shown here are the head's.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+from ..errors import GpugeekError
+from ..meter import ledger
+from ..raynodes import ClusterUnreachable, kv_get, kv_put
+from . import processes, registry, ssh
+from .registry import ClusterRecord
+from .spec import ClusterSpec
+
+BACKENDS = ("ssh", "aws", "gcp", "azure")    # the clusters whose head runs a watchdog of its own
+CLOUDS = ("aws", "gcp", "azure")
+PACKAGE = Path(__file__).resolve().parent.parent
+LEFT_OUT = {"__pycache__", "labextension", "catalog", "sizing", "workers", "health", "widgets", "views", "server",
+            "api.py", "magics.py"}    # what the watchdog never imports (tests/test_headguard.py checks)
+ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
+LIMITS = "limits"            # budget and idle limits set here after `up`
+HEARTBEAT = "guard"          # the head watchdog's heartbeat
+
+
+def fresh(report: dict | None, now: float) -> bool:
+    """Whether a report (either way) is recent enough to stand for what its writer sees now."""
+    return bool(report) and now - report["at"] <= 3 * report.get("every", 2.0) + 10.0
+
+
+def guarded(record: ClusterRecord) -> bool:
+    """Whether the cluster's head runs the watchdog (recorded when ``up`` started it)."""
+    return record.backend in BACKENDS and bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
+
+
+def package_archive() -> bytes:
+    """This package as a gzipped tar, for the head: the watchdog's part of it (about 50 kB)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(PACKAGE, arcname=PACKAGE.name,
+                filter=lambda info: None if Path(info.name).name in LEFT_OUT or info.name.endswith(".pyc") else info)
+    return buffer.getvalue()
+
+
+def copy_package(folder: Path) -> None:
+    """The same part of this package, as files under ``folder`` (the cluster launcher's
+    ``file_mounts`` copies them onto a cloud head)."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(PACKAGE, folder / PACKAGE.name,
+                    ignore=lambda _, names: [n for n in names if n in LEFT_OUT or n.endswith(".pyc")])
+
+
+def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str, gcs_port: int,
+          temp_dirs: dict[str, str], token_path: str) -> dict:
+    """What the head's watchdog is told at its start (``headwatch.main``). ``ip`` may be
+    ``{head_ip}``, filled in on the head; ``temp_dirs`` maps a node's address to Ray's temp dir
+    there (``*``: any, ``{ip}`` in it being the node's)."""
+    return {"name": record.name, "backend": record.backend, "spec": spec.to_json(), "marker": record.marker,
+            "budget": record.budget_usd, "idle": record.idle_minutes, "created": record.created,
+            "gcs": f"{ip}:{gcs_port}", "ip": ip, "temp_dirs": temp_dirs, "token_path": token_path,
+            "home": str(Path(token_path).parent / "head"), "interval": interval}
+
+
+def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> int:
+    """Start an ssh cluster's head watchdog over SSH (this package travels in the script); its
+    pid there. (A cloud head starts its own: ``launcher.start_commands``.)"""
+    remote = spec.remote
+    head = ssh.parse_hosts([remote["hosts"][0]])[0]
+    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
+    told = order(record, spec, interval, ip=remote["head_ip"], gcs_port=remote["gcs_port"],
+                 temp_dirs=dict(zip(remote["ips"], remote["temp_dirs"], strict=True)), token_path=remote["token_path"])
+    answer = ssh.on_host(head, remote.get("ssh_key"), python, "guard", json.dumps(told),
+                         package=base64.b64encode(package_archive()).decode(), timeout=60)
+    if not answer.get("ok"):
+        raise GpugeekError(f"{head}: the head's watchdog did not start ({answer.get('error')})")
+    remote.update(guard_home=told["home"], guard_pid=answer["pid"])
+    registry.update(record.id, spec=spec.to_json())
+    return answer["pid"]
+
+
+def heartbeat(record: ClusterRecord, timeout: float = 2.0) -> dict | None:
+    """The head watchdog's last heartbeat (spend, budget, a stop under way), or None."""
+    try:
+        return kv_get(record.address, HEARTBEAT, timeout=timeout)
+    except ClusterUnreachable:
+        return None
+
+
+def beating(record: ClusterRecord, now: float | None = None) -> bool:
+    return fresh(heartbeat(record), time.time() if now is None else now)
+
+
+def report(record: ClusterRecord, since: float | None, why: str, every: float) -> None:
+    """This machine's idleness verdict, for the head (``headwatch.HeadWatch._idleness``)."""
+    kv_put(record.address, ACTIVITY, {"at": time.time(), "since": since, "why": why, "every": every})
+
+
+def set_limits(record: ClusterRecord, budget: float | None, idle: float | None) -> None:
+    kv_put(record.address, LIMITS, {"budget": budget, "idle": idle})
+
+
+def pull(record: ClusterRecord) -> dict | None:
+    """The head's ledger for the cluster, over SSH, made this machine's; None when the head does
+    not answer. A stop the head made is recorded here with its reason and time."""
+    spec = ClusterSpec.from_json(record.spec)
+    remote = spec.remote
+    head = ssh.parse_hosts([remote["hosts"][0]])[0]
+    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
+    try:
+        dump = ssh.on_host(head, remote.get("ssh_key"), python, "ledger", remote["guard_home"], record.name,
+                           timeout=30)
+    except GpugeekError:
+        return None
+    if not dump.get("ok") or not dump.get("cluster"):
+        return None
+    ledger.adopt(record.id, dump["nodes"], dump["events"])
+    head_record = dump["cluster"]
+    if head_record.get("stopped") and record.stopped is None:
+        registry.mark_stopped(record.id, head_record["stop_reason"] or "stopped by the head", head_record["stopped"])
+        if record.session_id:        # the tunnel: nothing is left to reach
+            processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+    return dump

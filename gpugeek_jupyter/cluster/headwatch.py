@@ -1,0 +1,230 @@
+"""The watchdog on a remote cluster's head: its budget cap and idle stop hold while the laptop is
+closed, asleep or cut off.
+
+``up`` starts it on the head, right after Ray (``onhost.py guard``: this package unpacked beside
+the cluster's token and run by the head's Python, which has Ray). It keeps a ledger of its own on
+the head, metered from Ray's node table there, and runs the laptop watchdog's ``Watch`` with
+three differences:
+
+- the stop goes through Ray: a task on every other node starts the stop of our processes there
+  (``onhost.py stop``, by the cluster's marker, in a session of its own so that it outlives the
+  raylet it ends); once those nodes have left Ray's table the ledger is closed, and the head
+  stops itself the same way;
+- idleness: the laptop's watchdog writes its verdict (a notebook's cells, a job's device
+  readings) into the cluster's KV store at every look; while that report is fresh it is the
+  verdict here, and once it stops coming the head judges by Ray's own idle clock;
+- a budget or idle limit changed on the laptop reaches it through the same KV store.
+
+It writes a heartbeat there too (spend, the limits it enforces, a stop under way), by which the
+laptop knows the cluster is guarded. The laptop's ledger copies this one whenever it reaches the
+head (``headguard.pull``).
+
+    python -m gpugeek_jupyter.cluster.headwatch ORDER.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..meter import activity, ledger
+from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
+from . import registry
+from .headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
+from .launcher import BOOTSTRAP
+from .watchdog import UNREACHABLE_LIMIT, Watch, run
+
+HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
+NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
+LET_GO_S = 3.5                 # a laptop still watching is told of the stop this long before it
+
+# how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the
+# head: AWS terminates an instance whose InstanceInitiatedShutdownBehavior is terminate (set by
+# launcher.py) when it shuts down; GCP and Azure stop but keep (and bill) a VM that shuts down, so
+# the head deletes itself through the API with its own service account / managed identity
+SELF_STOP = {
+    "aws": "sudo shutdown -h now",
+    "gcp": ("gcloud compute instances delete \"$(hostname)\" --quiet --zone=\"$(curl -sf -H 'Metadata-Flavor: "
+            "Google' http://metadata.google.internal/computeMetadata/v1/instance/zone | cut -d/ -f4)\""),
+    "azure": ("az login --identity >/dev/null && az vm delete --yes --ids \"$(curl -sf -H Metadata:true "
+              "'http://169.254.169.254/metadata/instance/compute/resourceId?api-version=2021-02-01&format=text')\""),
+}
+
+# a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
+# the raylet that started the worker; the script (onhost.py) comes on stdin
+_DETACHED = ("import os, sys\nif os.fork():\n    os._exit(0)\nos.setsid()\n"
+             "exec(compile(sys.stdin.read(), 'onhost.py', 'exec'))")
+
+
+class HeadWatch(Watch):
+    """``Watch`` as it runs on the head: see the module's docstring."""
+
+    def __init__(self, cluster_id: int, interval: float, order: dict):
+        super().__init__(cluster_id, interval)
+        self.order = order
+        self.gcs = order["gcs"]
+        self.stop_allowance = HEAD_STOP_ALLOWANCE_S
+        self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
+        self.report: dict | None = None
+
+    def look(self) -> str | None:
+        record = registry.get(self.cluster_id)
+        if record.live and not record.stopping:
+            self._exchange(record)
+        return super().look()
+
+    def _exchange(self, record) -> None:
+        """Read the laptop's report and limits, write the heartbeat (a GCS that does not answer
+        is the node table's business: ``_read`` counts it)."""
+        now = time.time()
+        try:
+            self.report = kv_get(self.gcs, ACTIVITY, timeout=self.interval)
+            limits = kv_get(self.gcs, LIMITS, timeout=self.interval)
+            if limits and (limits.get("budget"), limits.get("idle")) != (record.budget_usd, record.idle_minutes):
+                registry.update(self.cluster_id, budget_usd=limits.get("budget"), idle_minutes=limits.get("idle"))
+                ledger.event(self.cluster_id, "limits", f"limits set from the notebook: budget "
+                             f"{limits.get('budget')}, idle {limits.get('idle')} min")
+                self.warned = bool(ledger.events(self.cluster_id, "budget-warning"))
+            kv_put(self.gcs, HEARTBEAT, {"at": now, "pid": os.getpid(), "every": self.interval,
+                                         "spent": ledger.spend(self.cluster_id, now),
+                                         "budget": limits.get("budget") if limits else record.budget_usd})
+        except ClusterUnreachable:
+            pass
+
+    def _read(self, record):
+        try:
+            nodes = read_nodes(self.gcs, timeout=max(1.0, self.interval))
+            self.misses = 0
+            return nodes
+        except ClusterUnreachable:
+            self.misses += 1
+        if self.misses >= UNREACHABLE_LIMIT:       # the head's own GCS is gone: so is the cluster
+            ledger.event(self.cluster_id, "lost", "the head's GCS stopped answering — stopping what is left")
+            at = time.time()
+            ledger.end_all_nodes(self.cluster_id, at, "lost")
+            registry.mark_stopped(self.cluster_id, "lost: the head stopped answering", at)
+            return "lost"
+        return None
+
+    def _idleness(self, record, nodes, now: float) -> activity.Idleness:
+        if fresh(self.report, now):
+            idle = activity.Idleness(self.report.get("since"), self.report.get("why") or "as the notebook sees it")
+            if (idle.since, idle.why) != (record.idle_since, record.idle_why):
+                registry.note_idleness(self.cluster_id, idle.since, idle.why)
+            return idle
+        return super()._idleness(record, nodes, now)
+
+    def _say_stopping(self) -> None:
+        """Into the heartbeat: a notebook's watchdog passes it on, and its kernels let go first."""
+        try:
+            kv_put(self.gcs, HEARTBEAT, {"at": time.time(), "pid": os.getpid(), "every": self.interval,
+                                         "stopping": True})
+        except ClusterUnreachable:
+            return
+        if fresh(self.report, time.time()):
+            time.sleep(LET_GO_S)
+
+    def _stop_cloud_workers(self, record, grace: float) -> None:
+        """A cloud's workers are instances: Ray's autoscaler terminates them (``ray down
+        --workers-only`` on the config ``ray up`` left on the head, with the head's own role)."""
+        self._say_stopping()
+        done = subprocess.run([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "down",
+                               "--workers-only", "-y", os.path.expanduser(BOOTSTRAP)],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray down --workers-only failed: {done.stderr.strip()[-300:]}")
+
+    def _stop_other_nodes(self, record, grace: float) -> None:
+        """Every node but this one stopped through Ray; raises when some are still in Ray's table
+        after ``NODES_GONE_S`` (the stop is then retried at the next look)."""
+        self._say_stopping()
+        others = [n for n in read_nodes(self.gcs) if n.alive and not n.is_head]
+        if not others:
+            return
+        import ray
+        from ray import cloudpickle
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        source = Path(__file__).with_name("onhost.py").read_text()
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the nodes need not have this package
+        stop_here = ray.remote(num_cpus=0, max_retries=0)(_stop_here)
+        ray.init(address=self.gcs, logging_level="ERROR", log_to_driver=False)
+        try:
+            stops = [stop_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+                     .remote(source, self.order["marker"], grace, self.order["temp_dirs"]) for n in others]
+            ray.wait(stops, num_returns=len(stops), timeout=NODES_GONE_S / 2)
+        finally:
+            ray.shutdown()
+        deadline = time.monotonic() + NODES_GONE_S
+        while time.monotonic() < deadline:
+            if not any(n.alive and not n.is_head for n in read_nodes(self.gcs)):
+                return
+            time.sleep(0.5)
+        left = [n.node_id[:8] for n in read_nodes(self.gcs) if n.alive and not n.is_head]
+        raise RuntimeError(f"nodes {', '.join(left)} are still in Ray's table {NODES_GONE_S:.0f} s after their stop")
+
+
+def temp_dir_of(temp_dirs: dict, ip: str) -> str:
+    return (temp_dirs.get(ip) or temp_dirs.get("*", "")).replace("{ip}", ip)
+
+
+def _stop_here(source: str, marker: str, grace: float, temp_dirs: dict) -> str:
+    """On a node: start the stop of our processes here, detached; returns the node's address."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    return stop_detached(source, marker, grace, temp_dir_of(temp_dirs, ip))
+
+
+def stop_detached(source: str, marker: str, grace: float, temp_dir: str) -> str:
+    """``onhost.py stop`` for this host's processes of the cluster, in a session of its own and
+    without the marker (so it is not among what it stops)."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUGEEK_CLUSTER"}
+    proc = subprocess.Popen([sys.executable, "-c", _DETACHED, "stop", marker, str(grace), temp_dir],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc.communicate(source.encode(), timeout=30)
+    return temp_dir
+
+
+def open_record(order: dict) -> int:
+    """The cluster's row in the head's registry: made on first start, found again on a restart."""
+    for record in registry.all_records(include_stopped=False):
+        if record.name == order["name"]:
+            return record.id
+    record = registry.create(order["name"], order["backend"], order["spec"], simulated=False,
+                             budget_usd=order.get("budget"), idle_minutes=order.get("idle"))
+    registry.update(record.id, address=order["gcs"], created=order["created"], ready=time.time())
+    ledger.event(record.id, "guard", f"the head's watchdog runs (pid {os.getpid()}): budget and idle stop hold "
+                                     f"without the notebook's machine")
+    return record.id
+
+
+def main(argv: list[str]) -> int:
+    order = json.loads(Path(argv[1]).read_text())
+    cluster_id = open_record(order)
+    watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order)
+    reason = run(cluster_id, watch=watch)
+    print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
+    if order["backend"] in CLOUDS:       # the head is an instance: it ends itself
+        end_cloud_head(cluster_id, order["backend"])
+    stop_detached(Path(__file__).with_name("onhost.py").read_text(), order["marker"], 2.0,
+                  temp_dir_of(order["temp_dirs"], order["ip"]))
+    return 0
+
+
+def end_cloud_head(cluster_id: int, provider: str) -> None:
+    """Terminate this head the documented way, with the role Ray's launcher gave it; a failure is
+    in the ledger (the notebook's machine copies it), for the instance may still be billing."""
+    ledger.event(cluster_id, "head-stop", f"ending the head instance: {SELF_STOP[provider]}")
+    done = subprocess.run(["bash", "-c", SELF_STOP[provider]], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        ledger.event(cluster_id, "stop-failed", f"the head instance did not end itself ({done.stderr.strip()[-300:]})"
+                                                f" — it may still be running and billing; end it in the console")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

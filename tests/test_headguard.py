@@ -1,0 +1,110 @@
+"""The head's watchdog, the parts that need no cluster: the package it runs, the ledger it hands
+back, the limits a notebook changes, and what a cloud head is told. (It runs for real, laptop
+gone, in tests/lab/test_head_guard.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter import store
+from gpugeek_jupyter.cluster import headguard, launcher, onhost, registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.raynodes import RayNode
+from gpugeek_jupyter.vocab import NodePrice
+
+
+def test_the_package_sent_to_the_head_runs_the_watchdog_from_itself(tmp_path):
+    with tarfile.open(fileobj=io.BytesIO(headguard.package_archive()), mode="r:gz") as tar:
+        tar.extractall(tmp_path)
+    assert not (tmp_path / "gpugeek_jupyter" / "widgets").exists(), "the notebook's part was sent too"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import ray\n"
+         "import gpugeek_jupyter.cluster.headwatch as h\n"
+         "print(h.__file__); print(sorted(m for m in sys.modules if m.startswith('gpugeek_jupyter.')))"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, loaded = done.stdout.splitlines()
+    assert where.startswith(str(tmp_path)), where
+    assert "gpugeek_jupyter.cluster.watchdog" in loaded and "workers" not in loaded
+
+
+def _a_cluster(name="c", budget=None) -> registry.ClusterRecord:
+    record = registry.create(name, "ssh", ClusterSpec("ssh").to_json(), simulated=False, budget_usd=budget,
+                             idle_minutes=None)
+    registry.update(record.id, address="127.0.0.1:1")
+    return registry.get(record.id)
+
+
+def _nodes(now: float, ended: float | None) -> list[RayNode]:
+    return [RayNode(f"{i:02d}" * 14, "host", ended is None, i == 0, now - 100 - i, ended, None, "", {"CPU": 1.0})
+            for i in range(3)]
+
+
+def test_the_heads_ledger_handed_back_over_ssh_becomes_the_laptops(tmp_path, monkeypatch):
+    """``onhost.py ledger`` reads the head's database (standard library only); ``adopt`` makes it
+    this machine's: the nodes as the head closed them, its events once."""
+    now = time.time()
+    price = {"host": NodePrice("", "on-demand", 36.0, 36.0)}
+    head_home = tmp_path / "head"
+    monkeypatch.setenv("GPUGEEK_HOME", str(head_home))
+    on_head = _a_cluster("lab")
+    ledger.sync_nodes(on_head.id, _nodes(now, None), price)
+    ledger.event(on_head.id, "budget-stop", "budget $3.00 reached")
+    ledger.end_all_nodes(on_head.id, now, "budget cap reached")
+    registry.mark_stopped(on_head.id, "budget cap reached", now)
+    head_spend = ledger.spend(on_head.id, now + 50)
+
+    done = subprocess.run([sys.executable, "-", "ledger", str(head_home), "lab"], input=onhost.__loader__.get_data(
+        onhost.__file__).decode(), capture_output=True, text=True, timeout=30)
+    dump = json.loads(done.stdout)
+    assert dump["cluster"]["stop_reason"] == "budget cap reached" and len(dump["nodes"]) == 3
+
+    monkeypatch.setenv("GPUGEEK_HOME", str(tmp_path / "laptop"))
+    mine = _a_cluster("lab")
+    ledger.sync_nodes(mine.id, _nodes(now, None), price)     # what the laptop saw before it went
+    assert ledger.spend(mine.id, now + 50) > head_spend, "the open nodes bill on here"
+    for _ in range(2):
+        ledger.adopt(mine.id, dump["nodes"], dump["events"])
+    assert ledger.spend(mine.id, now + 50) == pytest.approx(head_spend, rel=1e-12)
+    assert [e["kind"] for e in ledger.events(mine.id)] == ["budget-stop"], "an event was copied twice"
+    assert store.query("SELECT COUNT(*) FROM events WHERE shown=0")[0][0] == 1, "the notebook has not seen it"
+
+
+def test_limits_change_a_live_cluster_and_bad_ones_are_one_line(ipython):
+    record = _a_cluster("mine", budget=5.0)
+    gg.limits("mine", idle=30)
+    changed = registry.get(record.id)
+    assert (changed.budget_usd, changed.idle_minutes) == (5.0, 30.0)
+    ipython.run_line_magic("gpugeek", "limits --budget 12.5 mine")
+    assert registry.get(record.id).budget_usd == 12.5
+    assert "budget $12.50, idle stop 30 min" in ledger.events(record.id, "limits")[-1]["message"]
+    with pytest.raises(gg.GpugeekError, match="give --budget USD, --idle MINUTES or both"):
+        gg.limits("mine")
+    with pytest.raises(gg.GpugeekError, match=r"--budget -1: must be a positive number"):
+        gg.limits("mine", budget=-1)
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="--budget"):
+        ipython.run_line_magic("gpugeek", "limits --budget lots mine")
+
+
+def test_a_cloud_head_starts_its_watchdog_from_what_the_launcher_copies(gpugeek_home):
+    spec = ClusterSpec("aws")
+    record = registry.create("cloudy", "aws", spec.to_json(), simulated=False, budget_usd=40.0, idle_minutes=15.0)
+    guard = launcher.guard_order(record, spec)
+    folder = launcher.write_node_files("cloudy", guard)
+    assert json.loads((folder / launcher.GUARD_ORDER).read_text())["budget"] == 40.0
+    assert guard["gcs"] == "{head_ip}:6379" and guard["home"].startswith(launcher.node_dir("cloudy"))
+    assert (folder / "package" / "gpugeek_jupyter" / "cluster" / "headwatch.py").exists()
+    head_start, worker_start = launcher.start_commands("cloudy", record.marker)
+    assert head_start.endswith(f"onhost.py guard @{launcher.node_dir('cloudy')}/{launcher.GUARD_ORDER}")
+    assert "guard" not in worker_start

@@ -95,6 +95,9 @@ class HeadWatch(Watch):
         except ClusterUnreachable:
             pass
 
+    def _head_guards(self, record, now: float) -> bool:
+        return False                 # this is the head's watchdog: it enforces
+
     def _read(self, record):
         try:
             nodes = read_nodes(self.gcs, timeout=max(1.0, self.interval))

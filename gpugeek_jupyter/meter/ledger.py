@@ -72,7 +72,8 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
 def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) -> None:
     """Another ledger's account of the cluster made this one's — the head watchdog's
     (``cluster/headguard.py``): its node rows replace these (the same nodes, read from the same
-    Ray, but closed where the head closed them) and its events not yet here are added, unshown."""
+    Ray, but closed where the head closed them) and its events not yet here are added, unshown
+    (a budget warning only if none was given here: both watchdogs warn)."""
     columns = ("node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "on_demand_usd_per_hour", "gpus",
                "started", "ended", "end_reason")
     with store.transaction() as db:
@@ -80,6 +81,8 @@ def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) 
                        f" VALUES (?{',?' * len(columns)})", [(cluster_id, *(n.get(c) for c in columns)) for n in nodes])
         have = {(round(r[0], 3), r[1]) for r in db.execute("SELECT at, kind FROM events WHERE cluster_id=?",
                                                             (cluster_id,))}
+        if any(kind == "budget-warning" for _, kind in have):
+            events = [e for e in events if e["kind"] != "budget-warning"]
         db.executemany("INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
                        [(cluster_id, e["at"], e["kind"], e["message"]) for e in events
                         if (round(e["at"], 3), e["kind"]) not in have])

@@ -16,8 +16,10 @@ from dataclasses import replace
 
 from ..cluster import connection, registry
 from ..cluster.actions import Cluster
+from ..cluster.headguard import guarded
 from ..cluster.registry import ClusterRecord
 from ..cluster.session import current
+from ..cluster.tunnel import BACKENDS as TUNNELLED
 from ..cluster.up import up
 from ..config import home
 from ..errors import GpugeekError
@@ -151,10 +153,11 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                     error.extra = oom_diagnosis(error, opts, plan)
                 raise
             except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
-                if isinstance(error, GpugeekError) or group.connected():
+                link_down = isinstance(error, ConnectionError) and record.backend in TUNNELLED   # a Ray Client gave up
+                if isinstance(error, GpugeekError) or (group.connected() and not link_down):
                     raise
-                group.broken = True      # its cluster was stopped under the cell (budget, idle, another kernel)
-                raise GpugeekError(_stopped_under(record, job_id)) from None
+                group.broken = True      # its cluster was stopped under the cell, or is out of reach
+                raise GpugeekError(_lost(record, job_id)) from None
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -188,6 +191,19 @@ def _wait_gone(node_ids: list[str], until: float) -> None:
         if node_ids and not alive & set(node_ids):
             return
         time.sleep(0.5)
+
+
+def _lost(record: ClusterRecord, job_id: str) -> str:
+    """One line for a cell that lost its cluster: stopped (and why), or out of reach from here —
+    a remote head whose link went down (a Ray Client gives up after 30 s), which this machine
+    cannot tell from a stopped one, and which may still bill."""
+    now = registry.get(record.id)
+    if now.stopped or now.stopping or now.backend not in TUNNELLED:
+        return _stopped_under(now, job_id)
+    guards = ("its budget cap and idle stop run on its head" if guarded(now)
+              else "it may still be running and billing")
+    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — the cell's "
+            f"workers went with the connection; {guards}; `%gpugeek status {record.name}` once the network is back")
 
 
 def _stopped_under(record: ClusterRecord, job_id: str) -> str:

@@ -1,6 +1,7 @@
-"""The budget cap holds with the laptop gone: an ``ssh`` cluster on the lab's three hosts, its
-kernel SIGKILLed, the laptop's own watchdog killed and the laptop cut off the network. The head's
-watchdog stops every host at the cap; once the laptop is back, its ledger is the head's."""
+"""The laptop's link and the budget cap, on an ``ssh`` cluster on the lab's three hosts: a cell
+goes on through a 10 s cut; cut for good, a running cell says so in one line. Then, its kernel
+SIGKILLed and the laptop's own watchdog killed, the head's watchdog stops every host at the
+cap; once the laptop is back, its ledger is the head's."""
 
 from __future__ import annotations
 
@@ -25,7 +26,24 @@ pytestmark = pytest.mark.slow
 
 RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
-AHEAD_S = 20.0        # the cap is set this far ahead of the spend when the laptop goes
+AHEAD_S = 100.0       # the cap is set this far ahead of the spend when the laptop goes
+BLINK_S = 10.0        # a cut the session rides out
+LOST_WITHIN_S = 75.0  # a cell says its cluster is out of reach: SSH's keepalive (15 s), Ray Client's grace (30 s)
+KERNEL = """
+import sys, time, gpugeek_jupyter as gg
+gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate})
+print('ready', flush=True)
+sys.stdin.readline()
+print('cell', gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(20)\\n6 * 7", workers=3).shown(),
+      flush=True)
+sys.stdin.readline()
+began = time.monotonic()
+try:
+    gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(600)", workers=3)
+except gg.GpugeekError as exc:
+    print(f'after {{time.monotonic() - began:.0f}} s: {{exc}}', flush=True)
+time.sleep(600)
+"""
 
 
 def _head_ledger(spec: ClusterSpec, name: str) -> tuple[dict, list[dict]]:
@@ -44,23 +62,29 @@ def _spend(nodes: list[dict], now: float) -> float:
     return sum(n["usd_per_hour"] * ((n["ended"] or now) - n["started"]) / 3600 for n in nodes)
 
 
-def test_the_heads_watchdog_stops_every_host_at_the_budget_with_the_laptop_gone(lab, gpugeek_home):
+def _until(kernel, what: str, timeout: float) -> str:
+    """The kernel's next line of output that contains ``what`` (one line per print)."""
+    said, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = kernel.stdout.readline()
+        if not line:        # the kernel ended
+            raise AssertionError(f"{said}\n{kernel.stderr.read()[-3000:]}")
+        said.append(line.strip())
+        if what in line:
+            return line.strip()
+    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said}")
+
+
+def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_laptop_gone(lab, gpugeek_home):
     settings(gpugeek_home, meter_interval_s=INTERVAL_S)
-    names = ",".join(f"root@{h.address}" for h in lab.hosts)
+    hosts = ",".join(f"root@{h.address}" for h in lab.hosts)
     kernel = subprocess.Popen(
-        [sys.executable, "-c", "import time, gpugeek_jupyter as gg\n"
-         f"gg.up('guarded', backend='ssh', hosts={names!r}, ssh_key={str(lab.key)!r}, cpus_per_host=1, "
-         f"usd_per_hour={RATE})\nprint('ready', flush=True)\ntime.sleep(600)\n"],
+        [sys.executable, "-c", KERNEL.format(hosts=hosts, key=str(lab.key), rate=RATE)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     record = spec = None
     try:
-        said = []
-        while not said or said[-1] != "ready":
-            line = kernel.stdout.readline()
-            if not line:        # the kernel ended before its cluster was up
-                raise AssertionError(f"{said}\n{kernel.stderr.read()[-3000:]}")
-            said.append(line.strip())
+        _until(kernel, "ready", 180)
         record = registry.live("guarded")
         spec = ClusterSpec.from_json(record.spec)
         assert headguard.guarded(record), "the head's watchdog was not started"
@@ -68,19 +92,36 @@ def test_the_heads_watchdog_stops_every_host_at_the_budget_with_the_laptop_gone(
         assert on_head, "no process of ours on the head"
         wait_until(lambda: headguard.beating(record), 20, "the head watchdog's heartbeat")
 
-        # a cap 20 s of burn ahead, set from this other process (the head is told through the tunnel)
+        # the network blinks while a cell runs: the cell goes on and answers
+        kernel.stdin.write("\n")
+        kernel.stdin.flush()
+        _until(kernel, "working", 60)
+        lab.cut_laptop()
+        time.sleep(BLINK_S)
+        lab.reconnect_laptop()
+        assert _until(kernel, "cell", 90) == "cell 42"
+
+        # a cap some way ahead, set from this other process (the head is told through the tunnel)
         budget = ledger.spend(record.id) + 3 * RATE * AHEAD_S / 3600
         gg.limits("guarded", budget=budget)
         wait_until(lambda: (headguard.heartbeat(record) or {}).get("budget") == pytest.approx(budget), 10,
                    "the head taking the new cap")
-        # the laptop goes: its kernel, its watchdog, its network
-        kernel.send_signal(signal.SIGKILL)
-        os.kill(record.watchdog_pid, signal.SIGKILL)
+        # the laptop goes: its network (a cell running), its watchdog, then its kernel
+        kernel.stdin.write("\n")
+        kernel.stdin.flush()
+        _until(kernel, "working", 60)
         lab.cut_laptop()
         gone = time.monotonic()
+        os.kill(record.watchdog_pid, signal.SIGKILL)
         try:
+            lost = _until(kernel, "after", LOST_WITHIN_S + 15)
+            print(f"\n{lost}")
+            assert "'guarded' does not answer from here" in lost and "run on its head" in lost, lost
+            assert int(lost.split()[1]) <= LOST_WITHIN_S
+            kernel.send_signal(signal.SIGKILL)
+            assert _head_ledger(spec, "guarded")[0]["stopped"] is None, "the cap came before the laptop was gone"
             wait_until(lambda: not any(h.pids_with(onhost.MARKER, record.marker) for h in lab.hosts),
-                       AHEAD_S + 45, "every host free of the cluster's processes")
+                       AHEAD_S + 30, "every host free of the cluster's processes")
             print(f"\nevery host stopped {time.monotonic() - gone:.1f} s after the laptop went "
                   f"(cap {AHEAD_S:.0f} s of burn ahead)")
             head, head_nodes = _head_ledger(spec, "guarded")
@@ -91,7 +132,6 @@ def test_the_heads_watchdog_stops_every_host_at_the_budget_with_the_laptop_gone(
                   f"(one interval is ${burn * INTERVAL_S / 3600:.3f})")
             assert len(head_nodes) == 3 and all(n["ended"] for n in head_nodes)
             assert spent <= budget + burn * INTERVAL_S / 3600, "spend passed the cap by more than one interval"
-            assert registry.get(record.id).stopped is None, "the laptop could not have known yet"
         finally:
             lab.reconnect_laptop()
 

@@ -108,3 +108,38 @@ def test_a_cloud_head_starts_its_watchdog_from_what_the_launcher_copies(gpugeek_
     head_start, worker_start = launcher.start_commands("cloudy", record.marker)
     assert head_start.endswith(f"onhost.py guard @{launcher.node_dir('cloudy')}/{launcher.GUARD_ORDER}")
     assert "guard" not in worker_start
+
+
+def test_a_tunnel_that_forwards_to_nothing_is_told_from_one_that_reaches_a_server():
+    """SSH accepts a connection at the tunnel's end and closes it at once when nothing listens at
+    the head's port; Ray's own client would wait ~35 s to find that out."""
+    import socket
+    import threading
+
+    from gpugeek_jupyter.cluster import tunnel
+
+    def serve(close_at_once: bool):
+        server = socket.create_server(("127.0.0.1", 0))
+        held = []
+
+        def accept():
+            conn, _ = server.accept()
+            conn.close() if close_at_once else held.append(conn)     # a server waits for the client
+
+        threading.Thread(target=accept, daemon=True).start()
+        return server, held
+
+    dead, _ = serve(close_at_once=True)
+    alive, held = serve(close_at_once=False)
+    try:
+        assert not tunnel.forwards(f"127.0.0.1:{dead.getsockname()[1]}")
+        assert tunnel.forwards(f"127.0.0.1:{alive.getsockname()[1]}")
+        free = socket.create_server(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        free.close()
+        assert not tunnel.forwards(f"127.0.0.1:{port}"), "nothing listens there"
+    finally:
+        dead.close()
+        alive.close()
+        for conn in held:
+            conn.close()

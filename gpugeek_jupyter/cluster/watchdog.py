@@ -109,6 +109,8 @@ class Watch:
         # kernel's Ray Client gives up reconnecting after 30
         record = self._reopen_tunnel(record) or record
         try:
+            if record.backend in tunnel.BACKENDS and not tunnel.forwards(record.address):
+                raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
             self.misses = 0
             return nodes

@@ -37,9 +37,31 @@ def new_temp_dir() -> str:
     return tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
 
 
-def start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
-               autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
-               port: int | None = None, dashboard: bool = False) -> Head:
+# Ray gives a new node's raylet 30 s to register with the GCS (not configurable); a machine busy
+# enough can miss that once, and the head then starts on the second try
+SLOW_START = "timed out during startup"
+
+
+class _SlowStart(GpugeekError):
+    pass
+
+
+def start_head(temp_dir: str, marker: str, **kwargs) -> Head:
+    """``ray start --head`` (see ``_start_head``), once more if Ray's own startup wait ran out."""
+    try:
+        return _start_head(temp_dir, marker, **kwargs)
+    except _SlowStart:
+        print("note: Ray's head did not register within Ray's own 30 s (a busy machine?) — starting it once more",
+              flush=True)
+    try:
+        return _start_head(temp_dir, marker, **kwargs)
+    except _SlowStart as exc:
+        raise GpugeekError(str(exc)) from None
+
+
+def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
+                autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
+                port: int | None = None, dashboard: bool = False) -> Head:
     """``dashboard``: Ray's dashboard on a free port of 127.0.0.1 (token-protected like the rest)."""
     port = port or processes.free_port()
     dashboard_port = processes.free_port() if dashboard else None
@@ -77,8 +99,8 @@ def start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_g
     if code != 0:
         processes.stop_session(proc.pid, since, marker)
         tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-        raise GpugeekError(f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) "
-                           f"— full log: {log}")
+        said = f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) — full log: {log}"
+        raise (_SlowStart if SLOW_START in " ".join(tail) else GpugeekError)(said)
     pids = [p.pid for p in processes.session_processes(proc.pid, since, marker)]
     return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids,
                 dashboard_url=f"http://{HOST}:{dashboard_port}" if dashboard_port else None)

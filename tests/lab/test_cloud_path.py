@@ -203,12 +203,4 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
 
 
 def _ours(host, marker: str) -> list[int]:
-    needle = f"{onhost.MARKER}={marker}".encode()
-    found = []
-    for pid in host.pids():
-        try:
-            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+    return host.pids_with(onhost.MARKER, marker)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,44 @@ def disconnect(record: ClusterRecord) -> None:
     registry.detach(record.id)
 
 
+class StoppedElsewhere(Exception):
+    """The cluster's stop began elsewhere while a cell's Ray calls were under way."""
+
+
+@contextmanager
+def cell_running():
+    """Around a cell's Ray calls in the main thread. The watcher never shuts Ray down under them
+    (a ``ray.wait`` whose Ray is shut down from another thread can spin for good): it only notes
+    the stop; the cell sees it (``check_stop``) and its end lets go here, in this thread."""
+    session = current()
+    session.cells_running += 1
+    try:
+        yield
+    finally:
+        session.cells_running -= 1
+        if session.stop_seen and not session.cells_running:
+            session.stop_seen = False
+            let_go()
+
+
+def check_stop() -> None:
+    """Raise ``StoppedElsewhere`` once the watcher has seen the cluster's stop begin."""
+    if current().stop_seen:
+        raise StoppedElsewhere
+
+
+def let_go() -> None:
+    """Shut this process's Ray connection (the cluster is being stopped elsewhere)."""
+    session = current()
+    try:
+        import ray
+
+        ray.shutdown()
+    except BaseException:  # noqa: BLE001 - Ray's calls raise SystemExit while it shuts down
+        pass
+    session.connection = None
+
+
 def _watch() -> None:
     """Disconnect this kernel when its cluster is stopped elsewhere (watchdog, another kernel)."""
     session = current()
@@ -192,6 +231,9 @@ def _watch() -> None:
             continue
         try:
             if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
+                if session.cells_running:      # the cell lets go itself, within a few seconds
+                    session.stop_seen = True
+                    continue
                 import ray
 
                 ray.shutdown()

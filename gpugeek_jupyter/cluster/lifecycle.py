@@ -25,10 +25,10 @@ from .spec import ClusterSpec
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 WATCHDOG_GRACE_S = 2.0
 # a watchdog's stop waits this long before it stops the nodes, so that a kernel still connected
-# lets go first (it looks every KERNELS_LOOK_EVERY_S, then shuts its Ray connection, which takes
-# a few seconds): a Ray driver whose cluster dies under it can be ended by Ray itself, and a
-# notebook's kernel with it
-LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 2.5
+# lets go first (it looks every KERNELS_LOOK_EVERY_S; a running cell sees the stop within its
+# drain's 3 s; then it shuts its Ray connection, which takes a second or two): a Ray driver whose
+# cluster dies under it can be ended by Ray itself, and a notebook's kernel with it
+LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 5.0
 
 
 def phase_of(record: ClusterRecord) -> ClusterPhase:

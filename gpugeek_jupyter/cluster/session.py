@@ -27,6 +27,8 @@ class KernelSession:
     connection: Connection | None = None      # the cluster this process is a Ray driver of
     group: WorkerGroup | None = None          # the warm workers `%%gpugeek run` uses
     last_plan: Plan | None = None             # an out-of-memory diagnosis compares against it
+    cells_running: int = 0                    # a cell's Ray calls under way in the main thread
+    stop_seen: bool = False                   # a stop began elsewhere while one ran: it lets go
 
 
 _SESSION = KernelSession()

@@ -219,6 +219,7 @@ class WorkerGroup:
         sampled = asked is not None
         printer = _Printer(all_ranks)
         outcome = poll = None
+        stopped = False
         try:
             gathered = self._gather(cell, asked, FIRST_WAIT_S)
             if gathered is not None:           # done at once: no loop, no drains
@@ -228,6 +229,7 @@ class WorkerGroup:
             poll_at = time.perf_counter()
             hold = 0.0 if all_ranks else DRAIN_WAIT_S
             while outcome is None:
+                connection.check_stop()       # stopped elsewhere: no more Ray calls from here
                 now = time.perf_counter()
                 if poll is None and now >= poll_at:       # one drain out at a time
                     poll = self.workers[0].drain_all.remote(hold)
@@ -256,6 +258,9 @@ class WorkerGroup:
                     except WorkerDied:
                         self.broken = True
                         raise
+        except connection.StoppedElsewhere:
+            self.broken = stopped = True
+            raise
         except KeyboardInterrupt:
             self._cancel(cell)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
@@ -265,7 +270,7 @@ class WorkerGroup:
         finally:
             if outcome is None and not self.broken and self.connected():   # left another way: nothing
                 self._cancel(cell)                                              # may keep running
-            if self.connected():
+            if self.connected() and not stopped:
                 if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
                     self._show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)
                 if asked is not None:     # asked with the cell: their reports are not lost

@@ -128,36 +128,39 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     status = "failed"
     failures = 0
     try:
-        group, record = group_for(opts)
-        ledger.job_placed(cluster_id, job_id, nodes=len({i["node_id"] for i in group.info}))
-        while True:
-            try:
-                result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
-                                   on_samples=on_samples)
-                status = "finished"
-                return result
-            except WorkerDied as died:
-                failures += 1
-                if failures > max_failures:
-                    reset()      # the survivors may be stuck waiting for the dead one
-                    raise GpugeekError(f"{died} — the group was stopped (its variables are gone); "
-                                       f"--max-failures K re-runs the cell (resuming from checkpoints)") from None
-                print(f"{died}; rebuilding the group and running the cell again "
-                      f"(failure {failures} of {max_failures} allowed)", flush=True)
-                group, _ = group_for(opts)
-            except RemoteError as error:
-                if error.preempted is not None:    # checkpointed on a notice: not a failure
-                    group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
-                    continue
-                if _is_oom(error):
-                    error.extra = oom_diagnosis(error, opts, plan)
-                raise
-            except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
-                link_down = isinstance(error, ConnectionError) and record.backend in TUNNELLED   # a Ray Client gave up
-                if isinstance(error, GpugeekError) or (group.connected() and not link_down):
+        with connection.cell_running():     # the watcher never shuts Ray down under it
+            group, record = group_for(opts)
+            ledger.job_placed(cluster_id, job_id, nodes=len({i["node_id"] for i in group.info}))
+            while True:
+                try:
+                    result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
+                                       on_samples=on_samples)
+                    status = "finished"
+                    return result
+                except WorkerDied as died:
+                    failures += 1
+                    if failures > max_failures:
+                        reset()      # the survivors may be stuck waiting for the dead one
+                        raise GpugeekError(f"{died} — the group was stopped (its variables are gone); "
+                                           f"--max-failures K re-runs the cell (resuming from checkpoints)") from None
+                    print(f"{died}; rebuilding the group and running the cell again "
+                          f"(failure {failures} of {max_failures} allowed)", flush=True)
+                    group, _ = group_for(opts)
+                except RemoteError as error:
+                    if error.preempted is not None:    # checkpointed on a notice: not a failure
+                        group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
+                        continue
+                    if _is_oom(error):
+                        error.extra = oom_diagnosis(error, opts, plan)
                     raise
-                group.broken = True      # its cluster was stopped under the cell, or is out of reach
-                raise GpugeekError(_lost(record, job_id)) from None
+                except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
+                    # a Ray Client that gave up (the link is down), or a stop begun elsewhere
+                    link_down = isinstance(error, ConnectionError) and record.backend in TUNNELLED
+                    stopped = isinstance(error, connection.StoppedElsewhere)
+                    if isinstance(error, GpugeekError) or (group.connected() and not link_down and not stopped):
+                        raise
+                    group.broken = True      # its cluster was stopped under the cell, or is out of reach
+                    raise GpugeekError(_lost(record, job_id)) from None
     except KeyboardInterrupt:
         status = "interrupted"
         raise

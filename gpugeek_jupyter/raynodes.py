@@ -10,6 +10,7 @@ notices into the cluster's KV store.)
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import GpugeekError
@@ -87,21 +88,28 @@ def token_text() -> str:
     return path.read_text().strip()
 
 
-def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:
-    """Every node the cluster at ``address`` (host:port of its GCS) has known, dead ones too.
-    ``ClusterUnreachable`` when nothing answers there; any other error is raised as it is."""
-    from ray._raylet import GcsClient
+@contextmanager
+def _answering(address: str):
+    """Only what means "nothing answered" — Ray's RPC failure (refused, timed out, GCS gone) and
+    the OS's — becomes ``ClusterUnreachable``. Anything else (a TypeError after a Ray upgrade
+    changed this private API, say) is a bug and surfaces: called "unreachable", it would have the
+    watchdog stop a healthy cluster."""
     from ray.exceptions import RpcError
 
     use_token_auth()
     try:
-        client = GcsClient(address=address)
-        table = client.get_all_node_info(timeout=timeout)
-    # Only what means "nothing answered": Ray's RPC failure (refused, timed out, GCS gone) and the
-    # OS's. Anything else — a TypeError after a Ray upgrade changed this private API, say — is a
-    # bug and surfaces: called "unreachable", it would have the watchdog stop a healthy cluster.
+        yield
     except (RpcError, ConnectionError, TimeoutError) as exc:
         raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+
+
+def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:
+    """Every node the cluster at ``address`` (host:port of its GCS) has known, dead ones too.
+    ``ClusterUnreachable`` when nothing answers there; any other error is raised as it is."""
+    from ray._raylet import GcsClient
+
+    with _answering(address):
+        table = GcsClient(address=address).get_all_node_info(timeout=timeout)
     return [_node(info) for info in table.values()]
 
 
@@ -133,13 +141,9 @@ def held_by_placement_groups(address: str, timeout: float = 5.0) -> bool:
     import re
 
     from ray._raylet import GcsClient
-    from ray.exceptions import RpcError
 
-    use_token_auth()
-    try:
+    with _answering(address):
         usage = GcsClient(address=address).get_all_resource_usage(timeout=timeout)
-    except (RpcError, ConnectionError, TimeoutError) as exc:
-        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
     for node in usage.resource_usage_data.batch:
         total, available = dict(node.resources_total), dict(node.resources_available)
         for kind in ("CPU", "GPU"):
@@ -172,14 +176,10 @@ def kv_put(address: str, key: str, value: dict, timeout: float = 5.0) -> None:
     import json
 
     from ray._raylet import GcsClient
-    from ray.exceptions import RpcError
 
-    use_token_auth()
-    try:
+    with _answering(address):
         GcsClient(address=address).internal_kv_put(key.encode(), json.dumps(value).encode(), True,
                                                    NOTICE_NAMESPACE, timeout=timeout)
-    except (RpcError, ConnectionError, TimeoutError) as exc:
-        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
 
 
 def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
@@ -187,11 +187,7 @@ def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
     import json
 
     from ray._raylet import GcsClient
-    from ray.exceptions import RpcError
 
-    use_token_auth()
-    try:
+    with _answering(address):
         raw = GcsClient(address=address).internal_kv_get(key.encode(), NOTICE_NAMESPACE, timeout=timeout)
-    except (RpcError, ConnectionError, TimeoutError) as exc:
-        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
     return json.loads(raw) if raw else None

@@ -229,17 +229,13 @@ def _watch() -> None:
         connection = session.connection
         if connection is None:
             continue
+        # never end this thread: without it, the next cluster stopped elsewhere takes the kernel
+        # with it (Ray ends a driver whose raylet dies)
         try:
             if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
                 if session.cells_running:      # the cell lets go itself, within a few seconds
                     session.stop_seen = True
-                    continue
-                import ray
-
-                ray.shutdown()
-        # never end this thread: without it, the next cluster stopped elsewhere takes the kernel
-        # with it (Ray ends a driver whose raylet dies). Ray's calls raise SystemExit while it shuts down.
+                else:
+                    let_go()
         except BaseException:  # noqa: BLE001 - the cluster is gone already; nothing left to close
             pass
-        if session.connection == connection and registry.stop_started(connection.db, connection.cluster_id):
-            session.connection = None

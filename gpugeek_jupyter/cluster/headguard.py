@@ -45,12 +45,15 @@ def guarded(record: ClusterRecord) -> bool:
     return record.backend in BACKENDS and bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
 
 
+def _left_out(name: str) -> bool:
+    return name in LEFT_OUT or name.endswith(".pyc")
+
+
 def package_archive() -> bytes:
-    """This package as a gzipped tar, for the head: the watchdog's part of it (about 50 kB)."""
+    """This package as a gzipped tar, for the head: the watchdog's part of it (about 75 kB)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(PACKAGE, arcname=PACKAGE.name,
-                filter=lambda info: None if Path(info.name).name in LEFT_OUT or info.name.endswith(".pyc") else info)
+        tar.add(PACKAGE, arcname=PACKAGE.name, filter=lambda info: None if _left_out(Path(info.name).name) else info)
     return buffer.getvalue()
 
 
@@ -61,7 +64,7 @@ def copy_package(folder: Path) -> None:
 
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(PACKAGE, folder / PACKAGE.name,
-                    ignore=lambda _, names: [n for n in names if n in LEFT_OUT or n.endswith(".pyc")])
+                    ignore=lambda _, names: [n for n in names if _left_out(n)])
 
 
 def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str, gcs_port: int,
@@ -75,18 +78,23 @@ def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str,
             "home": str(Path(token_path).parent / "head"), "interval": interval}
 
 
+def _on_head(remote: dict, command: str, *args: str, **kwargs) -> dict:
+    """``onhost.py COMMAND`` on the cluster's head, over SSH, with the head's Python."""
+    head = ssh.parse_hosts([remote["hosts"][0]])[0]
+    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
+    return ssh.on_host(head, remote.get("ssh_key"), python, command, *args, **kwargs)
+
+
 def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> int:
     """Start an ssh cluster's head watchdog over SSH (this package travels in the script); its
     pid there. (A cloud head starts its own: ``launcher.start_commands``.)"""
     remote = spec.remote
-    head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
     told = order(record, spec, interval, ip=remote["head_ip"], gcs_port=remote["gcs_port"],
                  temp_dirs=dict(zip(remote["ips"], remote["temp_dirs"], strict=True)), token_path=remote["token_path"])
-    answer = ssh.on_host(head, remote.get("ssh_key"), python, "guard", json.dumps(told),
-                         package=base64.b64encode(package_archive()).decode(), timeout=60)
+    answer = _on_head(remote, "guard", json.dumps(told), package=base64.b64encode(package_archive()).decode(),
+                      timeout=60)
     if not answer.get("ok"):
-        raise GpugeekError(f"{head}: the head's watchdog did not start ({answer.get('error')})")
+        raise GpugeekError(f"{remote['hosts'][0]}: the head's watchdog did not start ({answer.get('error')})")
     remote.update(guard_home=told["home"], guard_pid=answer["pid"])
     registry.update(record.id, spec=spec.to_json())
     return answer["pid"]
@@ -116,13 +124,9 @@ def set_limits(record: ClusterRecord, budget: float | None, idle: float | None) 
 def pull(record: ClusterRecord) -> dict | None:
     """The head's ledger for the cluster, over SSH, made this machine's; None when the head does
     not answer. A stop the head made is recorded here with its reason and time."""
-    spec = ClusterSpec.from_json(record.spec)
-    remote = spec.remote
-    head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
+    remote = ClusterSpec.from_json(record.spec).remote
     try:
-        dump = ssh.on_host(head, remote.get("ssh_key"), python, "ledger", remote["guard_home"], record.name,
-                           timeout=30)
+        dump = _on_head(remote, "ledger", remote["guard_home"], record.name, timeout=30)
     except GpugeekError:
         return None
     if not dump.get("ok") or not dump.get("cluster"):

@@ -36,6 +36,7 @@ from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from . import registry
 from .headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
 from .launcher import BOOTSTRAP
+from .onhost import MARKER
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
@@ -186,7 +187,7 @@ def _stop_here(source: str, marker: str, grace: float, temp_dirs: dict) -> str:
 def stop_detached(source: str, marker: str, grace: float, temp_dir: str) -> str:
     """``onhost.py stop`` for this host's processes of the cluster, in a session of its own and
     without the marker (so it is not among what it stops)."""
-    env = {k: v for k, v in os.environ.items() if k != "GPUGEEK_CLUSTER"}
+    env = {k: v for k, v in os.environ.items() if k != MARKER}
     proc = subprocess.Popen([sys.executable, "-c", _DETACHED, "stop", marker, str(grace), temp_dir],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     proc.communicate(source.encode(), timeout=30)

@@ -26,7 +26,7 @@ from cluster_processes import new_kernel
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
-from gpugeek_jupyter.cluster import hosts, processes, registry
+from gpugeek_jupyter.cluster import hosts, onhost, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
@@ -274,9 +274,7 @@ def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):
 
 
 def _ours_on_hosts(lab, record) -> list[int]:
-    from gpugeek_jupyter.cluster import onhost
-
-    return [pid for host in lab.hosts for pid in host.pids() if _carries(pid, record.marker, onhost.MARKER)]
+    return [pid for host in lab.hosts for pid in host.pids_with(onhost.MARKER, record.marker)]
 
 
 def _described(pids: list[int]) -> list[str]:
@@ -287,10 +285,3 @@ def _described(pids: list[int]) -> list[str]:
         except OSError:
             return "(gone)"
     return [f"{pid}: {line(pid)}" for pid in pids]
-
-
-def _carries(pid: int, marker: str, key: str) -> bool:
-    try:
-        return f"{key}={marker}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False

@@ -179,6 +179,7 @@ def _number(flag: str, kind: type = float) -> Callable[[str], float]:
 @argument("--gpus-per-host", type=_number("--gpus-per-host", int), help="ssh: GPUs each host has")
 @argument("--cpus-per-host", type=_number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
 @argument("--usd-per-hour", type=_number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
+@argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
@@ -205,7 +206,7 @@ def up(self: GpugeekMagics, line: str):
         max_workers=args.max_workers, pricing=args.pricing, spot_fallback=args.spot_fallback,
         budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
         catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
-        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour,
+        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour, env=args.env,
     )
 
 

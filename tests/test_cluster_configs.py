@@ -318,7 +318,7 @@ def test_a_ray_client_whose_server_failed_to_start_tries_again(monkeypatch):
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
     monkeypatch.setattr(connection.time, "sleep", lambda s: None)
-    connection._client_init("ray://127.0.0.1:1")
+    connection._client_init("ray://127.0.0.1:1", {})
     assert calls == ["ray://127.0.0.1:1"] * 2
 
     def refuse(address, **kwargs):
@@ -327,5 +327,5 @@ def test_a_ray_client_whose_server_failed_to_start_tries_again(monkeypatch):
     calls.clear()
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(ConnectionAbortedError):
-        connection._client_init("ray://127.0.0.1:1")
+        connection._client_init("ray://127.0.0.1:1", {})
     assert len(calls) == 1

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import store
 from ..raynodes import use_token_auth
-from . import registry, tunnel
+from . import environment, registry, tunnel
 from .backends import CLIENT_SCHEME
 from .registry import ClusterRecord
 from .session import attach as session_attach
@@ -81,10 +81,11 @@ def connect(record: ClusterRecord) -> None:
         use_token_auth()
         client = record.address if record.backend == "attach" else \
             ClusterSpec.from_json(record.spec).remote["client_address"]
-        _client_init(client)
+        _client_init(client, job_env(record, remote=True))
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
-                 configure_logging=True, log_to_driver=not record.simulated)
+                 configure_logging=True, log_to_driver=not record.simulated,
+                 runtime_env=job_env(record, remote=False) or None)
     from ray.util.client import ray as client
 
     session.connection = Connection(record.address, store.path(), record.id, client=client.is_connected())
@@ -94,7 +95,7 @@ def connect(record: ClusterRecord) -> None:
         _watcher.start()
 
 
-def _client_init(address: str) -> None:
+def _client_init(address: str, runtime_env: dict) -> None:
     """``ray.init`` as a Ray Client. The head's proxy starts a server process for each client, and
     under load that start sometimes fails at once ("Initialization failure from server"): a new
     attempt gets a new server."""
@@ -102,7 +103,7 @@ def _client_init(address: str) -> None:
 
     for attempt in range(CLIENT_TRIES):
         try:
-            ray.init(address, namespace="gpugeek", logging_level="ERROR", log_to_driver=True, runtime_env=shipped())
+            ray.init(address, namespace="gpugeek", logging_level="ERROR", log_to_driver=True, runtime_env=runtime_env)
             return
         except ConnectionAbortedError as exc:
             server_died = any(sign in str(exc) for sign in ("Starting Ray client server failed",
@@ -156,11 +157,28 @@ def steady() -> bool:
         getattr(worker, "_conn_state", grpc.ChannelConnectivity.READY) == grpc.ChannelConnectivity.READY
 
 
-def shipped() -> dict:
-    """This package, sent to a remote cluster's nodes with the job (Ray's ``py_modules``): the
-    workers run the kernel's own version of it, and a host needs only Python, Ray and torch."""
-    package = Path(__file__).resolve().parent.parent
-    return {"py_modules": [str(package)], "excludes": ["__pycache__", "labextension", "*.pyc"]}
+def job_env(record: ClusterRecord, *, remote: bool) -> dict:
+    """The job's ``runtime_env``: on a remote cluster this package (so the workers run the
+    kernel's own version of it, and a host needs only Python, Ray and torch) and the kernel's
+    modules its cells needed (``environment``); everywhere, the cluster's ``up --env`` packages."""
+    pip = ClusterSpec.from_json(record.spec).env
+    if not remote:
+        return environment.runtime_env(pip, package=False)
+    modules = list(environment.shipment().for_cluster(record.id).shipped.values())
+    return environment.runtime_env(pip, modules)
+
+
+def reconnect(record: ClusterRecord) -> None:
+    """Connect again, with the job's ``runtime_env`` as it is now; the worker group goes with the
+    old connection."""
+    import ray
+
+    session = current()
+    if session.group is not None:
+        session.group.broken = True
+    ray.shutdown()
+    session.connection = None
+    connect(record)
 
 
 def _no_auto_init() -> None:

@@ -50,6 +50,7 @@ class ClusterSpec:
     dashboard: bool = False           # Ray's dashboard on the head (local and sim)
     dashboard_url: str | None = None  # where it answers, once started
     remote: dict = field(default_factory=dict)   # ssh, clouds: hosts, key, head address and ports, tunnel
+    env: list[str] = field(default_factory=list)  # pip requirements every job gets (``up --env``)
 
     @property
     def simulated(self) -> bool:

@@ -22,6 +22,7 @@ from ..vocab import Pricing
 from . import headguard, processes, registry
 from .actions import Cluster, check_numbers, stop
 from .backends import BACKENDS, CLIENT_SCHEME, LaunchConfig
+from .environment import read_env_file
 from .lifecycle import sync_ledger
 from .nodetypes import spec_for, ssh_spec
 from .registry import NAME, ClusterRecord
@@ -36,18 +37,21 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        idle: float | None = None, dashboard: bool = False, dry_run: bool = False, yes: bool = False,
        catalog: str | None = None, hosts: str | list[str] | None = None, ssh_key: str | None = None,
        gpus_per_host: int | None = None, cpus_per_host: int | None = None,
-       usd_per_hour: float | None = None) -> Cluster | LaunchConfig:
+       usd_per_hour: float | None = None, env: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
     its cluster again. Clouds and KubeRay show their config unless ``yes=True``. ``backend="ssh"``
     runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
+    ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
     """
     backend = _backend_name(backend, address)
     name = name or backend
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise GpugeekError(f"cluster name {name!r}: use letters, digits, '-', '_' or '.' (at most 40)")
     check_numbers(workers=workers, min_workers=min_workers, max_workers=max_workers, budget=budget, idle=idle)
+
+    pip = read_env_file(env) if env else []
 
     existing = registry.live(name)
     if existing is not None and not dry_run:
@@ -57,7 +61,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         ignored = [flag for flag, value in (
             ("--address", address), ("--offer", offer), ("--plan", plan), ("--gpu", gpu),
             ("--workers", workers), ("--min-workers", min_workers), ("--max-workers", max_workers),
-            ("--budget", budget), ("--idle", idle), ("--dashboard", dashboard or None)) if value is not None]
+            ("--budget", budget), ("--idle", idle), ("--dashboard", dashboard or None), ("--env", env))
+            if value is not None]
         if ignored:
             print(f"{', '.join(ignored)} ignored: {name!r} is already running with its own settings "
                   f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
@@ -83,6 +88,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {backend} head's "
                            f"dashboard is reached with `ray dashboard <its config>`")
     spec.dashboard = bool(dashboard)
+    spec.env = pip
     impl = BACKENDS[backend]
     if backend == "attach" and (budget or idle):
         raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from ..cluster import connection, session
+from ..cluster import connection, environment, session
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from . import probe as probe_module
@@ -34,7 +34,9 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
         raise GpugeekError(f"cluster {record.name!r} has no address this kernel can reach — doctor needs a "
                            f"running Ray cluster")
     connection.connect(record)
-    names = _package_names(packages)
+    # what the kernel sent with the job is compared too: the nodes must import the kernel's version
+    sent = [m.dist for m in environment.shipment().for_cluster(record.id).shipped.values() if m.dist]
+    names = _package_names([*sent, *_listed(packages)])
     began = time.monotonic()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     nodes.sort(key=lambda n: (not _is_head(n), n["NodeManagerAddress"]))
@@ -64,8 +66,11 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
                  collective_error=trouble, took_s=time.monotonic() - began, phases=phases)
 
 
-def _package_names(packages: list[str] | str | None) -> list[str]:
-    extra = packages.split(",") if isinstance(packages, str) else list(packages or [])
+def _listed(packages: list[str] | str | None) -> list[str]:
+    return packages.split(",") if isinstance(packages, str) else list(packages or [])
+
+
+def _package_names(extra: list[str]) -> list[str]:
     names = list(DEFAULT_PACKAGES)
     for name in (p.strip() for p in extra):
         if name and name not in names:

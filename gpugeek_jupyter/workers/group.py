@@ -162,6 +162,12 @@ class WorkerGroup:
             # rank 0 asks them, with the ranks' output
             ray.get(lead.keep_samplers.remote(self.samplers, SAMPLE_EVERY_S), timeout=READY_TIMEOUT_S)
 
+    def versions(self, names: list[str]) -> list[dict]:
+        """Each rank's version of each module (``cluster/environment.py``), asked in parallel."""
+        import ray
+
+        return ray.get([w.versions.remote(names) for w in self.workers], timeout=READY_TIMEOUT_S)
+
     def connected(self) -> bool:
         """Whether this process is still a driver of the group's cluster. Once it is not (the
         cluster was stopped, here or elsewhere), no call may go to Ray: an actor call without a

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from ..cluster import connection, registry
+from ..cluster import connection, environment, registry
 from ..cluster.actions import Cluster
 from ..cluster.headguard import guarded
 from ..cluster.registry import ClusterRecord
@@ -130,6 +130,8 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     try:
         with connection.cell_running():     # the watcher never shuts Ray down under it
             group, record = group_for(opts)
+            if _bring_modules(record, group, source, push):
+                group, record = group_for(opts)
             ledger.job_placed(cluster_id, job_id, nodes=len({i["node_id"] for i in group.info}))
             while True:
                 try:
@@ -170,6 +172,35 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     finally:
         ledger.job_ended(cluster_id, job_id, status)
         watcher.finish(status)
+
+
+def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push: dict | None) -> bool:
+    """The kernel's modules this cell imports, on every worker of a remote cluster at the kernel's
+    versions (``cluster/environment.py``): those some worker lacks go with the job, connected anew
+    (True: the group went with the old connection)."""
+    session = current()
+    if session.connection is None or not session.connection.client:
+        return False    # a local or sim cluster runs in this very environment
+    names = environment.imports(source) | environment.pushed_modules(push)
+    missing = environment.needed(record.id, names, group.versions) if names else []
+    if not missing:
+        return False
+    environment.shipment().shipped.update({m.name: m for m in missing})
+    what = ", ".join(m.describe() for m in missing)
+    try:
+        connection.job_env(record, remote=True)      # a module that cannot travel: said before anything stops
+        lost = " — the worker group starts afresh (variables defined on it are gone)" if group.cells else ""
+        print(f"note: sending {what} to the workers (they do not have this kernel's version); connecting "
+              f"again with it{lost}", flush=True)
+        connection.reconnect(record)
+    except Exception as exc:  # noqa: BLE001 - said in one line; the connection is made without them
+        environment.forget(missing)
+        if session.connection is None:
+            connection.connect(record)
+        cause = exc if isinstance(exc, GpugeekError) else f"{type(exc).__name__}: {exc}"
+        raise GpugeekError(f"could not send {what} to the workers ({cause}) — install it on the hosts, or "
+                           f"list it in `%gpugeek up … --env requirements.txt`") from None
+    return True
 
 
 def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, preempted: dict,

@@ -192,6 +192,12 @@ class Worker:
                                                        ctypes.py_object(KeyboardInterrupt))
             return True
 
+    def versions(self, names: list[str]) -> dict:
+        """The version of each module this worker imports (``cluster/environment.py``)."""
+        from ..cluster.environment import version_of
+
+        return {name: version_of(name) for name in names}
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -26,7 +26,7 @@ from cluster_processes import new_kernel
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
-from gpugeek_jupyter.cluster import hosts, onhost, processes, registry
+from gpugeek_jupyter.cluster import environment, hosts, onhost, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
@@ -253,6 +253,52 @@ def test_a_rank_that_cannot_reach_rank_0_fails_in_one_line_naming_both(lab, on_l
     print(f"\n{said}\n(after {took:.1f} s)")
     assert said.startswith(f"rank 1 on {rank1.address} cannot reach rank 0 at {rank0.address}:{CLOSED_PORT}")
     assert len(said.splitlines()) == 1 and took < 30
+
+
+def only_in_this_kernel(folder: Path, name: str, version: str) -> Path:
+    """An installed package (its folder and ``.dist-info``) that only this process's path has."""
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    return folder
+
+
+def test_a_package_only_the_kernel_has_runs_on_every_host_and_doctor_is_green(lab, on_lab3, tmp_path,
+                                                                              monkeypatch, capsys):
+    """The kernel's environment on the workers (Ray's runtime_env): a package no host has, and the
+    second host's other ``packaging``, both at the kernel's versions once a cell imports them."""
+    monkeypatch.syspath_prepend(str(only_in_this_kernel(tmp_path / "site", "onlyhere", "1.3")))
+    capsys.readouterr()
+    began = time.monotonic()
+    result = gg.run("""
+import onlyhere, packaging, torch.distributed as dist
+seen = [None] * world_size
+dist.all_gather_object(seen, (__import__("ray").util.get_node_ip_address(), onlyhere.VERSION, packaging.__version__))
+sorted(seen)
+""", workers=3)
+    took = time.monotonic() - began
+    said = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\n{said}the first cell importing them took {took:.1f} s")
+    mine = metadata.version("packaging")
+    assert [ip for ip, _, _ in result.shown()] == sorted(h.address for h in lab.hosts)
+    assert {(v, p) for _, v, p in result.shown()} == {("1.3", mine)}, result.shown()
+    assert "onlyhere 1.3" in said and (on_lab3.versions is None or f"packaging {mine}" in said), said
+
+    began = time.monotonic()
+    assert gg.run("import onlyhere\nonlyhere.VERSION", workers=3).shown() == "1.3"
+    again = time.monotonic() - began
+    assert "sending" not in capsys.readouterr().out, "a package already sent was sent again"
+    # the doctor compares what was sent too (the skew the earlier test named is gone)
+    report = gg.doctor(packages="packaging")
+    with capsys.disabled():
+        print(f"the next cell: {again * 1000:.0f} ms\n{report!r}")
+    assert report.ok, f"a skew remains after the runtime env:\n{report!r}"
+    assert {m.dist for m in environment.shipment().shipped.values()} >= {"onlyhere"}
 
 
 def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):

@@ -1,0 +1,267 @@
+"""The kernel's packages on a remote cluster's workers, through Ray's ``runtime_env``.
+
+A cell runs on machines that are not the notebook's. What it imports there must be what the
+notebook has, or a cell that worked here fails there (a ``ModuleNotFoundError`` on rank 2) or,
+worse, runs another version of the user's code. So before a cell runs on a remote cluster, the
+modules it imports (and those its pushed values come from) are looked up here and asked of every
+worker of its group, once per module:
+
+- a module the nodes have at the kernel's version: nothing to do;
+- missing or at another version, pure Python (an installed package, or the user's own
+  ``mymodel.py`` beside the notebook): sent with the job as Ray's ``py_modules``, its
+  ``.dist-info`` too, so the nodes report the kernel's version (and ``doctor`` agrees);
+- missing or at another version, with compiled parts: ``pip install name==version`` on the nodes,
+  in the job's ``runtime_env`` (Ray builds and caches that environment per node).
+
+The job's ``runtime_env`` is fixed when the kernel connects, so a cell that needs more connects
+again (its worker group starts afresh, and it says so). ``up --env requirements.txt`` (or a
+``pyproject.toml``) adds pip packages to every job on the cluster. Local and sim clusters run on
+this machine, in this environment: nothing is looked up for them.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from ..errors import GpugeekError
+
+PACKAGE = "gpugeek_jupyter"
+NEVER_SHIPPED = {PACKAGE, "ray", "torch"}     # this package travels anyway; Ray's and torch's
+                                              # versions are the hosts' own (`doctor` compares them)
+COMPILED = {".so", ".pyd", ".dylib"}
+LOCAL_FILES_MAX = 2000          # a "module" with more files than this is not a notebook's helper
+
+
+@dataclass(frozen=True)
+class KernelModule:
+    """A module a cell imports, as this kernel has it."""
+
+    name: str
+    version: str                  # the distribution's version, or ``local:<digest of its files>``
+    path: str                     # the package's folder, or the module's file
+    dist: str | None = None       # the installed distribution it comes from
+    dist_info: str | None = None  # that distribution's metadata folder (shipped beside it)
+    compiled: bool = False
+
+    def describe(self) -> str:
+        return f"{self.dist or self.name} {self.version}" if self.dist else f"{self.name} (local: {self.path})"
+
+
+@dataclass
+class Shipment:
+    """What this kernel's jobs send along, per cluster: what was checked, what travels."""
+
+    cluster_id: int | None = None
+    checked: dict[str, str] = field(default_factory=dict)         # module → the version checked
+    shipped: dict[str, KernelModule] = field(default_factory=dict)
+
+    def for_cluster(self, cluster_id: int) -> Shipment:
+        if cluster_id != self.cluster_id:
+            self.cluster_id, self.checked, self.shipped = cluster_id, {}, {}
+        return self
+
+
+_SHIPMENT = Shipment()
+
+
+def shipment() -> Shipment:
+    return _SHIPMENT
+
+
+# -- what a cell needs ---------------------------------------------------------------------------
+
+@lru_cache(maxsize=512)
+def imports(source: str) -> frozenset[str]:
+    """The top-level modules a cell's source imports (absolute imports, anywhere in it)."""
+    if "import" not in source:
+        return frozenset()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:         # the worker says so, with the line
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return frozenset(names)
+
+
+def pushed_modules(push: dict | None) -> set[str]:
+    """Where pushed values' types come from: unpickling one on a worker imports its module."""
+    names = set()
+    for value in (push or {}).values():
+        module = getattr(value, "__module__", None) or type(value).__module__
+        if isinstance(module, str):
+            names.add(module.split(".")[0])
+    return names
+
+
+# -- a module, here or on a node ------------------------------------------------------------------
+
+def version_of(name: str) -> str | None:
+    """The version of ``name`` this Python imports: its distribution's, else a digest of its
+    files (``local:…``); None when it is not there. Run in the kernel and on every node alike."""
+    found = locate(name)
+    return found.version if found else None
+
+
+def locate(name: str) -> KernelModule | None:
+    """``name`` as this Python would import it; None for the standard library, built-ins and
+    what is not there."""
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names or name == "__main__":
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    folders = list(spec.submodule_search_locations or [])
+    if folders:
+        if spec.origin is None:     # a namespace package (``google``): many distributions share it
+            return None
+        path = Path(folders[0])
+    elif spec.origin and spec.origin not in ("built-in", "frozen"):
+        path = Path(spec.origin)
+    else:
+        return None
+    dist = _distribution(name, path)
+    if dist is not None:
+        files = [str(f) for f in dist.files or []]
+        compiled = any(Path(f).suffix in COMPILED for f in files) or path.suffix in COMPILED
+        info = next((f.split("/")[0] for f in files if f.split("/")[0].endswith(".dist-info")), None)
+        return KernelModule(name, dist.version, str(path), dist.metadata["Name"],
+                            str(dist.locate_file(info)) if info else None, compiled)
+    digest, compiled = _digest(path)
+    return KernelModule(name, f"local:{digest}", str(path), compiled=compiled)
+
+
+def _distribution(name: str, path: Path) -> metadata.Distribution | None:
+    """The installed distribution whose files ``name`` is: a ``.dist-info`` beside it that lists
+    it (one named like it first; a folder of the same name elsewhere on the path is local)."""
+    def likely(info: Path) -> bool:
+        return _normal(info.name.split("-")[0]) != _normal(name)
+
+    for info in sorted(path.parent.glob("*.dist-info"), key=likely):
+        dist = metadata.PathDistribution(info)
+        top = (dist.read_text("top_level.txt") or "").split()
+        if name in top or (not top and any(str(f).split("/")[0] in (name, f"{name}.py") for f in dist.files or [])):
+            return dist
+    return None
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _digest(path: Path) -> tuple[str, bool]:
+    """A digest of a local module's Python files (the same here and on a node, so an edit here is
+    seen), and whether it has compiled parts. Read again only when a file's size or time changed."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+        if path.is_dir() else [path]
+    files = files[:LOCAL_FILES_MAX]
+    stats = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.suffix == ".py")
+    return _read_digest(str(path.parent), stats), any(f.suffix in COMPILED for f in files)
+
+
+@lru_cache(maxsize=64)
+def _read_digest(parent: str, stats: tuple) -> str:
+    digest = hashlib.sha1()
+    for file, _, _ in stats:
+        digest.update(str(Path(file).relative_to(parent)).encode())
+        digest.update(Path(file).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+# -- the job's runtime_env --------------------------------------------------------------------------
+
+def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None = None,
+                package: bool = True) -> dict:
+    """The job's ``runtime_env``: this package (for a remote cluster), the kernel's modules the
+    nodes lack, and pip packages (``up --env``, and modules with compiled parts)."""
+    paths = [str(Path(__file__).resolve().parent.parent)] if package else []
+    wheels = list(pip or [])
+    for module in modules or []:
+        if module.compiled:
+            if not module.dist:
+                raise GpugeekError(f"{module.name} (local, {module.path}) has compiled parts and is not installed "
+                                   f"from a package — install it on the hosts, or `up --env` a package of it")
+            wheels.append(f"{module.dist}=={module.version}")
+        else:
+            paths += [module.path, *([module.dist_info] if module.dist_info else [])]
+    env: dict = {}
+    if paths:
+        env["py_modules"] = paths
+        env["excludes"] = ["__pycache__", "labextension", "*.pyc"]
+    if wheels:
+        env["pip"] = wheels
+    return env
+
+
+def read_env_file(path: str) -> list[str]:
+    """``up --env``: the pip requirements in a requirements file or a pyproject's
+    ``[project] dependencies``; one line saying what is wrong otherwise."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise GpugeekError(f"--env {path}: no such file — give a requirements.txt or a pyproject.toml")
+    if file.suffix == ".toml":
+        import tomllib
+
+        try:
+            project = tomllib.loads(file.read_text()).get("project", {})
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise GpugeekError(f"--env {path}: not valid TOML ({exc})") from None
+        wanted = project.get("dependencies")
+        if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
+            raise GpugeekError(f"--env {path}: no [project] dependencies list to install")
+        return list(wanted)
+    try:
+        lines = [line.split(" #")[0].strip() for line in file.read_text().splitlines()]
+    except UnicodeDecodeError:
+        raise GpugeekError(f"--env {path}: not a text file — give a requirements.txt or a pyproject.toml") from None
+    wanted = [line for line in lines if line and not line.startswith("#")]
+    local = [line for line in wanted if line.startswith(("-e", "--editable", "-r", "--requirement"))]
+    if local:
+        raise GpugeekError(f"--env {path}: {local[0]!r} names a path on this machine, which the hosts do not have — "
+                           f"list the packages themselves")
+    return wanted
+
+
+# -- before a cell ------------------------------------------------------------------------------------
+
+def needed(cluster_id: int, names: set[str], ask) -> list[KernelModule]:
+    """Of ``names``, the modules some worker lacks or has at another version than the kernel's:
+    ``ask(names)`` gives each worker's ``{name: version_of(name)}``. Asked once per module, and
+    again when a local module's files change."""
+    state = _SHIPMENT.for_cluster(cluster_id)
+    fresh: dict[str, KernelModule] = {}
+    for name in sorted(names - NEVER_SHIPPED):
+        if name in state.checked and not state.checked[name].startswith("local:"):
+            continue
+        module = locate(name)
+        if module is None or state.checked.get(name) == module.version:
+            continue
+        fresh[name] = module
+    if not fresh:
+        return []
+    found = ask(sorted(fresh))
+    missing = [m for m in fresh.values() if any(f.get(m.name) != m.version for f in found)]
+    for module in fresh.values():
+        state.checked[module.name] = module.version
+    return missing
+
+
+def forget(modules: list[KernelModule]) -> None:
+    """Sending these failed: they are neither shipped nor checked any more."""
+    for module in modules:
+        _SHIPMENT.shipped.pop(module.name, None)
+        _SHIPMENT.checked.pop(module.name, None)

@@ -1,0 +1,136 @@
+"""The kernel's packages on remote workers (``cluster/environment.py``): which modules a cell
+needs, how the kernel has each, the job's ``runtime_env`` they make, and ``up --env`` files.
+The lab test (``tests/lab/test_ssh_cluster.py``) runs them on three hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import environment
+from gpugeek_jupyter.errors import GpugeekError
+
+
+def installed(folder: Path, name: str, version: str, compiled: bool = False) -> Path:
+    """A package as pip leaves it: its folder and a ``.dist-info`` that lists its files."""
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    files = [f"{name}/__init__.py"]
+    if compiled:
+        (folder / name / "_speedups.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+        files.append(f"{name}/_speedups.cpython-311-x86_64-linux-gnu.so")
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in [*files, f"{info.name}/METADATA", f"{info.name}/RECORD"]))
+    return folder
+
+
+def test_a_cells_imports_are_its_absolute_top_level_modules():
+    source = "import a.b, c as d\nfrom e.f import g\nfrom . import h\nfrom .i import j\ndef k():\n    import l\n"
+    assert environment.imports(source) == {"a", "c", "e", "l"}
+    assert environment.imports("x = 1") == frozenset()
+    assert environment.imports("import (") == frozenset(), "a syntax error is the worker's to report"
+
+
+def test_pushed_values_bring_their_modules():
+    from collections import OrderedDict
+
+    assert environment.pushed_modules({"a": OrderedDict(), "b": Path("."), "n": 3}) == {"collections", "pathlib",
+                                                                                        "builtins"}
+
+
+def test_the_standard_library_and_what_is_not_there_are_not_looked_up():
+    assert environment.locate("json") is None and environment.locate("sys") is None
+    assert environment.locate("no_such_module_here") is None
+
+
+def test_an_installed_package_is_its_distribution_and_version(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(installed(tmp_path, "pkg_pure", "1.3")))
+    monkeypatch.syspath_prepend(str(installed(tmp_path, "pkg_fast", "2.0", compiled=True)))
+    pure, fast = environment.locate("pkg_pure"), environment.locate("pkg_fast")
+    assert (pure.dist, pure.version, pure.compiled) == ("pkg_pure", "1.3", False)
+    assert Path(pure.dist_info).name == "pkg_pure-1.3.dist-info" and Path(pure.path) == tmp_path / "pkg_pure"
+    assert (fast.dist, fast.version, fast.compiled) == ("pkg_fast", "2.0", True)
+
+    env = environment.runtime_env(["einops==0.8.0"], [pure, fast])
+    package = str(Path(gg.__file__).resolve().parent)
+    assert env["py_modules"] == [package, pure.path, pure.dist_info], "the package and its metadata travel"
+    assert env["pip"] == ["einops==0.8.0", "pkg_fast==2.0"], "a compiled package is installed at our version"
+    assert environment.runtime_env([], [], package=False) == {}
+
+
+def test_a_local_module_is_versioned_by_its_files(tmp_path, monkeypatch):
+    (tmp_path / "mymodel.py").write_text("WIDTH = 8\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = environment.locate("mymodel")
+    assert first.dist is None and first.version.startswith("local:") and first.path == str(tmp_path / "mymodel.py")
+    (tmp_path / "mymodel.py").write_text("WIDTH = 16\n")
+    assert environment.locate("mymodel").version != first.version, "an edit here is not seen"
+    assert environment.runtime_env([], [first], package=False)["py_modules"] == [first.path]
+
+
+def test_a_local_module_with_compiled_parts_cannot_travel(tmp_path, monkeypatch):
+    (tmp_path / "native").mkdir()
+    (tmp_path / "native" / "__init__.py").write_text("")
+    (tmp_path / "native" / "core.so").write_bytes(b"\x7fELF")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = environment.locate("native")
+    assert module.compiled and module.dist is None
+    with pytest.raises(GpugeekError, match="has compiled parts and is not installed from a package"):
+        environment.runtime_env([], [module])
+
+
+def test_modules_are_asked_of_the_workers_once_and_again_after_an_edit(tmp_path, monkeypatch):
+    (tmp_path / "helper.py").write_text("A = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    asked = []
+
+    def nowhere(names):
+        asked.append(names)
+        return [{n: None for n in names}, {n: None for n in names}]
+
+    shipment = environment.shipment().for_cluster(-1)
+    try:
+        first = environment.needed(-1, {"helper", "json", "torch"}, nowhere)
+        assert [m.name for m in first] == ["helper"] and asked == [["helper"]]
+        assert environment.needed(-1, {"helper"}, nowhere) == [] and len(asked) == 1, "asked again for nothing new"
+        (tmp_path / "helper.py").write_text("A = 2\n")
+        assert [m.name for m in environment.needed(-1, {"helper"}, nowhere)] == ["helper"], "an edit not sent"
+        (tmp_path / "helper.py").write_text("A = 3\n")
+        same = lambda names: [{n: environment.version_of(n) for n in names}]  # noqa: E731
+        assert environment.needed(-1, {"helper"}, same) == [], "a worker with the same files was sent them again"
+    finally:
+        shipment.for_cluster(None)
+
+
+def test_env_files_give_pip_requirements_or_one_line(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# training\neinops==0.8.0  # shapes\n\n--extra-index-url https://example.invalid/simple\nrich\n")
+    assert environment.read_env_file(str(requirements)) == [
+        "einops==0.8.0", "--extra-index-url https://example.invalid/simple", "rich"]
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\ndependencies = ["einops>=0.8", "rich"]\n')
+    assert environment.read_env_file(str(pyproject)) == ["einops>=0.8", "rich"]
+
+    for body, file, said in [(None, "missing.txt", "no such file"),
+                             ("[project]\nname = 'x'\n", "bare.toml", "no \\[project\\] dependencies"),
+                             ("[project\n", "broken.toml", "not valid TOML"),
+                             ("-e ./mypkg\n", "editable.txt", "names a path on this machine")]:
+        path = tmp_path / file
+        if body is not None:
+            path.write_text(body)
+        with pytest.raises(GpugeekError, match=said) as error:
+            environment.read_env_file(str(path))
+        assert "\n" not in str(error.value)
+
+
+def test_up_env_with_a_missing_file_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    from gpugeek_jupyter.cluster import registry
+
+    monkeypatch.setenv("GPUGEEK_HOME", str(tmp_path))
+    with pytest.raises(GpugeekError, match=r"--env nope\.txt: no such file"):
+        gg.up("envless", backend="sim", env="nope.txt")
+    assert registry.latest("envless") is None, "a cluster was recorded for a bad --env"

@@ -15,6 +15,19 @@ from dataclasses import dataclass, field
 
 from .errors import GpugeekError
 
+# How the GCS finds a node dead, set on every head we start: a check every 2 s that must answer
+# within 2 s, five missed in a row. A host that lost power is then called dead 8-10 s later (Ray's
+# defaults: ~13 s, and ~1 min for a host that went silent), and a cut of a few seconds is ridden out.
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_MISSES = 5
+HEAD_ENV = {"RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
+            "RAY_health_check_timeout_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
+            "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}
+# a node found dead by missed checks died about this long before Ray wrote it down: the checks
+# it missed, the first one at a random point of its period
+DIED_BEFORE_NOTICED_S = (HEALTH_CHECK_MISSES - 0.5) * HEALTH_CHECK_PERIOD_S
+MISSED_CHECKS = "health check failed"
+
 
 class ClusterUnreachable(GpugeekError):
     """The cluster's GCS did not answer."""
@@ -120,17 +133,21 @@ def _node(info) -> RayNode:
     alive = info.state == gcs_pb2.GcsNodeInfo.GcsNodeState.ALIVE
     snapshot = info.state_snapshot
     idle = snapshot.state == gcs_pb2.NodeSnapshot.State.IDLE
+    why = info.death_info.reason_message if not alive else ""
+    ended = info.end_time_ms / 1000.0 if (not alive and info.end_time_ms) else None
+    if ended is not None and MISSED_CHECKS in why:     # it died while the checks were being missed
+        ended = max(info.start_time_ms / 1000.0, ended - DIED_BEFORE_NOTICED_S)
     return RayNode(
         node_id=info.node_id.hex(),
         node_type=info.node_type_name,
         alive=alive,
         is_head="node:__internal_head__" in resources or info.is_head_node,
         started=info.start_time_ms / 1000.0,
-        ended=info.end_time_ms / 1000.0 if (not alive and info.end_time_ms) else None,
+        ended=ended,
         idle_s=snapshot.idle_duration_ms / 1000.0 if (alive and idle) else None,
         raylet_socket=info.raylet_socket_name,
         resources=resources,
-        death_reason=info.death_info.reason_message if not alive else "",
+        death_reason=why,
     )
 
 

@@ -185,3 +185,24 @@ def test_a_head_that_misses_rays_own_startup_wait_is_started_once_more(gpugeek_h
     with pytest.raises(gg.GpugeekError, match="timed out during startup") as failed:
         head.start_head(head.new_temp_dir(), "test-marker")
     assert len(starts) == 2 and len(str(failed.value).splitlines()) == 1
+
+
+def test_a_node_found_dead_by_missed_health_checks_ends_when_it_died():
+    """Ray writes a node's end when its GCS gives up on it, several missed health checks after it
+    died; the ledger's end is moved back by what those checks took (their settings are ours,
+    set on every head). A node that left in good order ends when Ray says."""
+    from ray.core.generated import gcs_pb2
+
+    from gpugeek_jupyter import raynodes
+
+    def dead(message: str):
+        info = gcs_pb2.GcsNodeInfo(node_id=b"\x01" * 28, start_time_ms=1_000_000, end_time_ms=1_060_000,
+                                   state=gcs_pb2.GcsNodeInfo.GcsNodeState.DEAD)
+        info.death_info.reason_message = message
+        return raynodes._node(info)
+
+    killed = dead("health check failed due to missing too many heartbeats")
+    assert killed.ended == pytest.approx(1060.0 - raynodes.DIED_BEFORE_NOTICED_S)
+    assert raynodes.DIED_BEFORE_NOTICED_S == pytest.approx(9.0)
+    assert raynodes.HEAD_ENV["RAY_health_check_failure_threshold"] == "5"
+    assert dead("received SIGTERM").ended == 1060.0

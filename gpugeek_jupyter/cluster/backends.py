@@ -170,7 +170,15 @@ class SshBackend(Backend):
         hosts.stop(record, grace)
 
     def scale(self, record, spec, workers):
-        raise GpugeekError("an ssh cluster is the hosts you named — `down` it and `up` again with other --hosts")
+        """An ssh cluster is the hosts named: scaling to all of them brings back any whose Ray is gone."""
+        if workers != len(spec.remote["hosts"]) - 1:
+            raise GpugeekError(f"an ssh cluster is the hosts you named ({len(spec.remote['hosts']) - 1} besides the "
+                               f"head) — `scale {len(spec.remote['hosts']) - 1}` restarts Ray on any of them that lost "
+                               f"it; other hosts need `down`, then `up` with other --hosts")
+        back = hosts.rejoin(record)
+        print(f"Ray started again on {', '.join(back)}" if back else "every host runs its Ray: nothing to do",
+              flush=True)
+        return spec
 
 
 class LauncherBackend(Backend):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GpugeekError
-from ..raynodes import use_token_auth
+from ..raynodes import HEAD_ENV, use_token_auth
 from . import processes
 
 HOST = "127.0.0.1"
@@ -84,7 +84,7 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
     else:
         cmd.append("--no-monitor")  # no autoscaler on a one-machine cluster: one process fewer
     use_token_auth()
-    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", **HEAD_ENV,
                 processes.MARKER: marker, **(env or {})}
     log = Path(temp_dir) / "gpugeek-head.log"
     since = time.time()

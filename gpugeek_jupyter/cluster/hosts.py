@@ -14,7 +14,7 @@ import ipaddress
 import json
 
 from ..errors import GpugeekError
-from ..raynodes import token_text
+from ..raynodes import HEAD_ENV, token_text
 from . import processes, registry, ssh, tunnel
 from .registry import ClusterRecord
 from .spec import ClusterSpec
@@ -59,16 +59,7 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     token = token_text()
 
     def ray_start(i: int, role: str) -> dict:
-        order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
-                 "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
-                 "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
-                 "client_port": remote["client_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
-                 "free_ports": True, "timeout": START_TIMEOUT_S}
-        answer = ssh.on_host(hosts[i], key, pythons[i], "start", json.dumps(order), token=token,
-                             timeout=START_TIMEOUT_S + 30)
-        if not answer.get("ok"):
-            raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
-        return answer
+        return _ray_start(record, spec, i, role, token)
 
     head = ray_start(0, "head")     # on other ports when the usual ones are taken there
     remote.update(gcs_port=head["port"], client_port=head["client_port"])
@@ -76,6 +67,33 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     if len(hosts) > 1:
         ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
     return tunnel.open_tunnel(record, spec)
+
+
+def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, token: str) -> dict:
+    remote, hosts = spec.remote, targets(spec)
+    order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
+             "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
+             "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
+             "client_port": remote["client_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
+             "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else {}}
+    answer = ssh.on_host(hosts[i], remote.get("ssh_key"), remote["pythons"][i], "start", json.dumps(order),
+                         token=token, timeout=START_TIMEOUT_S + 30)
+    if not answer.get("ok"):
+        raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
+    return answer
+
+
+def rejoin(record: ClusterRecord) -> list[str]:
+    """Ray started again on every worker host where none of our processes runs (the host was
+    rebooted, or lost power and came back): each joins the head as a new node. Returns those
+    hosts. Checked by process on each host, as a stop is."""
+    spec = ClusterSpec.from_json(record.spec)
+    hosts, running = targets(spec), processes_on_hosts(record)
+    gone = [i for i in range(1, len(hosts)) if not running.get(str(hosts[i]))]
+    if gone:
+        token = token_text()
+        ssh.on_hosts(gone, lambda i: _ray_start(record, spec, i, "worker", token))
+    return [str(hosts[i]) for i in gone]
 
 
 def stop(record: ClusterRecord, grace: float = 5.0) -> None:

@@ -32,7 +32,7 @@ import yaml
 
 from ..config import home, settings
 from ..errors import GpugeekError
-from ..raynodes import token_text
+from ..raynodes import HEAD_ENV, token_text
 from . import headguard
 from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 from .spec import ClusterSpec, NodeType
@@ -86,7 +86,7 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
     by its address. The head's autoscaler gets the config `ray up` left there."""
     order = {"marker": marker, "temp_dir": f"/tmp/gg-{_tag(name)}-{{ip}}", "token_path": f"{node_dir(name)}/auth_token",
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
-    head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
+    head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
     run = f"ulimit -n 65536; {NODE_PYTHON} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (cluster/headwatch.py), on the package and order file_mounts copied
     guard = f"{NODE_PYTHON} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"

@@ -24,11 +24,13 @@ from ..cluster.up import up
 from ..config import home
 from ..errors import GpugeekError
 from ..meter import ledger, telemetry
+from ..raynodes import DIED_BEFORE_NOTICED_S
 from . import notice
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
 NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
+NODE_DEATH_S = 3 * DIED_BEFORE_NOTICED_S   # … and to find a node that died unannounced
 
 
 def _cluster() -> ClusterRecord:
@@ -147,6 +149,9 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                                            f"--max-failures K re-runs the cell (resuming from checkpoints)") from None
                     print(f"{died}; rebuilding the group and running the cell again "
                           f"(failure {failures} of {max_failures} allowed)", flush=True)
+                    node = group.info[died.rank]["node_id"] if died.rank < len(group.info) else None
+                    reset()
+                    opts = _after_a_loss(opts, node, record, job_name)
                     group, _ = group_for(opts)
                 except RemoteError as error:
                     if error.preempted is not None:    # checkpointed on a notice: not a failure
@@ -215,6 +220,51 @@ def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, 
     reset()
     _wait_gone(preempted["nodes"], preempted["deadline"] + NODE_GONE_S)
     return group_for(opts)[0]
+
+
+def _after_a_loss(opts: RunOptions, node_id: str | None, record: ClusterRecord, job_name: str) -> RunOptions:
+    """A worker died. If its node died with it, wait for Ray to find the node gone (a group built
+    before would be placed on it again); then the cell resumes on the workers the cluster still
+    holds — fewer than before if a node is gone and none replaced it — and says so."""
+    import ray
+
+    if node_id is not None and not _node_answers(node_id):
+        _wait_gone([node_id], time.time() + NODE_DEATH_S)
+        ledger.event(record.id, "node-lost", f"job {job_name!r} lost the node {node_id[:12]} it ran on")
+    kind, each = ("GPU", opts.gpus_per_worker) if opts.gpus_per_worker else ("CPU", 1)
+    room = int(ray.cluster_resources().get(kind, 0) // each)
+    if room >= opts.workers:
+        return opts
+    if room == 0:
+        raise GpugeekError(f"no {kind} is left on cluster {record.name!r} for the cell to resume on — "
+                           f"`%gpugeek scale` it, then run the cell again (it resumes from its checkpoint)")
+    print(f"note: the cluster now holds {room} of the {opts.workers} workers (a node is gone): the cell resumes "
+          f"on {room}; a later cell with --workers {opts.workers} needs the cluster scaled back", flush=True)
+    return replace(opts, workers=room)
+
+
+def _node_answers(node_id: str) -> bool:
+    """Whether the node still runs work: a worker can die alone (killed, out of memory) on a node
+    that lives on. A task pinned there answers, or Ray finds the node dead."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def here() -> bool:
+        return True
+
+    probe = ray.remote(here).options(num_cpus=0, max_retries=0,
+                                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    deadline = time.monotonic() + NODE_DEATH_S
+    while time.monotonic() < deadline:
+        if node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
+            return False
+        done, _ = ray.wait([probe], timeout=0.5)
+        if done:
+            try:
+                return ray.get(done[0])
+            except Exception:  # noqa: BLE001 - the task could not run there: the node is going
+                return False
+    return False
 
 
 def _wait_gone(node_ids: list[str], until: float) -> None:

@@ -49,7 +49,8 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
         grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
         strategy: str = "ddp", checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
         max_failures: int = 0, push: dict | None = None, pull: list[str] | None = None,
-        all_ranks: bool = False, name: str | None = None, monitor: bool = True):
+        all_ranks: bool = False, name: str | None = None, monitor: bool = True,
+        collective_timeout: float | None = None):
     """Run ``source`` on every worker of the warm group of the active cluster.
 
     Returns a ``Result``: ``.value`` (rank 0's last expression), ``.pulled`` (``pull`` names
@@ -62,7 +63,8 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
     return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
-                    max_failures=max_failures, push=push, pull=pull, all_ranks=all_ranks, name=name,
+                    collective_timeout=collective_timeout, max_failures=max_failures, push=push, pull=pull,
+                    all_ranks=all_ranks, name=name,
                     plan=current().last_plan,
                     watch=display.view_maker(JobWatch) if monitor else None)
 

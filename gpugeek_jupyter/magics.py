@@ -312,6 +312,8 @@ def _names(text: str | None) -> list[str]:
 @argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
 @argument("--checkpoint-every", type=_number("--checkpoint-every", int), help="save every N steps")
 @argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)")
+@argument("--collective-timeout", type=_number("--collective-timeout"), metavar="SECONDS",
+          help="a collective (all_reduce…) waiting longer fails the cell (default 300)")
 @argument("--max-failures", type=_number("--max-failures", int), default=0,
           help="rebuild and re-run (resuming) after up to K dead workers")
 @argument("--push", help="notebook variables to send, comma-separated")
@@ -327,7 +329,8 @@ def run(self: GpugeekMagics, line: str, cell: str = ""):
         cell, workers=args.workers, gpus_per_worker=args.gpus_per_worker, amp=args.amp,
         grad_ckpt=args.grad_ckpt, accumulate=args.accumulate, clip=args.clip,
         strategy=args.strategy, checkpoint_every=args.checkpoint_every,
-        checkpoint_dir=args.checkpoint_dir, max_failures=args.max_failures, push=push or None,
+        checkpoint_dir=args.checkpoint_dir, collective_timeout=args.collective_timeout,
+        max_failures=args.max_failures, push=push or None,
         pull=_names(args.pull) or None, all_ranks=args.all_ranks, name=args.name,
         monitor=not args.no_monitor)
     self.shell.user_ns.update(result.pulled)

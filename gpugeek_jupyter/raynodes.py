@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 
 from .errors import GpugeekError
 
-# How the GCS finds a node dead, set on every head we start: a check every 2 s that must answer
-# within 2 s, five missed in a row. A host that lost power is then called dead 8-10 s later (Ray's
-# defaults: ~13 s, and ~1 min for a host that went silent), and a cut of a few seconds is ridden out.
-HEALTH_CHECK_PERIOD_S = 2.0
+# How the GCS finds a node dead, set on every head we start (Ray's own values, written down so the
+# ledger can count back): a check every 3 s, five missed in a row. A host whose processes died is
+# called dead ~13 s later; one that went silent (no answer at all) only after each check's 10 s
+# timeout too, so a cut of a few seconds between hosts is ridden out.
+HEALTH_CHECK_PERIOD_S = 3.0
 HEALTH_CHECK_MISSES = 5
 HEAD_ENV = {"RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
-            "RAY_health_check_timeout_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
+            "RAY_health_check_timeout_ms": "10000",
             "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}
 # a node found dead by missed checks died about this long before Ray wrote it down: the checks
-# it missed, the first one at a random point of its period
+# it missed, the first one at a random point of its period (a silent host: later still)
 DIED_BEFORE_NOTICED_S = (HEALTH_CHECK_MISSES - 0.5) * HEALTH_CHECK_PERIOD_S
 MISSED_CHECKS = "health check failed"
 

@@ -146,7 +146,8 @@ class WorkerGroup:
         lead = self.workers[0]
         (master, port), cell_line = ray.get([lead.node_address.remote(), lead.open_line.remote()])
         *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line,
-                                                      notices=self.notices)
+                                                      notices=self.notices,
+                                                      timeout_s=self.options.collective_timeout)
                                        for i, w in enumerate(self.workers)]
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
         if no_line:

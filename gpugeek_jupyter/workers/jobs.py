@@ -51,7 +51,7 @@ def _cluster() -> ClusterRecord:
 
 def _shape(opts: RunOptions) -> tuple:
     """What a group is built for; every other flag is read per cell and keeps the namespace."""
-    return opts.workers, opts.gpus_per_worker
+    return opts.workers, opts.gpus_per_worker, opts.collective_timeout
 
 
 def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
@@ -64,7 +64,7 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
         if changed and not old.broken and old.address == record.address:
-            print("note: a different number of workers or GPUs — a new worker group; variables "
+            print("note: a different number of workers, GPUs or collective timeout — a new worker group; variables "
                   "defined on the old one are gone", flush=True)
         old.stop()
         session.group = None

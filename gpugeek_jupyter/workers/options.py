@@ -14,8 +14,8 @@ from ..vocab import Amp, Strategy
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Only ``workers`` and ``gpus_per_worker`` shape the group; the rest are read by ``gg`` at
-    each call, so changing them keeps the namespace."""
+    """Only ``workers``, ``gpus_per_worker`` and ``collective_timeout`` shape the group; the rest
+    are read by ``gg`` at each call, so changing them keeps the namespace."""
 
     workers: int = 2
     gpus_per_worker: float = 0.0
@@ -26,12 +26,14 @@ class RunOptions:
     strategy: str = Strategy.DDP
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
+    collective_timeout: float = 300.0     # a collective waiting longer fails its cell: never a hang
 
 
 def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
             grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
             strategy: str = "ddp", checkpoint_every: int | None = None,
-            checkpoint_dir: str | None = None, name: str | None = None) -> RunOptions:
+            checkpoint_dir: str | None = None, collective_timeout: float | None = None,
+            name: str | None = None) -> RunOptions:
     """Check the flags in one place, one line per mistake."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise GpugeekError(f"--workers {workers!r}: must be at least 1")
@@ -46,11 +48,14 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
         raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
     if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
         raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
+    if collective_timeout is not None and not (isinstance(collective_timeout, int | float) and collective_timeout >= 5):
+        raise GpugeekError(f"--collective-timeout {collective_timeout!r}: seconds, at least 5")
     if amp == Amp.FP16 and strategy == Strategy.FSDP:
         raise GpugeekError("--amp fp16 with --strategy fsdp needs a sharded gradient scaler — use --amp bf16")
     return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
                       grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
-                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
+                      collective_timeout=float(collective_timeout or RunOptions.collective_timeout))
 
 
 class Report(TypedDict, total=False):

@@ -318,6 +318,13 @@ for batch in gg.steps(data):
     time.sleep(0.15)
 final_step = gg.step
 """
+def at_step(log: Path, step: int, timeout: float = 120) -> None:
+    """Back once rank 0 has logged ``step`` steps (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < step:
+        time.sleep(0.02)
+
+
 HOST_LOSS_TRIALS = int(os.environ.get("GPUGEEK_HOST_LOSS_TRIALS", "2"))   # 5 for the figures in the notes
 CHECKPOINT_EVERY = 5
 
@@ -342,9 +349,7 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         killed = []
 
         def kill_at_step_12(victim=victim, log=log, killed=killed):
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < 12:
-                time.sleep(0.02)
+            at_step(log, 12)
             killed.append(time.time())
             lab.kill_host(victim)
 
@@ -378,6 +383,45 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 3, 60, "the host rejoined")
     with capsys.disabled():
         print("\n" + "\n".join(figures))
+
+
+def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, on_lab3, tmp_path, capsys):
+    """A worker host's cable pulled for 5 s at step 12 (no RST: packets dropped), then plugged
+    back: the collectives wait (TCP resends) and the cell goes on, or it resumes and says so —
+    never stuck past the collective timeout set for the cell."""
+    log, ckpt, timeout = tmp_path / "steps.log", tmp_path / "ckpt", 30
+    victim = lab.hosts[2]
+    gg.run("pass", workers=3, collective_timeout=timeout)
+    cut = []
+
+    def cut_for_5_s():
+        at_step(log, 12)
+        lab.cut_off(victim)
+        cut.append(time.monotonic())
+        try:
+            time.sleep(5)
+        finally:
+            lab.reconnect(victim)
+
+    cutter = threading.Thread(target=cut_for_5_s)
+    cutter.start()
+    began = time.monotonic()
+    result = gg.run(LOSSY + "\nfinal_step", workers=3, collective_timeout=timeout, push={"log": str(log)},
+                    checkpoint_dir=str(ckpt), checkpoint_every=CHECKPOINT_EVERY, max_failures=1, monitor=False)
+    took = time.monotonic() - began
+    cutter.join()
+    out = capsys.readouterr().out
+    assert cut and result.shown() == 40, out
+    steps = [int(line.split()[0]) for line in log.read_text().splitlines()]
+    resumed = "died" in out
+    if resumed:
+        assert "resumed from step-" in out and sorted(set(steps)) == list(range(1, 41)), out
+    else:
+        assert steps == list(range(1, 41)), f"the cell went on, yet steps were taken twice or lost: {steps}"
+    assert took < timeout + 60, f"the cell took {took:.0f} s"
+    with capsys.disabled():
+        print(f"\na 5 s cut of {victim.name} at step 12: the cell {'resumed' if resumed else 'went on'} and "
+              f"finished 40 steps in {took:.1f} s")
 
 
 def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):

@@ -253,6 +253,7 @@ def _one_line(ipython, capsys, line):
     ("cost nosuch", "no cluster named 'nosuch'"),
     ("preempt abc nosuch", "no cluster named 'nosuch'"),
     ("scale 0 nosuch", "workers 0: must be at least 1"),
+    ("up --backend local --env nothing.txt", "--env nothing.txt: no such file"),
     ("up --address nohost", "--address 'nohost': give host:port"),
     ("up --address 127.0.0.1:1", "nothing answers at 127.0.0.1:1"),
     ("up --backend kuberay --gpu A100 --count 8 --budget 5 --yes", "not enforced on KubeRay yet"),

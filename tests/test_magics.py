@@ -75,6 +75,7 @@ def test_help_lists_subcommands(ipython, capsys):
     ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
     ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0: a worker is one rank on at most one GPU"),
     ("%%gpugeek run --gpus-per-worker 2\nx = 1", "for more GPUs use more --workers"),
+    ("%%gpugeek run --collective-timeout 1\nx = 1", "--collective-timeout 1.0: seconds, at least 5"),
     ("%gpugeek run", "run is used as %%gpugeek run at the top of a cell"),
     ("%%gpugeek status\nx = 1", "status is used as %gpugeek status"),
 ])

@@ -187,7 +187,10 @@ def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push:
     if session.connection is None or not session.connection.client:
         return False    # a local or sim cluster runs in this very environment
     names = environment.imports(source) | environment.pushed_modules(push)
-    missing = environment.needed(record.id, names, group.versions) if names else []
+    try:
+        missing = environment.needed(record.id, names, group.versions) if names else []
+    except Exception:  # noqa: BLE001 - a worker that cannot answer: the cell itself says what is wrong
+        return False
     if not missing:
         return False
     environment.shipment().shipped.update({m.name: m for m in missing})

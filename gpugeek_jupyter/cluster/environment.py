@@ -25,12 +25,13 @@ import ast
 import hashlib
 import importlib.util
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
 from ..errors import GpugeekError
+from .session import current
 
 PACKAGE = "gpugeek_jupyter"
 NEVER_SHIPPED = {PACKAGE, "ray", "torch"}     # this package travels anyway; Ray's and torch's
@@ -54,25 +55,9 @@ class KernelModule:
         return f"{self.dist or self.name} {self.version}" if self.dist else f"{self.name} (local: {self.path})"
 
 
-@dataclass
-class Shipment:
-    """What this kernel's jobs send along, per cluster: what was checked, what travels."""
-
-    cluster_id: int | None = None
-    checked: dict[str, str] = field(default_factory=dict)         # module → the version checked
-    shipped: dict[str, KernelModule] = field(default_factory=dict)
-
-    def for_cluster(self, cluster_id: int) -> Shipment:
-        if cluster_id != self.cluster_id:
-            self.cluster_id, self.checked, self.shipped = cluster_id, {}, {}
-        return self
-
-
-_SHIPMENT = Shipment()
-
-
-def shipment() -> Shipment:
-    return _SHIPMENT
+def shipment():
+    """What this kernel's jobs send along to the cluster it uses (the kernel's session holds it)."""
+    return current().shipment
 
 
 # -- what a cell needs ---------------------------------------------------------------------------
@@ -242,7 +227,7 @@ def needed(cluster_id: int, names: set[str], ask) -> list[KernelModule]:
     """Of ``names``, the modules some worker lacks or has at another version than the kernel's:
     ``ask(names)`` gives each worker's ``{name: version_of(name)}``. Asked once per module, and
     again when a local module's files change."""
-    state = _SHIPMENT.for_cluster(cluster_id)
+    state = shipment().for_cluster(cluster_id)
     fresh: dict[str, KernelModule] = {}
     for name in sorted(names - NEVER_SHIPPED):
         if name in state.checked and not state.checked[name].startswith("local:"):
@@ -262,6 +247,7 @@ def needed(cluster_id: int, names: set[str], ask) -> list[KernelModule]:
 
 def forget(modules: list[KernelModule]) -> None:
     """Sending these failed: they are neither shipped nor checked any more."""
+    state = shipment()
     for module in modules:
-        _SHIPMENT.shipped.pop(module.name, None)
-        _SHIPMENT.checked.pop(module.name, None)
+        state.shipped.pop(module.name, None)
+        state.checked.pop(module.name, None)

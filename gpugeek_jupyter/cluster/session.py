@@ -1,5 +1,6 @@
 """What one kernel holds between cells, in one object: the cluster its commands mean when they
-name none, its connection to a cluster, its warm worker group, and the plan it made last.
+name none, its connection to a cluster, its warm worker group, the plan it made last, and the
+modules its jobs send to a remote cluster.
 
 Everything else lives in the registry and ledger (SQLite), which every process shares; this is
 the only per-kernel state, so a kernel restart loses exactly this and ``up NAME`` rebuilds it.
@@ -8,7 +9,7 @@ the only per-kernel state, so a kernel restart loses exactly this and ``up NAME`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import GpugeekError
@@ -22,6 +23,21 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Shipment:
+    """What this kernel's jobs send along to a remote cluster (``environment``): the modules
+    checked against its workers, and those that travel with the job."""
+
+    cluster_id: int | None = None
+    checked: dict[str, str] = field(default_factory=dict)       # module → the version checked
+    shipped: dict = field(default_factory=dict)                 # module → environment.KernelModule
+
+    def for_cluster(self, cluster_id: int | None) -> Shipment:
+        if cluster_id != self.cluster_id:
+            self.cluster_id, self.checked, self.shipped = cluster_id, {}, {}
+        return self
+
+
+@dataclass
 class KernelSession:
     active: str | None = None                 # the cluster commands mean by default
     connection: Connection | None = None      # the cluster this process is a Ray driver of
@@ -29,6 +45,7 @@ class KernelSession:
     last_plan: Plan | None = None             # an out-of-memory diagnosis compares against it
     cells_running: int = 0                    # a cell's Ray calls under way in the main thread
     stop_seen: bool = False                   # a stop began elsewhere while one ran: it lets go
+    shipment: Shipment = field(default_factory=Shipment)   # the kernel's modules its jobs send
 
 
 _SESSION = KernelSession()

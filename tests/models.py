@@ -47,3 +47,24 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
+
+
+def logged_steps(steps: int, pause_s: float) -> str:
+    """A ``%%gpugeek run`` cell: a DDP loop of ``steps`` steps through ``gg.steps`` (so it resumes
+    from a checkpoint), rank 0 appending each step and its time to the pushed path ``log``; it
+    ends with ``final_step``."""
+    return f"""
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = gg.prepare(model, optimizer)
+data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range({steps})]
+for batch in gg.steps(data):
+    gg.backward(model(batch).pow(2).mean())
+    if rank == 0:
+        with open(log, "a") as f:
+            f.write(f"{{gg.step}} {{time.time()}}\\n")
+    time.sleep({pause_s})
+final_step = gg.step
+"""

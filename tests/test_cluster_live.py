@@ -12,6 +12,7 @@ import time
 
 import pytest
 from cluster_processes import settings, wait_until
+from models import logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import store
@@ -89,21 +90,7 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     assert not _leftovers(registry.get(record.id))
 
 
-STEADY = """
-import time, torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer = gg.prepare(model, optimizer)
-data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(60)]
-for batch in gg.steps(data):
-    gg.backward(model(batch).pow(2).mean())
-    if rank == 0:
-        with open(log, "a") as f:
-            f.write(f"{gg.step} {time.time()}\\n")
-    time.sleep(0.1)
-final_step = gg.step
-"""
+STEADY = logged_steps(60, 0.1)
 
 
 def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(

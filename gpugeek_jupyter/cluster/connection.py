@@ -135,11 +135,7 @@ def settle() -> bool:
     record = registry.get(connection.cluster_id)
     print(f"note: the connection to {record.name!r} was lost; connecting again (the worker group "
           "starts afresh: variables defined on it are gone)", flush=True)
-    import ray
-
-    ray.shutdown()
-    current().connection = None
-    connect(record)
+    reconnect(record)
     return True
 
 
@@ -169,15 +165,12 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
 
 
 def reconnect(record: ClusterRecord) -> None:
-    """Connect again, with the job's ``runtime_env`` as it is now; the worker group goes with the
-    old connection."""
-    import ray
-
+    """Connect again (the client gave up, or the job's ``runtime_env`` grew); the worker group
+    goes with the old connection."""
     session = current()
     if session.group is not None:
         session.group.broken = True
-    ray.shutdown()
-    session.connection = None
+    let_go()
     connect(record)
 
 

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import netlab
 import pytest
 from cluster_processes import new_kernel, wait_until
+from models import logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
@@ -303,21 +304,7 @@ sorted(seen)
     assert {m.dist for m in environment.shipment().shipped.values()} >= {"onlyhere"}
 
 
-LOSSY = """
-import time, torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer = gg.prepare(model, optimizer)
-data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(40)]
-for batch in gg.steps(data):
-    gg.backward(model(batch).pow(2).mean())
-    if rank == 0:
-        with open(log, "a") as f:
-            f.write(f"{gg.step} {time.time()}\\n")
-    time.sleep(0.15)
-final_step = gg.step
-"""
+LOSSY = logged_steps(40, 0.15)
 def at_step(log: Path, step: int, timeout: float = 120) -> None:
     """Back once rank 0 has logged ``step`` steps (or after ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -21,7 +21,11 @@ from .errors import GpugeekError
 # timeout too, so a cut of a few seconds between hosts is ridden out.
 HEALTH_CHECK_PERIOD_S = 3.0
 HEALTH_CHECK_MISSES = 5
-HEAD_ENV = {"RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
+# Ray starts every worker process at niceness 15, below its own daemons and anything else on the
+# host (a driver stays at 0). The ranks are the work the user pays for: on every node we start,
+# workers run at the host's normal priority (``benchmarks/bench_remote.py`` part B measured it).
+NODE_ENV = {"RAY_worker_niceness": "0"}
+HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
             "RAY_health_check_timeout_ms": "10000",
             "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}
 # a node found dead by missed checks died about this long before Ray wrote it down: the checks

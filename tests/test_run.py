@@ -111,6 +111,16 @@ for step in range(5):
     assert ns["losses"][-1] < ns["losses"][0], "the model from the previous cell trains"
 
 
+def test_the_workers_run_at_the_hosts_normal_priority(ipython):
+    # Ray starts its workers at niceness 15, below its own daemons; ours run at 0, as a driver does
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --pull nices", """
+import os, torch.distributed as dist
+nices = [None] * world_size
+dist.all_gather_object(nices, os.getpriority(os.PRIO_PROCESS, 0))
+""")
+    assert ipython.user_ns["nices"] == [0, 0]
+
+
 def test_bf16_autocast_is_on_with_amp_bf16(ipython):
     value = ipython.run_cell_magic("gpugeek", "run --workers 2 --amp bf16", """
 layer = torch.nn.Linear(4, 4)

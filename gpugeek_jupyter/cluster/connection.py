@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
-from ..raynodes import use_token_auth
+from ..raynodes import NODE_ENV, use_token_auth
 from . import environment, registry, tunnel
 from .backends import CLIENT_SCHEME
 from .registry import ClusterRecord
@@ -161,7 +161,8 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
     if not remote:
         return environment.runtime_env(pip, package=False)
     modules = list(environment.shipment().for_cluster(record.id).shipped.values())
-    return environment.runtime_env(pip, modules)
+    # the workers' priority too, for a cluster whose nodes someone else started (ours have it)
+    return {**environment.runtime_env(pip, modules), "env_vars": dict(NODE_ENV)}
 
 
 def reconnect(record: ClusterRecord) -> None:

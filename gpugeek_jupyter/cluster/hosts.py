@@ -14,7 +14,7 @@ import ipaddress
 import json
 
 from ..errors import GpugeekError
-from ..raynodes import HEAD_ENV, token_text
+from ..raynodes import HEAD_ENV, NODE_ENV, token_text
 from . import processes, registry, ssh, tunnel
 from .registry import ClusterRecord
 from .spec import ClusterSpec
@@ -75,7 +75,7 @@ def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, toke
              "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
              "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
              "client_port": remote["client_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
-             "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else {}}
+             "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else NODE_ENV}
     answer = ssh.on_host(hosts[i], remote.get("ssh_key"), remote["pythons"][i], "start", json.dumps(order),
                          token=token, timeout=START_TIMEOUT_S + 30)
     if not answer.get("ok"):

@@ -8,6 +8,7 @@ min and max replicas. Applied with ``kubectl`` only when the user says ``--yes``
 
 from __future__ import annotations
 
+from ..raynodes import NODE_ENV
 from .spec import ClusterSpec, NodeType
 
 IDLE_TIMEOUT_S = 300
@@ -75,6 +76,7 @@ def _group(t: NodeType) -> dict:
             "containers": [{
                 "name": "ray-worker", "image": image(gpu=True),
                 "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "env": [{"name": k, "value": v} for k, v in NODE_ENV.items()],   # the ranks' priority
             }],
         }},
     }

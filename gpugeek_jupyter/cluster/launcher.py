@@ -32,7 +32,7 @@ import yaml
 
 from ..config import home, settings
 from ..errors import GpugeekError
-from ..raynodes import HEAD_ENV, token_text
+from ..raynodes import HEAD_ENV, NODE_ENV, token_text
 from . import headguard
 from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 from .spec import ClusterSpec, NodeType
@@ -91,7 +91,7 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
     # then the head's watchdog (cluster/headwatch.py), on the package and order file_mounts copied
     guard = f"{NODE_PYTHON} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
-            f"{run} {shlex.quote(json.dumps({'role': 'worker', **order}))}")
+            f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
 
 
 def guard_order(record, spec: ClusterSpec) -> dict:

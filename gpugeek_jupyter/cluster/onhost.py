@@ -150,7 +150,7 @@ def start(args):
         cmd += [f"--address={head}"]
     cmd += extra
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path, RAY_USAGE_STATS_ENABLED="0",
-               **spec.get("env", {}))    # the head's GCS settings (raynodes.HEAD_ENV)
+               **spec.get("env", {}))    # raynodes.NODE_ENV, and a head's GCS settings (HEAD_ENV)
     if spec.get("node_type"):
         env["RAY_NODE_TYPE_NAME"] = spec["node_type"]
     env[MARKER] = marker

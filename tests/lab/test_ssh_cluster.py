@@ -148,12 +148,15 @@ grads = [torch.zeros_like(grad) for _ in range(world_size)]
 dist.all_gather(grads, grad)
 ips = [None] * world_size
 dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
-(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)), os.environ.get("GLOO_SOCKET_IFNAME"))
-""".replace("os.environ", "__import__('os').environ"), workers=3)
-    equal, ips, ifname = result.shown()
+nices = [None] * world_size
+dist.all_gather_object(nices, os.getpriority(os.PRIO_PROCESS, 0))
+(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)), os.environ.get("GLOO_SOCKET_IFNAME"), nices)
+""".replace("os.", "__import__('os')."), workers=3)
+    equal, ips, ifname, nices = result.shown()
     assert equal, "gradients differ between ranks"
     assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"
     assert ifname == "eth0"
+    assert nices == [0, 0, 0], f"the ranks' niceness: {nices} (Ray's default for workers is 15)"
 
     # the workers run the package the kernel sent (Ray's py_modules), not whatever the host has
     where = gg.run("__import__('gpugeek_jupyter').__file__", workers=3).shown()

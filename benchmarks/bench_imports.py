@@ -26,7 +26,7 @@ ENTRIES = {
     "a Ray worker": "import gpugeek_jupyter.{workers}.worker",
     "the watchdog": "import gpugeek_jupyter.cluster.watchdog",
     "the Jupyter server": ("import gpugeek_jupyter.server.handlers\n"
-                           "from gpugeek_jupyter.server import clusters\nclusters.overview()"),
+                           "from gpugeek_jupyter.cluster import board\nboard.overview()"),
 }
 PROBE = """
 import time

@@ -67,7 +67,7 @@ def main() -> None:
     os.environ["GPUGEEK_HOME"] = str(base / "home")
     populate(args.clusters, stopped=20)
 
-    from gpugeek_jupyter.server import clusters
+    from gpugeek_jupyter.cluster import board as clusters
 
     token, port = secrets.token_hex(16), free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_DATA_DIR": str(base / "data"),

@@ -57,6 +57,18 @@ def whole_number(value: object, flag: str) -> int | None:
     return int(str(value))
 
 
+_SPAN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([smhd])\s*$")
+_SPAN_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, what: str = "duration") -> float:
+    """``'90s'``, ``'30m'``, ``'2h'``, ``'7d'`` → seconds; one clear error otherwise."""
+    match = _SPAN.match(str(text).lower())
+    if not match or float(match.group(1)) <= 0:
+        raise GpugeekError(f"{what} {text!r} is not a span of time — write it like 90s, 30m, 2h or 7d")
+    return float(match.group(1)) * _SPAN_S[match.group(2)]
+
+
 def duration(seconds: float | None) -> str:
     """``42s``, ``3m05s``, ``2h10m``; ``—`` for unknown."""
     if seconds is None:

@@ -19,13 +19,13 @@ import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import board as server
 from gpugeek_jupyter.cluster import onhost, processes, registry
 from gpugeek_jupyter.cluster.backends import LocalBackend
 from gpugeek_jupyter.cluster.lifecycle import phase_of
 from gpugeek_jupyter.cluster.watchdog import UNREACHABLE_LIMIT, Watch
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import read_nodes
-from gpugeek_jupyter.server import clusters as server
 from gpugeek_jupyter.vocab import ClusterPhase
 
 pytestmark = pytest.mark.slow

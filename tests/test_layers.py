@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"cluster"},
     {"workers"},
     {"health"},
-    {"api", "server"},
+    {"api", "server", "cli"},
     {"widgets"},
     {"magics"},
     {""},                       # the package root: where the notebook layer plugs itself in
@@ -172,7 +172,7 @@ def reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("entry", [f"{ROOT}.cluster.watchdog", f"{ROOT}.server.handlers", f"{ROOT}.server.clusters"])
+@pytest.mark.parametrize("entry", [f"{ROOT}.cluster.watchdog", f"{ROOT}.server.handlers", f"{ROOT}.cluster.board"])
 def test_the_server_and_the_watchdog_never_reach_a_kernels_connection(entry):
     """They stop clusters too, but a kernel's Ray connection and session are not theirs to touch."""
     kernel_only = {f"{ROOT}.cluster.connection", f"{ROOT}.cluster.session", f"{ROOT}.api"}
@@ -197,8 +197,11 @@ LIGHT_ENTRIES = {
     # the watchdog meters and stops; it draws nothing
     "the watchdog": (f"import {ROOT}.cluster.watchdog", set()),
     # the Jupyter server answers the status bar every few seconds from every open tab
-    "the Jupyter server": (f"import {ROOT}.server.handlers; from {ROOT}.server import clusters;"
-                           f" clusters.overview()", set()),
+    "the Jupyter server": (f"import {ROOT}.server.handlers; from {ROOT}.cluster import board;"
+                           f" board.overview()", set()),
+    # the terminal command starts at once, with no Jupyter, kernel or Ray
+    "the gpugeek command": (f"import contextlib, io\nfrom {ROOT}.cli import main\n"
+                            "with contextlib.redirect_stdout(io.StringIO()): main(['clusters'])", set()),
     # the package root is lazy: importing it loads none of its layers
     "import gpugeek_jupyter": (f"import {ROOT}", set()),
 }

@@ -14,9 +14,9 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from ..cluster import board
 from ..cluster.registry import NAME
 from ..errors import GpugeekError
-from . import clusters
 
 # the catalog's columns, named for the front end
 OFFER_FIELDS = {"id": "offer_id", "provider": "provider", "instance_type": "instance_type", "gpu": "gpu",
@@ -42,7 +42,7 @@ class ClustersHandler(_Handler):
     @tornado.web.authenticated
     @authorized
     def get(self) -> None:
-        self.reply(clusters.overview())
+        self.reply(board.overview())
 
 
 class ClusterHandler(_Handler):
@@ -55,8 +55,8 @@ class ClusterHandler(_Handler):
         if cluster_id is not None and not cluster_id.isdigit():
             return self.fail(400, f"id={cluster_id!r}: give the cluster's numeric id")
         try:
-            self.reply(clusters.detail(name, cluster_id=int(cluster_id) if cluster_id else None))
-        except clusters.NotFound as exc:
+            self.reply(board.detail(name, cluster_id=int(cluster_id) if cluster_id else None))
+        except board.NotFound as exc:
             self.fail(404, str(exc))
 
     @tornado.web.authenticated
@@ -66,8 +66,8 @@ class ClusterHandler(_Handler):
             return self.fail(404, f"no cluster named {name!r}")
         # stopping takes seconds (grace periods, `ray down` on clouds): off the event loop
         try:
-            self.reply(await asyncio.to_thread(clusters.stop, name))
-        except clusters.NotFound as exc:
+            self.reply(await asyncio.to_thread(board.stop, name))
+        except board.NotFound as exc:
             self.fail(404, str(exc))
         except GpugeekError as exc:   # already stopped, still starting, or stopping elsewhere
             self.fail(409, str(exc))

@@ -28,12 +28,12 @@ from models import logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
+from gpugeek_jupyter.cluster import board as server_clusters
 from gpugeek_jupyter.cluster import environment, hosts, onhost, processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
-from gpugeek_jupyter.server import clusters as server_clusters
 
 pytestmark = pytest.mark.slow
 

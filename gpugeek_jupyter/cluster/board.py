@@ -1,7 +1,9 @@
-"""The registry and ledger as JSON for JupyterLab's status bar and sidebar.
+"""Every cluster at a glance, as plain data: for JupyterLab's status bar and sidebar, and for the
+``gpugeek`` terminal command.
 
 Read straight from SQLite — no pandas, no Ray — because the status bar asks every few seconds from
-every open Lab tab, and a stop here must work even when the kernel that started the cluster is gone.
+every open Lab tab and the terminal command must start at once; and a stop here must work even
+when the kernel that started the cluster is gone (a crashed server, a closed laptop).
 Dollars are the ledger's: Σ $/h × hours per node, open nodes up to now (or to a stopped cluster's
 stop).
 """
@@ -11,11 +13,11 @@ from __future__ import annotations
 import time
 
 from .. import store
-from ..cluster import lifecycle, registry
-from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
 from ..vocab import ClusterPhase
+from . import lifecycle, registry
+from .registry import ClusterRecord
 
 STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
 UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
@@ -97,11 +99,38 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
     return out
 
 
-def stop(name: str) -> dict:
+def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
+    """Every cluster run in the registry (or every run named ``name``), oldest first, with its
+    dollars — what ``gpugeek cost`` adds up."""
+    now = time.time() if now is None else now
+    rows = store.query("SELECT * FROM clusters" + (" WHERE name=?" if name else "") + " ORDER BY id",
+                       (name,) if name else ())
+    records = [registry.from_row(r) for r in rows]
+    money = _money([r.id for r in records], now)
+    return [_cluster(r, money.get(r.id)) for r in records]
+
+
+def events(name: str | None = None, since: float | None = None) -> list[dict]:
+    """The ledger's events in the order they were written, with their cluster's name."""
+    where, args = [], []
+    if name:
+        where.append("c.name=?")
+        args.append(name)
+    if since is not None:
+        where.append("e.at>=?")
+        args.append(since)
+    sql = ("SELECT e.id, e.at, c.name AS cluster, e.cluster_id, e.kind, e.message FROM events e"
+           " JOIN clusters c ON c.id = e.cluster_id" + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY e.id")
+    return [dict(r) for r in store.query(sql, tuple(args))]
+
+
+def stop(name: str, by: str = "JupyterLab") -> dict:
     """Shut a live cluster down — only the processes we started for it — and say what it cost.
+    ``by`` is who asked, for the stop reason: JupyterLab's sidebar, or the terminal.
 
     The ledger is not synced with Ray first: the cluster's watchdog keeps it current every few
-    seconds, and this process (the Jupyter server) never becomes a Ray driver.
+    seconds, and this process (the Jupyter server, the terminal) never becomes a Ray driver.
     """
     record = registry.live(name)
     if record is None:
@@ -113,13 +142,13 @@ def stop(name: str) -> dict:
         # `up` is still at work (`ray up` on a cloud, a head starting here): a stop now would race
         # it and could leave half a cluster running that the ledger calls stopped
         raise StillStarting(f"cluster {name!r} is still starting — shut it down once it is up "
-                            f"(its `up` cell has finished)")
+                            f"(its `up` has finished)")
     detaching = record.backend == "attach"
-    reason = "detached (from JupyterLab)" if detaching else "down (from JupyterLab)"
+    reason = f"detached (from {by})" if detaching else f"down (from {by})"
     lifecycle.shutdown(record, reason, sync=False)
     record = registry.get(record.id)
     if record.stopped is None:
-        raise GpugeekError(f"cluster {name!r} is still stopping elsewhere — refresh in a minute")
+        raise GpugeekError(f"cluster {name!r} is still stopping elsewhere — look again in a minute")
     spent = _money([record.id], record.stopped).get(record.id, {}).get("spent_usd", 0.0)
     sim = " (simulated $)" if record.simulated else ""
     verb = "detached from" if detaching else "stopped"
@@ -144,7 +173,7 @@ def _find(name: str, cluster_id: int | None = None) -> ClusterRecord:
         return record
     record = registry.live(name) or registry.latest(name)
     if record is None:
-        raise NotFound(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+        raise NotFound(f"no cluster named {name!r} — `gpugeek clusters` (or `%gpugeek clusters`) lists them")
     return record
 
 

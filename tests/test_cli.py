@@ -1,0 +1,88 @@
+"""The ``gpugeek`` terminal command, run as the installed console script from a plain shell: no
+Jupyter, no kernel. Its kill switch stops a cluster whose kernel was SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_processes import new_kernel, of_cluster, settings, still_running
+
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+
+GPUGEEK = Path(sys.executable).parent / "gpugeek"     # what the wheel installs beside python
+
+
+def gpugeek(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(GPUGEEK), *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ))
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["down"], ["down", "a", "--all"], ["status"], ["clusters", "--nope"],
+                                  ["log", "--since", "2x"], ["status", "nope"], ["cost", "nope"], ["down", "nope"]])
+def test_a_bad_argument_is_one_line_and_exit_2(args):
+    done = gpugeek(*args)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("gpugeek") and "Traceback" not in done.stderr
+
+
+def test_it_loads_no_jupyter_ipython_ray_or_pandas():
+    probe = ("from gpugeek_jupyter.cli import main; main(['clusters']); import sys; print('loaded:', *sorted("
+             "m for m in ('IPython', 'ipykernel', 'jupyter_server', 'tornado', 'ray', 'pandas', 'plotly', 'torch',"
+             " 'ipywidgets') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "loaded:", done.stdout
+
+
+def test_nothing_yet():
+    assert gpugeek("clusters").stdout == "no clusters yet\n"
+    assert gpugeek("log").stdout == "no events\n"
+    done = gpugeek("down", "--all")
+    assert done.returncode == 0 and done.stdout == "no live clusters\n"
+
+
+@pytest.mark.slow
+def test_lists_and_stops_a_cluster_whose_kernel_was_killed(gpugeek_home):
+    # a kernel starts a local cluster and is SIGKILLed: the cluster runs on, billing
+    settings(gpugeek_home, local_usd_per_hour=72.0)
+    killed = new_kernel("import os, signal, gpugeek_jupyter as gg\n"
+                        "gg.up('orphaned', backend='local')\n"
+                        "os.kill(os.getpid(), signal.SIGKILL)\n", gpugeek_home)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    record = registry.live("orphaned")
+    ours = of_cluster(record)
+    assert record.watchdog_pid in [p.pid for p in ours] and len(ours) >= 3
+    try:
+        listed = gpugeek("clusters")
+        assert listed.returncode == 0, listed.stderr
+        line = next(x for x in listed.stdout.splitlines() if x.startswith("orphaned "))
+        assert "local" in line and "running (orphan)" in line, listed.stdout
+        shown = json.loads(gpugeek("clusters", "--json").stdout)
+        assert [c["name"] for c in shown["clusters"] if c["live"]] == ["orphaned"]
+        assert "orphaned" in gpugeek("status", "orphaned").stdout
+
+        # --all asks first; with no terminal to ask on, it stops nothing and says how
+        refused = gpugeek("down", "--all")
+        assert refused.returncode == 2 and "--yes" in refused.stderr and len(refused.stderr.splitlines()) == 1
+        assert registry.live("orphaned") is not None
+
+        stopped = gpugeek("down", "orphaned", "--yes")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.startswith("stopped 'orphaned': it cost $"), stopped.stdout
+        assert still_running(ours, wait=15) == [], "processes of the cluster run on"
+        final = registry.get(record.id)
+        assert final.stopped is not None and final.stop_reason == "down (from the terminal)"
+        cost = json.loads(gpugeek("cost", "orphaned", "--json").stdout)
+        assert cost["total_usd"] > 0 and cost["total_usd"] == pytest.approx(ledger.spend(record.id), rel=1e-9)
+        again = gpugeek("down", "orphaned")
+        assert again.returncode == 0 and "already stopped" in again.stdout
+    finally:
+        if registry.live("orphaned") is not None:
+            gpugeek("down", "orphaned")

@@ -10,8 +10,8 @@ API (or ``%load_ext``) registers the widgets that the API's results show as.
 from __future__ import annotations
 
 API = ("Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
-       "doctor", "down", "limits", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status",
-       "up")
+       "doctor", "down", "limits", "log", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale",
+       "status", "up")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
 __version__ = "0.1.0"
@@ -42,13 +42,22 @@ def __dir__() -> list[str]:
 
 
 def _plug_in_widgets() -> None:
-    """In a kernel, the API's results show as live widgets (a script never loads ipywidgets)."""
+    """In a kernel, the API's results show as live widgets (a script never loads ipywidgets), and
+    the events it writes name the kernel."""
     from .display import in_kernel
 
     if in_kernel():
         from .widgets import register
 
         register()
+        _name_the_kernel()
+
+
+def _name_the_kernel() -> None:
+    from .display import kernel_name
+    from .meter import ledger
+
+    ledger.acting_as(kernel_name() or "IPython")
 
 
 def load_ipython_extension(ipython) -> None:
@@ -59,6 +68,7 @@ def load_ipython_extension(ipython) -> None:
     from .widgets import register
 
     register()
+    _name_the_kernel()
     ipython.register_magics(GpugeekMagics)
     if drain_telemetry not in ipython.events.callbacks["post_execute"]:
         ipython.events.register("post_execute", drain_telemetry)

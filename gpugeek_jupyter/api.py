@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from .cluster.lifecycle import sync_ledger
 from .cluster.session import any_cluster, current
 from .cluster.status import ClusterStatus, clusters, status
 from .cluster.up import up
+from .errors import GpugeekError
 from .health.checkup import doctor
 from .health.findings import DoctorReport
 from .meter import ledger
@@ -30,8 +32,8 @@ from .workers.options import JobWatch
 
 __all__ = [
     "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
-    "doctor", "down", "limits", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale", "status",
-    "up",
+    "doctor", "down", "limits", "log", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale",
+    "status", "up",
 ]
 
 
@@ -146,6 +148,25 @@ def news() -> list[str]:
         return []
     return [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)
             if e["kind"] in ("budget-warning", "budget-stop", "idle-stop")]
+
+
+def log(name: str | None = None, since: str | float | None = None) -> pd.DataFrame:
+    """The audit log, oldest first: every action on every cluster (or on clusters named ``name``)
+    — who (OS user and process), from where (host), what (its exact options) and the cluster's $
+    at that moment. ``since``: seconds, or a span like ``"2h"``."""
+    from .cluster import board
+    from .units import parse_duration
+
+    if since is not None:
+        since = time.time() - (parse_duration(since, "--since") if isinstance(since, str) else float(since))
+    if name is not None and not board.every_run(name):
+        raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    rows = board.events(name, since)
+    frame = pd.DataFrame(rows, columns=["at", "cluster", "cluster_id", "kind", "message", "user", "client", "host",
+                                        "options", "usd"])
+    frame["at"] = pd.to_datetime(frame["at"], unit="s", utc=True).dt.tz_convert(None)
+    frame["options"] = [json.loads(o) if isinstance(o, str) else {} for o in frame["options"]]
+    return frame
 
 
 def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> CostReport:

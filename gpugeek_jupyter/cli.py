@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     from .cluster import board
+    from .meter import ledger
 
+    ledger.acting_as("terminal")
     try:
         if args.command == "down":
             if bool(args.name) == args.all:
@@ -171,7 +173,10 @@ def _log(board, args) -> int:
         print("no events" + (f" for {args.name!r}" if args.name else "") + (f" in the last {args.since}"
                                                                              if args.since else ""))
         return 0
-    _table(["AT", "CLUSTER", "EVENT", ""], [[_when(e["at"]), e["cluster"], e["kind"], e["message"]] for e in events])
+    _table(["AT", "CLUSTER", "EVENT", "WHO", "FROM", "$ THEN", "WHAT"],
+           [[_when(e["at"]), e["cluster"], e["kind"], f"{e['user'] or '?'}, {e['client'] or '?'}", e["host"] or "?",
+             "—" if e["usd"] is None else _usd(e["usd"]), e["message"] + (f"  {e['options']}" if e["options"] else "")]
+            for e in events])
     return 0
 
 

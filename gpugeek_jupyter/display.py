@@ -29,6 +29,19 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def kernel_name() -> str | None:
+    """"kernel 3f2a9c1e" — the Jupyter kernel's id, from its connection file — or None outside one."""
+    if not in_kernel():
+        return None
+    try:
+        from ipykernel import get_connection_file
+
+        stem = get_connection_file().rsplit("/", 1)[-1].removesuffix(".json")
+    except Exception:  # noqa: BLE001 - a kernel without a connection file: its process still names it
+        return "kernel"
+    return f"kernel {stem.removeprefix('kernel-')[:8]}"
+
+
 def register(kind: type, make: Callable[[Any], Any]) -> None:
     """Show objects of ``kind`` with ``make(obj)``. For a data type, ``make`` returns the widget
     view's mimebundle; for a protocol (the job monitor), it is the factory callers ask for."""

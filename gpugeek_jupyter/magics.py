@@ -15,6 +15,7 @@ from IPython.display import display
 
 from . import api
 from .errors import GpugeekError
+from .units import parse_duration
 from .vocab import Amp, Choice, CostGrouping, Objective, Optimizer, Precision, Pricing, Strategy
 
 Subcommand = Callable[["GpugeekMagics", str], object]
@@ -290,6 +291,30 @@ def doctor(self: GpugeekMagics, line: str):
     """Check every node: versions against this kernel, interface, GPUs, ports, clocks, all_reduce per pair."""
     args = parse_argstring(doctor, line)
     return api.doctor(args.name, packages=args.packages)
+
+
+def _span(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, flag)
+        except GpugeekError as exc:
+            raise UsageError(str(exc)) from None
+    return parse
+
+
+@subcommand
+@magic_arguments()
+@argument("name", nargs="?", help="cluster name (default: every cluster)")
+@argument("--since", type=_span("--since"), metavar="SPAN", help="only the last SPAN: 90s, 30m, 2h, 7d")
+@argument("--json", action="store_true", help="print the events as JSON lines")
+def log(self: GpugeekMagics, line: str):
+    """The audit log: every action on a cluster — who, from where, with what options, at what $."""
+    args = parse_argstring(log, line)
+    events = api.log(args.name, since=args.since)
+    if args.json:
+        print(events.to_json(orient="records", lines=True, date_format="iso"))
+        return None
+    return events
 
 
 CELL_SUBCOMMANDS = {"run"}

@@ -79,7 +79,18 @@ CREATE TABLE IF NOT EXISTS events (
     at            REAL NOT NULL,
     kind          TEXT NOT NULL,
     message       TEXT NOT NULL,
-    shown         INTEGER NOT NULL DEFAULT 0
+    shown         INTEGER NOT NULL DEFAULT 0,   -- unused since events_shown (kept: older databases have it)
+    user          TEXT,                   -- who: the OS user
+    client        TEXT,                   -- … and which process: a kernel, the Jupyter server, the terminal
+    host          TEXT,                   -- from where
+    options       TEXT,                   -- what: the action's exact options, JSON
+    usd           REAL                    -- the cluster's $ at that moment
+);
+
+-- a notebook printed this event (news: budget warnings, autostops): events are never updated
+CREATE TABLE IF NOT EXISTS events_shown (
+    event_id      INTEGER PRIMARY KEY REFERENCES events(id),
+    at            REAL NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS samples (
@@ -146,7 +157,8 @@ def connect(durable: bool = True) -> sqlite3.Connection:
 
 ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER", "preemptions": "INTEGER DEFAULT 0"},
                  "clusters": {"start_failed": "TEXT", "idle_why": "TEXT"},
-                 "attachments": {"last_cell": "REAL"}}
+                 "attachments": {"last_cell": "REAL"},
+                 "events": {"user": "TEXT", "client": "TEXT", "host": "TEXT", "options": "TEXT", "usd": "REAL"}}
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:

@@ -35,24 +35,27 @@ def our_processes(base, since: float, stop: bool = False) -> list[str]:
     import os
     import sqlite3
 
-    import psutil
+    from gpugeek_jupyter.cluster import processes
 
-    sessions = set()
+    procs = {}
     for db in base.rglob("state.db"):
         with sqlite3.connect(db) as conn:
-            for sid, watchdog in conn.execute("SELECT session_id, watchdog_pid FROM clusters"):
-                sessions.update(x for x in (sid, watchdog) if x)
-    found, procs = [], []
-    for proc in psutil.process_iter(["pid", "create_time", "cmdline", "status"]):
-        info = proc.info
+            rows = conn.execute("SELECT id, session_id, watchdog_pid, created FROM clusters").fetchall()
+        for cluster_id, sid, watchdog, created in rows:
+            marker = f"{db.parent}#{cluster_id}"          # ClusterRecord.marker
+            for session in (x for x in (sid, watchdog) if x):
+                # by marker, as the package itself tells its sessions: a session id is a pid, and a
+                # stranger's process (a browser's crash handler) may get a dead cluster's one
+                for proc in processes.session_processes(session, max(since, created), marker):
+                    if proc.pid != os.getpid():
+                        procs[proc.pid] = proc
+    found = []
+    for proc in procs.values():
         try:
-            if (info["pid"] == os.getpid() or info["create_time"] < since
-                    or info["status"] == psutil.STATUS_ZOMBIE or os.getsid(info["pid"]) not in sessions):
-                continue
-        except OSError:
+            found.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except Exception:  # noqa: BLE001 - gone meanwhile
             continue
-        found.append(f"{info['pid']} {' '.join(info['cmdline'] or [])[:120]}")
-        procs.append(proc)
+    procs = list(procs.values())
     if stop:  # a failed run must not leave its mess on the machine either
         for proc in procs:
             proc.kill()

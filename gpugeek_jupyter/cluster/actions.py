@@ -64,7 +64,7 @@ def scale(workers: int, name: str | None = None) -> Cluster:
     spec = ClusterSpec.from_json(record.spec)
     spec = BACKENDS[record.backend].scale(record, spec, int(workers))
     registry.update(record.id, spec=spec.to_json())
-    ledger.event(record.id, "scale", f"scaled to {workers} worker node(s)")
+    ledger.event(record.id, "scale", f"scaled to {workers} worker node(s)", options={"workers": int(workers)})
     return Cluster(record.name)
 
 
@@ -90,7 +90,7 @@ def limits(name: str | None = None, *, budget: float | None = None, idle: float 
     registry.update(record.id, budget_usd=budget, idle_minutes=idle)
     said = ", ".join(f for f in (f"budget ${budget:,.2f}" if budget else "", f"idle stop {idle:g} min" if idle else "")
                      if f)
-    ledger.event(record.id, "limits", f"limits set: {said}")
+    ledger.event(record.id, "limits", f"limits set: {said}", options={"budget": budget, "idle": idle})
     return Cluster(record.name)
 
 
@@ -107,7 +107,8 @@ def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
         target = sim.find_node(record.address, node)
         send_notice(record.address, target.node_id, time.time() + notice)
         ledger.event(record.id, "preemption-notice",
-                     f"node {target.node_id[-6:]} ({target.node_type}) goes in {notice:g} s")
+                     f"node {target.node_id[-6:]} ({target.node_type}) goes in {notice:g} s",
+                     options={"node": node, "notice": notice})
         timer = threading.Timer(notice, _preempt_later, (record, target.node_id))
         timer.daemon = True      # a kernel that ends first takes its rehearsal with it
         timer.start()

@@ -111,7 +111,9 @@ def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
 
 
 def events(name: str | None = None, since: float | None = None) -> list[dict]:
-    """The ledger's events in the order they were written, with their cluster's name."""
+    """The ledger's events (the audit log) in the order they were written, with their cluster's
+    name: who (``user``, ``client``), from where (``host``), what (``options``, JSON) and the
+    cluster's $ then (``usd``)."""
     where, args = [], []
     if name:
         where.append("c.name=?")
@@ -119,7 +121,8 @@ def events(name: str | None = None, since: float | None = None) -> list[dict]:
     if since is not None:
         where.append("e.at>=?")
         args.append(since)
-    sql = ("SELECT e.id, e.at, c.name AS cluster, e.cluster_id, e.kind, e.message FROM events e"
+    sql = ("SELECT e.id, e.at, c.name AS cluster, e.cluster_id, e.kind, e.message, e.user, e.client, e.host,"
+           " e.options, e.usd FROM events e"
            " JOIN clusters c ON c.id = e.cluster_id" + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY e.id")
     return [dict(r) for r in store.query(sql, tuple(args))]

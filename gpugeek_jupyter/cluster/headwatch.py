@@ -208,6 +208,7 @@ def open_record(order: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
+    ledger.acting_as("head watchdog")
     order = json.loads(Path(argv[1]).read_text())
     cluster_id = open_record(order)
     watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order)

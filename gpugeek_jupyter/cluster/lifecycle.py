@@ -139,6 +139,7 @@ def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False,
     at = time.time()
     ledger.end_all_nodes(record.id, at, reason)
     registry.mark_stopped(record.id, reason, at)
+    ledger.event(record.id, "down", reason, at=at, options={"reason": reason, "grace_s": grace})
     if record.watchdog_pid and not from_watchdog:
         # only now: a watchdog outlives a failed stop, to keep metering what may still be billing
         processes.stop_processes(

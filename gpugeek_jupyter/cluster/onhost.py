@@ -303,8 +303,7 @@ def ledger(args):
         if row is None:
             return {"ok": True, "cluster": None, "nodes": [], "events": []}
         nodes = [dict(r) for r in conn.execute("SELECT * FROM nodes WHERE cluster_id=?", (row["id"],))]
-        events = [dict(r) for r in conn.execute("SELECT at, kind, message FROM events WHERE cluster_id=?",
-                                                (row["id"],))]
+        events = [dict(r) for r in conn.execute("SELECT * FROM events WHERE cluster_id=?", (row["id"],))]
     cluster = {k: row[k] for k in ("stopping", "stopped", "stop_reason", "budget_usd", "idle_minutes",
                                    "idle_since", "idle_why")}
     return {"ok": True, "cluster": cluster, "nodes": nodes, "events": events}

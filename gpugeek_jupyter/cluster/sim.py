@@ -113,7 +113,8 @@ def preempt(cluster_id: int, name: str, spec: ClusterSpec, address: str, session
     # nor a relaunch of the lost spot type gets ahead of us
     at = time.time()
     ledger.end_node(cluster_id, target.node_id, at, "preempted")
-    ledger.event(cluster_id, "preempted", f"node {target.node_id[-6:]} ({target.node_type}) preempted", at)
+    ledger.event(cluster_id, "preempted", f"node {target.node_id[-6:]} ({target.node_type}) preempted", at,
+                 options={"node": target.node_id})
     primary = next((t for t in spec.node_types if t.name == target.node_type and t.pricing == "spot"), None)
     fallback = next((t for t in spec.node_types if primary and t.replaces_preempted == primary.name), None)
     if primary and fallback:

@@ -45,6 +45,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
     """
+    given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"}
     backend = _backend_name(backend, address)
     name = name or backend
     if not isinstance(name, str) or not NAME.fullmatch(name):
@@ -135,6 +136,10 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     registry.update(record.id, ready=time.time())
     record = registry.get(record.id)
     sync_ledger(record)
+    offers = sorted({t.offer_id for t in spec.node_types if t.offer_id})
+    ledger.event(record.id, "up", f"{backend} cluster {name!r} up{what} in {record.ready - record.created:.1f} s",
+                 options={**given, "backend": backend, **({"offers": offers} if offers else {}),
+                          **({"plan": "given"} if plan is not None else {})})
     cluster = Cluster(name)
     try:
         cluster.connect()

@@ -81,7 +81,8 @@ class Watch:
                 self._tell_head(record, idle)
             elif record.idle_minutes and idle.since is not None and now - idle.since >= record.idle_minutes * 60:
                 ledger.event(self.cluster_id, "idle-stop",
-                             f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down")
+                             f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down",
+                             options={"idle": record.idle_minutes})
                 if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True, stop=self.stop):
                     return "idle"
         return None
@@ -156,13 +157,13 @@ class Watch:
         if not self.warned and spent >= BUDGET_WARN_AT * budget:
             ledger.event(self.cluster_id, "budget-warning",
                          f"{spent / budget:.0%} of the ${budget:,.2f} budget spent (${spent:,.2f}; "
-                         f"burning ${burn:,.2f}/h)")
+                         f"burning ${burn:,.2f}/h)", options={"budget": budget, "burn_usd_per_hour": burn})
             self.warned = True
         ahead = burn * (self.period + self.stop_allowance) / 3600.0
         if enforce and spent + ahead >= budget:
             ledger.event(self.cluster_id, "budget-stop",
                          f"budget ${budget:,.2f} reached (${spent:,.2f} spent, ${burn:,.2f}/h) — stopping "
-                         f"jobs and shutting the cluster down")
+                         f"jobs and shutting the cluster down", options={"budget": budget, "burn_usd_per_hour": burn})
             if shutdown(record, "budget cap reached", from_watchdog=True, grace=BUDGET_STOP_GRACE_S, stop=self.stop):
                 return "budget"
         return None
@@ -211,6 +212,7 @@ def run(cluster_id: int, interval: float | None = None, watch: Watch | None = No
 
 
 def main(argv: list[str]) -> int:
+    ledger.acting_as("watchdog")
     reason = run(int(argv[1]))
     print(f"watchdog: cluster {argv[1]} stopped ({reason})", flush=True)
     return 0

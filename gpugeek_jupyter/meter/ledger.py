@@ -8,9 +8,15 @@ catalog change never rewrites what a past run cost. Cost = Σ $/h × hours alive
 
 from __future__ import annotations
 
+import getpass
+import json
+import os
+import socket
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from itertools import pairwise
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import store
@@ -83,37 +89,50 @@ def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) 
                                                             (cluster_id,))}
         if any(kind == "budget-warning" for _, kind in have):
             events = [e for e in events if e["kind"] != "budget-warning"]
-        db.executemany("INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
-                       [(cluster_id, e["at"], e["kind"], e["message"]) for e in events
+        columns = ("at", "kind", "message", "user", "client", "host", "options", "usd")
+        db.executemany(f"INSERT INTO events (cluster_id, {', '.join(columns)}) VALUES (?{',?' * len(columns)})",
+                       [(cluster_id, *(e.get(c) for c in columns)) for e in events
                         if (round(e["at"], 3), e["kind"]) not in have])
 
 
 # -- jobs ---------------------------------------------------------------------------------------
 
 def job_started(cluster_id: int, job_id: str, name: str, at: float | None = None,
-                workers: int | None = None, nodes: int | None = None) -> None:
+                workers: int | None = None, nodes: int | None = None, options: Mapping | None = None) -> None:
+    """The job's row, and its "run-start" event with the run's ``options`` (one write that does
+    not wait for the disk: every cell makes one)."""
+    at = at or time.time()
     with store.transaction(durable=False) as db:
         db.execute(
             "INSERT INTO jobs (cluster_id, job_id, name, started, workers, nodes) VALUES (?,?,?,?,?,?)",
-            (cluster_id, job_id, name, at or time.time(), workers, nodes),
+            (cluster_id, job_id, name, at, workers, nodes),
         )
+        event(cluster_id, "run-start", f"{name} ({job_id})", at, {**(options or {}), "job": job_id}, db=db)
 
 
 def job_ended(cluster_id: int, job_id: str, status: str = "finished", at: float | None = None) -> None:
+    at = at or time.time()
     with store.transaction(durable=False) as db:
-        db.execute(
-            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND job_id=? AND ended IS NULL",
-            (at or time.time(), status, cluster_id, job_id),
-        )
+        ended = db.execute(
+            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND job_id=? AND ended IS NULL RETURNING name",
+            (at, status, cluster_id, job_id),
+        ).fetchone()
+        if ended is not None:
+            event(cluster_id, "run-end", f"{ended['name']} ({job_id}) {status}", at,
+                  {"job": job_id, "status": status}, db=db)
 
 
 def stop_running_jobs(cluster_id: int, status: str, at: float | None = None) -> int:
+    at = at or time.time()
     with store.transaction() as db:
-        cur = db.execute(
-            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND ended IS NULL",
-            (at or time.time(), status, cluster_id),
-        )
-        return cur.rowcount
+        ended = db.execute(
+            "UPDATE jobs SET ended=?, status=? WHERE cluster_id=? AND ended IS NULL RETURNING job_id, name",
+            (at, status, cluster_id),
+        ).fetchall()
+        for job in ended:
+            event(cluster_id, "run-end", f"{job['name']} ({job['job_id']}) {status}", at,
+                  {"job": job["job_id"], "status": status}, db=db)
+        return len(ended)
 
 
 def running_jobs(cluster_id: int) -> int:
@@ -175,12 +194,42 @@ def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
 
 # -- events -------------------------------------------------------------------------------------
 
-def event(cluster_id: int, kind: str, message: str, at: float | None = None) -> None:
+# The audit log: every action on a cluster is an event, never rewritten or deleted (a notebook
+# that has shown one says so in a table of its own). Each says who (the OS user, and which
+# process: a kernel, the Jupyter server, the terminal, a watchdog), from where (the host), what
+# (the exact options, JSON) and the cluster's $ at that moment.
+NEWS = ("budget-warning", "budget-stop", "idle-stop")     # what a notebook prints once, unasked
+_EVENT = ("INSERT INTO events (cluster_id, at, kind, message, user, client, host, options, usd)"
+          " SELECT ?,?,?,?,?,?,?,?, COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0)"
+          " / 3600.0 FROM nodes WHERE cluster_id=?")
+_who: dict[str, str] = {}
+
+
+def acting_as(kind: str) -> None:
+    """Name this process in the events it writes: "kernel 3f2a…", "Jupyter server", "terminal"…"""
+    _who["client"] = f"{kind} (pid {os.getpid()})"
+
+
+def _stamp() -> tuple[str, str, str]:
+    """(user, client, host) of this process."""
+    if "user" not in _who:
+        _who["user"] = getpass.getuser()
+        _who["host"] = socket.gethostname()
+        _who.setdefault("client", f"{Path(sys.argv[0]).name or 'python'} (pid {os.getpid()})")
+    return _who["user"], _who["client"], _who["host"]
+
+
+def event(cluster_id: int, kind: str, message: str, at: float | None = None, options: Mapping | None = None,
+          db=None) -> None:
+    """Append an event (in ``db``'s transaction if given, else in a durable one of its own)."""
+    at = at or time.time()
+    row = (cluster_id, at, kind, message, *_stamp(),
+           json.dumps(options, sort_keys=True, default=str) if options is not None else None, at, cluster_id)
+    if db is not None:
+        db.execute(_EVENT, row)
+        return
     with store.transaction() as db:
-        db.execute(
-            "INSERT INTO events (cluster_id, at, kind, message) VALUES (?,?,?,?)",
-            (cluster_id, at or time.time(), kind, message),
-        )
+        db.execute(_EVENT, row)
 
 
 def events(cluster_id: int, kind: str | None = None) -> list[dict]:
@@ -189,11 +238,13 @@ def events(cluster_id: int, kind: str | None = None) -> list[dict]:
 
 
 def take_unshown_events(cluster_id: int) -> list[dict]:
-    """Events no notebook has shown yet (budget warnings, autostops), marked shown."""
+    """The news (``NEWS``: budget warnings, autostops) no notebook has shown yet, now marked shown."""
     with store.transaction() as db:
         rows = [dict(r) for r in db.execute(
-            "SELECT * FROM events WHERE cluster_id=? AND shown=0 ORDER BY at", (cluster_id,))]
-        db.execute("UPDATE events SET shown=1 WHERE cluster_id=? AND shown=0", (cluster_id,))
+            f"SELECT * FROM events WHERE cluster_id=? AND kind IN ({','.join('?' * len(NEWS))})"
+            " AND id NOT IN (SELECT event_id FROM events_shown) ORDER BY at", (cluster_id, *NEWS))]
+        db.executemany("INSERT OR IGNORE INTO events_shown (event_id, at) VALUES (?,?)",
+                       [(r["id"], time.time()) for r in rows])
     return rows
 
 

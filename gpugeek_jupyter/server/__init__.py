@@ -12,8 +12,10 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 
 def _load_jupyter_server_extension(serverapp) -> None:
+    from ..meter import ledger
     from .handlers import routes
 
+    ledger.acting_as("Jupyter server")     # the events it writes: a shut down from the sidebar
     web_app = serverapp.web_app
     web_app.add_handlers(".*$", routes(web_app.settings["base_url"]))
     serverapp.log.info("gpugeek_jupyter: REST API at %sgpugeek/", web_app.settings["base_url"])

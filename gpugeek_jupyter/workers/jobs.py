@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from ..cluster import connection, environment, registry
 from ..cluster.actions import Cluster
@@ -119,7 +119,10 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     warm = current().group
     job_name = name or f"cell {warm.cells + 1 if warm is not None and not warm.broken else 1}"
     # the job starts before its group is built: building it is the job's work (the idle autostop)
-    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers)
+    said = {k: v for k, v in (*asdict(opts).items(), ("push", sorted(push) if push else None), ("pull", pull),
+                               ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
+            if v not in (None, False, [])}
+    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, options=said)
     watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 

@@ -27,7 +27,7 @@ PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 
-.PHONY: lab labextension lint test test-fast test-browser chromium sshd bench clean
+.PHONY: lab labextension lint test test-fast test-browser chromium sshd prometheus bench clean
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -68,7 +68,7 @@ lint: $(VENV)/.installed-test
 # when they end), beside the rest of the main suite. Much of each stream's time is waiting — idle
 # windows, budgets, SSH, page loads — so on two cores they overlap (MAKE_TEST_SERIAL=1: one after
 # another, as `test-fast` and friends always run).
-test: lint $(VENV)/.installed-test chromium sshd
+test: lint $(VENV)/.installed-test chromium sshd prometheus
 	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
@@ -112,6 +112,19 @@ sshd:
 	      apt-get install -y -qq --no-install-recommends openssh-server >/dev/null || exit 1; \
 	  else \
 	    echo "no /usr/sbin/sshd and not root: the multi-host lab tests will skip" >&2; \
+	  fi; \
+	fi
+
+# A real Prometheus scrapes /gpugeek/metrics in tests/test_prometheus.py (Debian's package; no
+# daemon is started: the test runs its own, on a free port, and stops it).
+prometheus:
+	@if ! command -v prometheus >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing prometheus (apt)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null || exit 1; \
+	  else \
+	    echo "no prometheus and not root: tests/test_prometheus.py will skip" >&2; \
 	  fi; \
 	fi
 

@@ -1,4 +1,5 @@
-"""What JupyterLab's status bar costs the Jupyter server: ``GET /gpugeek/clusters`` per request.
+"""What JupyterLab's status bar costs the Jupyter server: ``GET /gpugeek/clusters`` per request;
+and what a Prometheus scrape costs it: ``GET /gpugeek/metrics``.
 
     .venv/bin/python benchmarks/bench_ticker.py [--requests 500] [--clusters 10]
 
@@ -7,7 +8,8 @@ events and a minute of telemetry) plus 20 stopped ones is written to a fresh ``$
 real ``jupyter server`` with the extension enabled is started on it, and one keep-alive HTTP client
 asks the way the status bar does (token header, JSON back). Reported: the round trip per request
 (median, p95) and, side by side in the same run, the handler's own work (``overview()``) in this
-process. Goal: < 5 ms per request with 10 clusters.
+process; the same for the metrics, alternated with them. Goals: < 5 ms per request, and per
+scrape, with 10 clusters.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def populate(clusters: int, stopped: int) -> None:
             registry.mark_stopped(record.id, "down", now)
 
 
+METRICS = "/gpugeek/metrics"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,6 +73,7 @@ def main() -> None:
     populate(args.clusters, stopped=20)
 
     from gpugeek_jupyter.cluster import board as clusters
+    from gpugeek_jupyter.server.metrics import scrape
 
     token, port = secrets.token_hex(16), free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_DATA_DIR": str(base / "data"),
@@ -81,25 +87,25 @@ def main() -> None:
         conn = _connect(port)
         headers = {"Authorization": f"token {token}"}
 
-        def request() -> dict:
-            conn.request("GET", "/gpugeek/clusters", headers=headers)
+        def request(path: str = "/gpugeek/clusters") -> bytes:
+            conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             body = response.read()
             assert response.status == 200, (response.status, body[:200])
-            return json.loads(body)
+            return body
 
-        data = request()
+        data = json.loads(request())
         assert data["live"] == args.clusters and len(data["clusters"]) == args.clusters + clusters.STOPPED_SHOWN
+        assert f'cluster="c{args.clusters - 1}"' in request(METRICS).decode()
         for _ in range(50):  # warm up both sides
-            request(), clusters.overview()
-        http_ms, direct_ms = [], []
-        for _ in range(args.requests):  # alternated, so both see the same machine load
-            t = time.perf_counter()
-            request()
-            http_ms.append((time.perf_counter() - t) * 1e3)
-            t = time.perf_counter()
-            clusters.overview()
-            direct_ms.append((time.perf_counter() - t) * 1e3)
+            request(), clusters.overview(), request(METRICS), scrape()
+        http_ms, direct_ms, scrape_ms, collect_ms = [], [], [], []
+        for _ in range(args.requests):  # alternated, so all see the same machine load
+            for out, call in ((http_ms, request), (direct_ms, clusters.overview),
+                              (scrape_ms, lambda: request(METRICS)), (collect_ms, scrape)):
+                t = time.perf_counter()
+                call()
+                out.append((time.perf_counter() - t) * 1e3)
     finally:
         server.terminate()
         try:
@@ -112,6 +118,10 @@ def main() -> None:
     print(f"  round trip   median {statistics.median(http_ms):.2f} ms   p95 {p95(http_ms):.2f} ms")
     print(f"  overview()   median {statistics.median(direct_ms):.2f} ms   p95 {p95(direct_ms):.2f} ms")
     print(f"  goal < 5 ms per request: {'met' if statistics.median(http_ms) < 5 else 'NOT met'}")
+    print(f"GET {METRICS} (a Prometheus scrape), the same registry:")
+    print(f"  round trip   median {statistics.median(scrape_ms):.2f} ms   p95 {p95(scrape_ms):.2f} ms")
+    print(f"  scrape()     median {statistics.median(collect_ms):.2f} ms   p95 {p95(collect_ms):.2f} ms")
+    print(f"  goal < 5 ms per scrape: {'met' if statistics.median(scrape_ms) < 5 else 'NOT met'}")
 
 
 def _connect(port: int, timeout: float = 60) -> http.client.HTTPConnection:

@@ -47,6 +47,9 @@ def test_the_wheel_carries_both_extensions(wheel):
     assert DATA + "etc/jupyter/jupyter_server_config.d/gpugeek_jupyter.json" in names
     assert "gpugeek_jupyter/server/handlers.py" in names
     assert "gpugeek_jupyter/catalog/data/gpu_offers.csv" in names
+    assert "gpugeek_jupyter/server/prometheus-rules.yml" in names     # the shipped alert rules
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "gpugeek = gpugeek_jupyter.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(n.startswith("gpugeek_jupyter/labextension/") for n in names)  # only once, as data
     assert not any("node_modules" in n or n.endswith(".ts") for n in names)
 

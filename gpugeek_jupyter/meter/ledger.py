@@ -250,6 +250,42 @@ def take_unshown_events(cluster_id: int) -> list[dict]:
 
 # -- the arithmetic -----------------------------------------------------------------------------
 
+def split_among_jobs(spans: list[tuple[float, float]], nodes: Iterable[tuple[float, float, float]]) -> list[float]:
+    """Each job's $: jobs share the cluster's burn while they run — at each instant the $/h of the
+    nodes alive is split evenly among the jobs running, so the jobs never add up to more than the
+    cluster cost. ``spans``: (start, end) per job; ``nodes``: (start, end, $/h) per node."""
+    nodes = list(nodes)
+    cuts = sorted({t for span in spans for t in span} | {n[0] for n in nodes} | {n[1] for n in nodes})
+    usd = [0.0] * len(spans)
+    for a, b in pairwise(cuts):
+        mid = (a + b) / 2
+        running = [i for i, (j0, j1) in enumerate(spans) if j0 <= mid < j1]
+        if not running:
+            continue
+        burn = sum(rate for n0, n1, rate in nodes if n0 <= mid < n1)
+        for i in running:
+            usd[i] += burn * (b - a) / 3600.0 / len(running)
+    return usd
+
+
+def running_jobs_spend(cluster_ids: list[int], now: float) -> list[dict]:
+    """Every running job of these clusters with its $ so far (``split_among_jobs``), in SQL and
+    plain Python: the metrics endpoint asks at every scrape."""
+    out = []
+    for cluster_id in cluster_ids:
+        running = [dict(r) for r in store.query(
+            "SELECT * FROM jobs WHERE cluster_id=? AND ended IS NULL", (cluster_id,))]
+        if not running:
+            continue
+        first = min(j["started"] for j in running)
+        overlapping = running + [dict(r) for r in store.query(
+            "SELECT * FROM jobs WHERE cluster_id=? AND ended IS NOT NULL AND ended>?", (cluster_id, first))]
+        nodes = [(r[0], r[1] if r[1] is not None else now, r[2]) for r in store.query(
+            "SELECT started, ended, usd_per_hour FROM nodes WHERE cluster_id=?", (cluster_id,))]
+        usd = split_among_jobs([(j["started"], j["ended"] or now) for j in overlapping], nodes)
+        out += [{**job, "usd": u} for job, u in zip(running, usd, strict=False)]
+    return out
+
 def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
     """One row per node: lifetime (open nodes run to ``now``), hours, $ and what spot saved."""
     import pandas as pd
@@ -307,27 +343,14 @@ def cost_table(cluster_id: int, by: str = "node", now: float | None = None) -> p
 
 
 def _by_job(cluster_id: int, nodes: pd.DataFrame, now: float | None) -> pd.DataFrame:
-    """Jobs share the cluster's burn while they run: at each instant the $/h of the nodes alive is
-    split evenly among the jobs running, so the jobs never add up to more than the cluster cost."""
     import pandas as pd
 
     now = time.time() if now is None else now
     jobs = [dict(r) for r in store.query(
         "SELECT * FROM jobs WHERE cluster_id=? ORDER BY started", (cluster_id,))]
     spans = [(j["started"], j["ended"] or now) for j in jobs]
-    n_start = nodes["started"].astype(float).to_numpy()
-    n_end = nodes["ended"].fillna(now).astype(float).to_numpy()
-    rate = nodes["usd_per_hour"].astype(float).to_numpy()
-    cuts = sorted({t for span in spans for t in span} | set(n_start) | set(n_end))
-    usd = [0.0] * len(jobs)
-    for a, b in pairwise(cuts):
-        mid = (a + b) / 2
-        running = [i for i, (j0, j1) in enumerate(spans) if j0 <= mid < j1]
-        if not running:
-            continue
-        burn = rate[(n_start <= mid) & (mid < n_end)].sum()
-        for i in running:
-            usd[i] += burn * (b - a) / 3600.0 / len(running)
+    usd = split_among_jobs(spans, zip(nodes["started"].astype(float), nodes["ended"].fillna(now).astype(float),
+                                      nodes["usd_per_hour"].astype(float), strict=True))
     out = [{"job_id": j["job_id"], "name": j["name"], "status": j["status"], "workers": j.get("workers"),
             "nodes": j.get("nodes"), "hours": (j1 - j0) / 3600.0, "usd": u}
            for j, (j0, j1), u in zip(jobs, spans, usd, strict=True)]

@@ -13,6 +13,7 @@ import json
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..cluster import board
 from ..cluster.registry import NAME
@@ -103,6 +104,22 @@ class OffersHandler(_Handler):
         self.reply({"offers": rows, "count": len(rows), "note": note})
 
 
+class MetricsHandler(_Handler):
+    """Prometheus scrapes here, with the server's token (``Authorization: Bearer …`` or
+    ``token …``); without one it gets 403 like every API call."""
+
+    def update_api_activity(self) -> None:
+        """A scrape every few seconds is not someone using the server: it must not keep an idle
+        server from being culled."""
+
+    @tornado.web.authenticated
+    @authorized
+    def get(self) -> None:
+        from .metrics import scrape
+
+        self.finish(scrape(), set_content_type=CONTENT_TYPE_LATEST)
+
+
 def routes(base_url: str) -> list[tuple]:
     from jupyter_server.utils import url_path_join
 
@@ -110,4 +127,5 @@ def routes(base_url: str) -> list[tuple]:
         (url_path_join(base_url, "gpugeek", "clusters") + "/?", ClustersHandler),
         (url_path_join(base_url, "gpugeek", "clusters", "([^/]+)") + "/?", ClusterHandler),
         (url_path_join(base_url, "gpugeek", "offers"), OffersHandler),
+        (url_path_join(base_url, "gpugeek", "metrics"), MetricsHandler),
     ]

@@ -154,12 +154,34 @@ async def test_a_cluster_still_starting_says_so_and_is_not_stopped_half_way(jp_f
 async def test_every_route_needs_the_token(jp_fetch, http_server_client, jp_base_url):
     synthetic("s")
     for path, method in (("clusters", "GET"), ("clusters/s", "GET"), ("clusters/s", "DELETE"),
-                         ("offers?gpu=H100", "GET")):
+                         ("offers?gpu=H100", "GET"), ("metrics", "GET")):
         with pytest.raises(HTTPClientError) as info:
             await http_server_client.fetch(f"{jp_base_url}gpugeek/{path}", method=method,
                                            follow_redirects=False)
         assert info.value.code == 403, path
     assert registry.live("s") is not None       # the refused DELETE did nothing
+
+
+async def test_metrics_are_prometheus_text_with_the_ledgers_dollars_and_a_scrape_is_no_activity(
+        jp_fetch, jp_serverapp):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    synthetic("m", budget=40.0)               # $1/h head + $10/h GPU node for 2 h: $22 of $40
+    synthetic("gone", stopped=True)
+    before = jp_serverapp.web_app.settings.get("api_last_activity")
+    bearer = {"Authorization": f"Bearer {jp_serverapp.identity_provider.token}"}     # as Prometheus sends it
+    response = await jp_fetch("gpugeek", "metrics", headers=bearer)
+    assert response.headers["Content-Type"].startswith("text/plain; version=")
+    families = {f.name: f for f in text_string_to_metric_families(response.body.decode())}
+    value = {f: {tuple(sorted(s.labels.items())): s.value for s in families[f].samples} for f in families}
+    key = (("backend", "sim"), ("cluster", "m"))
+    assert value["gpugeek_cluster_spent_usd"][key] == pytest.approx(22.0, rel=1e-3)
+    assert value["gpugeek_cluster_usd_per_hour"][key] == 11.0
+    assert value["gpugeek_cluster_budget_used_ratio"][key] == pytest.approx(22.0 / 40.0, rel=1e-3)
+    assert value["gpugeek_cluster_gpus"][key] == 8 and value["gpugeek_cluster_simulated"][key] == 1
+    assert value["gpugeek_cluster_state"][(*key, ("state", "running"))] == 1
+    assert not any("gone" in str(labels) for f in value.values() for labels in f), "a stopped cluster is listed"
+    assert jp_serverapp.web_app.settings.get("api_last_activity") == before, "a scrape kept the server busy"
 
 
 async def test_a_browser_session_must_send_the_xsrf_token_to_delete(jp_serverapp, http_server_client, jp_base_url):

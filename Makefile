@@ -135,6 +135,7 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_remote.py
 	$(PY) benchmarks/bench_monitor.py
 	$(PY) benchmarks/bench_ticker.py
+	$(PY) benchmarks/bench_cli.py
 	$(PY) benchmarks/bench_imports.py
 	$(PY) benchmarks/gpu_gpt2.py
 

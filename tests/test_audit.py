@@ -52,13 +52,16 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     ipython.run_line_magic("gpugeek", "up audit --backend sim --gpu A100 --count 8 --workers 1")
     record = registry.live("audit")
     ipython.run_cell_magic("gpugeek", "run --workers 1 --name warmup", "x = 6 * 7")
-    gg.scale(2)
-    wait_until(lambda: len(gg.status("audit").nodes) == 3, 90, "the autoscaler to add a node")
+    # a cap just under 80 % spent: the watchdog warns at its next look; the user raises it at once.
+    # (It would stop the cluster at 100 % — a quarter of the node's lifetime so far later, less the
+    # 1.5 s it stops ahead — so the node has lived 40 s first: about 8 s to raise it.)
     worker = next(n for n in ledger.nodes_frame(record.id).itertuples() if n.alive and n.gpus)
-    ipython.run_line_magic("gpugeek", f"preempt {worker.node_id[-6:]}")
-    # a budget 80 % spent: the watchdog warns at its next look (and would stop it at 100 %)
-    gg.limits("audit", budget=round(ledger.spend(record.id) / 0.79, 6))
+    time.sleep(max(0.0, worker.started + 40 - time.time()))
+    gg.limits("audit", budget=round(ledger.spend(record.id) / 0.8 * 0.999, 6))
     wait_until(lambda: ledger.events(record.id, "budget-warning"), 15, "the watchdog's budget warning")
+    ipython.run_line_magic("gpugeek", "limits audit --budget 100")
+    gg.scale(2)                  # the autoscaler adds a node meanwhile; the first one is preempted
+    ipython.run_line_magic("gpugeek", f"preempt {worker.node_id[-6:]}")
     # shut down from Lab: the Jupyter server's own call, in a process of its own
     lab = subprocess.run([sys.executable, "-c", "from gpugeek_jupyter.meter import ledger; "
                           "ledger.acting_as('Jupyter server'); from gpugeek_jupyter.cluster import board; "
@@ -69,12 +72,12 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     log = gg.log("audit")
     print("\n" + log[["at", "kind", "client", "usd", "message"]].to_string())
     kinds = list(log["kind"])
-    order = ["up", "run-start", "run-end", "scale", "preempted", "limits", "budget-warning", "down"]
+    order = ["up", "run-start", "run-end", "limits", "budget-warning", "limits", "scale", "preempted", "down"]
     assert [k for k in kinds if k in order] == order, kinds
     assert (log["user"] == getpass.getuser()).all() and (log["host"] == socket.gethostname()).all()
     assert log["usd"].notna().all() and log["usd"].is_monotonic_increasing, list(log["usd"])
     assert log["at"].is_monotonic_increasing
-    by_kind = {k: row for k, row in zip(log["kind"], log.itertuples(), strict=True)}
+    by_kind = {k: row for k, row in zip(log["kind"], log.itertuples(), strict=True)}    # the last of each kind
     assert by_kind["up"].options["backend"] == "sim" and by_kind["up"].options["gpu"] == "A100"
     assert by_kind["up"].options["count"] == 8 and by_kind["up"].options["workers"] == 1
     assert by_kind["run-start"].options["workers"] == 1 and by_kind["run-start"].options["name"] == "warmup"
@@ -82,7 +85,9 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     assert by_kind["scale"].options == {"workers": 2}
     assert by_kind["preempted"].options["node"] == worker.node_id
     assert by_kind["budget-warning"].client.startswith("watchdog (pid ")
-    assert by_kind["budget-warning"].options["budget"] == by_kind["limits"].options["budget"]
+    warned_at = log[log["kind"] == "limits"].iloc[0]
+    assert by_kind["budget-warning"].options["budget"] == warned_at["options"]["budget"]
+    assert by_kind["limits"].options["budget"] == 100.0
     assert by_kind["down"].client.startswith("Jupyter server (pid ")
     assert by_kind["down"].options["reason"] == "down (from JupyterLab)"
     assert by_kind["down"].usd == pytest.approx(ledger.spend(record.id), rel=1e-9)   # the final cost

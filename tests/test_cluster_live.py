@@ -311,3 +311,7 @@ def test_local_cluster_outlives_a_kernel_restart_and_is_reattached_by_name(gpuge
     record = registry.get(record.id)
     assert record.stop_reason == "down"
     assert not _leftovers(record)
+    # the audit log names the kernel that acted, by its Jupyter kernel id
+    who = {e["kind"]: e["client"] for e in ledger.events(record.id)}
+    assert who["up"].startswith("kernel ") and who["down"].startswith("kernel "), who
+    assert who["up"] != who["down"], "the restarted kernel is another process"

@@ -283,8 +283,9 @@ def running_jobs_spend(cluster_ids: list[int], now: float) -> list[dict]:
         nodes = [(r[0], r[1] if r[1] is not None else now, r[2]) for r in store.query(
             "SELECT started, ended, usd_per_hour FROM nodes WHERE cluster_id=?", (cluster_id,))]
         usd = split_among_jobs([(j["started"], j["ended"] or now) for j in overlapping], nodes)
-        out += [{**job, "usd": u} for job, u in zip(running, usd, strict=False)]
+        out += [{**job, "usd": u} for job, u in zip(running, usd, strict=False)]   # running come first
     return out
+
 
 def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
     """One row per node: lifetime (open nodes run to ``now``), hours, $ and what spot saved."""

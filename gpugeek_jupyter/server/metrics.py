@@ -21,6 +21,7 @@ from ..meter import ledger
 from ..vocab import ClusterPhase
 
 RECENT_S = 60.0       # telemetry older than this is not a node's current reading
+LATEST_S = 3.0        # a drain's readings of all nodes lie within this of its newest
 
 
 class LedgerCollector:
@@ -96,14 +97,19 @@ def _nodes(live: dict[int, dict], now: float):
                                labels=labels)
     total = GaugeMetricFamily("gpugeek_node_memory_total_bytes", "GPU memory (a GPU) or host memory",
                               labels=labels)
-    if live:
+    for cluster_id in live:
+        # the newest drain's readings: from a few seconds before the cluster's newest sample on
+        # (samplers read every node at most once a second; a node silent longer is not current)
+        newest = store.query("SELECT MAX(at) FROM node_samples WHERE cluster_id=?", (cluster_id,))[0][0]
+        if newest is None or newest < now - RECENT_S:
+            continue
         rows = store.query(
-            "SELECT s.cluster_id, s.node_id, s.device, MAX(s.at) AS at, s.metrics, n.node_type, n.pricing"
+            "SELECT s.node_id, s.device, MAX(s.at) AS at, s.metrics, n.node_type, n.pricing"
             " FROM node_samples s JOIN nodes n ON n.cluster_id = s.cluster_id AND n.node_id = s.node_id"
-            f" WHERE s.cluster_id IN ({','.join('?' * len(live))}) AND s.at>=? AND n.ended IS NULL"
-            " GROUP BY s.cluster_id, s.node_id, s.device", (*live, now - RECENT_S))
+            " WHERE s.cluster_id=? AND s.at>=? AND n.ended IS NULL GROUP BY s.node_id, s.device",
+            (cluster_id, newest - LATEST_S))
         for r in rows:
-            key = [live[r["cluster_id"]]["name"], r["node_type"] or "head", r["pricing"] or "", r["node_id"][-6:],
+            key = [live[cluster_id]["name"], r["node_type"] or "head", r["pricing"] or "", r["node_id"][-6:],
                    r["device"]]
             m = json.loads(r["metrics"])
             gpu = r["device"] != "host"

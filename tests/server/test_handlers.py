@@ -166,8 +166,12 @@ async def test_metrics_are_prometheus_text_with_the_ledgers_dollars_and_a_scrape
         jp_fetch, jp_serverapp):
     from prometheus_client.parser import text_string_to_metric_families
 
-    synthetic("m", budget=40.0)               # $1/h head + $10/h GPU node for 2 h: $22 of $40
+    m = synthetic("m", budget=40.0)           # $1/h head + $10/h GPU node for 2 h: $22 of $40
     synthetic("gone", stopped=True)
+    now = time.time()      # two jobs share the burn for the last half hour; one of them still runs
+    ledger.job_started(m.id, "j1", "train", at=now - 3600)
+    ledger.job_started(m.id, "j2", "eval", at=now - 1800)
+    ledger.job_ended(m.id, "j2", at=now - 600)
     before = jp_serverapp.web_app.settings.get("api_last_activity")
     bearer = {"Authorization": f"Bearer {jp_serverapp.identity_provider.token}"}     # as Prometheus sends it
     response = await jp_fetch("gpugeek", "metrics", headers=bearer)
@@ -181,6 +185,9 @@ async def test_metrics_are_prometheus_text_with_the_ledgers_dollars_and_a_scrape
     assert value["gpugeek_cluster_gpus"][key] == 8 and value["gpugeek_cluster_simulated"][key] == 1
     assert value["gpugeek_cluster_state"][(*key, ("state", "running"))] == 1
     assert not any("gone" in str(labels) for f in value.values() for labels in f), "a stopped cluster is listed"
+    by_job = ledger.cost_table(m.id, by="job").set_index("job_id")["usd"]    # what `cost --by job` says
+    assert value["gpugeek_job_spent_usd"][(("cluster", "m"), ("job", "train"))] == pytest.approx(by_job["j1"], rel=1e-3)
+    assert not any(("job", "eval") in labels for labels in value["gpugeek_job_spent_usd"]), "an ended job is listed"
     assert jp_serverapp.web_app.settings.get("api_last_activity") == before, "a scrape kept the server busy"
 
 

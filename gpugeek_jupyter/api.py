@@ -17,7 +17,6 @@ from .cluster.lifecycle import sync_ledger
 from .cluster.session import any_cluster, current
 from .cluster.status import ClusterStatus, clusters, status
 from .cluster.up import up
-from .errors import GpugeekError
 from .health.checkup import doctor
 from .health.findings import DoctorReport
 from .meter import ledger
@@ -146,8 +145,7 @@ def news() -> list[str]:
     record = (registry.live(name) or registry.latest(name)) if name else None
     if record is None:
         return []
-    return [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)
-            if e["kind"] in ("budget-warning", "budget-stop", "idle-stop")]
+    return [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)]
 
 
 def log(name: str | None = None, since: str | float | None = None) -> pd.DataFrame:
@@ -159,8 +157,8 @@ def log(name: str | None = None, since: str | float | None = None) -> pd.DataFra
 
     if since is not None:
         since = time.time() - (parse_duration(since, "--since") if isinstance(since, str) else float(since))
-    if name is not None and not board.every_run(name):
-        raise GpugeekError(f"no cluster named {name!r} — `%gpugeek clusters` lists them")
+    if name is not None:
+        board.every_run(name)          # says so if there is no such cluster
     rows = board.events(name, since)
     frame = pd.DataFrame(rows, columns=["at", "cluster", "cluster_id", "kind", "message", "user", "client", "host",
                                         "options", "usd"])

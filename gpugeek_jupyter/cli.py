@@ -123,7 +123,7 @@ def _status(board, args) -> int:
         print()
         _table(["NODE", "TYPE", "GPUS", "PRICING", "RATE", "UP", "COST"],
                [[n["node"][-12:], n["type"], _gpus(n["gpus"]), n["pricing"], _usd(n["usd_per_hour"]) + "/h",
-                 _span(n["up_s"]) + ("" if n["alive"] else " (ended)"), _usd(n["usd"])] for n in seen["node_rows"]])
+                 duration(n["up_s"]) + ("" if n["alive"] else " (ended)"), _usd(n["usd"])] for n in seen["node_rows"]])
     if seen["utilisation"]:
         print()
         _table(["NODE", "DEVICE", "BUSY", "MEMORY"],
@@ -138,14 +138,12 @@ def _status(board, args) -> int:
 def _cost(board, args) -> int:
     if args.name:
         runs = board.every_run(args.name)
-        if not runs:
-            raise board.NotFound(f"no cluster named {args.name!r} — `gpugeek clusters` lists them")
         nodes = {run["id"]: board.detail(args.name, cluster_id=run["id"])["node_rows"] for run in runs}
         if args.json:
             return _json({"runs": [{**run, "node_rows": nodes[run["id"]]} for run in runs],
                           "total_usd": sum(r["spent_usd"] for r in runs)})
         rows = [[str(run["id"]), n["node"][-12:], n["type"], n["pricing"], _usd(n["usd_per_hour"]) + "/h",
-                 _span(n["up_s"]), _usd(n["usd"])] for run in runs for n in nodes[run["id"]]]
+                 duration(n["up_s"]), _usd(n["usd"])] for run in runs for n in nodes[run["id"]]]
         _table(["RUN", "NODE", "TYPE", "PRICING", "RATE", "UP", "COST"], rows)
     else:
         runs = board.every_run()
@@ -240,10 +238,6 @@ def _budget(cluster: dict) -> str:
     if cluster["budget_usd"] is None:
         return "—"
     return f"{_usd(cluster['budget_usd'])} ({cluster['budget_used'] * 100:.0f} % used)"
-
-
-def _span(seconds: float) -> str:
-    return duration(seconds)
 
 
 def _when(at: float) -> str:

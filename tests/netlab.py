@@ -14,6 +14,7 @@ every process of a host. ``down`` removes every namespace, link and process it m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
@@ -236,6 +237,24 @@ class Lab:
             _run("ip", "netns", "del", host.netns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fixture(n_hosts: int):
+    """A lab for a pytest fixture: skipped (with the reason) where namespaces can't be made, torn
+    down after, and asserted to leave nothing behind."""
+    import pytest
+
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    made = up(n_hosts)
+    try:
+        yield made
+    finally:
+        made.down()
+        left = made.leftovers()
+        assert not left, f"the lab left {', '.join(left)}"
 
 
 def up(n_hosts: int = 3) -> Lab:

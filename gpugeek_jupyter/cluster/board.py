@@ -100,11 +100,13 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
 
 
 def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
-    """Every cluster run in the registry (or every run named ``name``), oldest first, with its
-    dollars — what ``gpugeek cost`` adds up."""
+    """Every cluster run in the registry (or every run named ``name``: ``NotFound`` if none), oldest
+    first, with its dollars — what ``gpugeek cost`` adds up."""
     now = time.time() if now is None else now
     rows = store.query("SELECT * FROM clusters" + (" WHERE name=?" if name else "") + " ORDER BY id",
                        (name,) if name else ())
+    if name and not rows:
+        raise NotFound(_unknown(name))
     records = [registry.from_row(r) for r in rows]
     money = _money([r.id for r in records], now)
     return [_cluster(r, money.get(r.id)) for r in records]
@@ -176,8 +178,12 @@ def _find(name: str, cluster_id: int | None = None) -> ClusterRecord:
         return record
     record = registry.live(name) or registry.latest(name)
     if record is None:
-        raise NotFound(f"no cluster named {name!r} — `gpugeek clusters` (or `%gpugeek clusters`) lists them")
+        raise NotFound(_unknown(name))
     return record
+
+
+def _unknown(name: str) -> str:
+    return f"no cluster named {name!r} — `gpugeek clusters` (or `%gpugeek clusters`) lists them"
 
 
 def _money(ids: list[int], now: float) -> dict[int, dict]:

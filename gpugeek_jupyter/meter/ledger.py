@@ -26,6 +26,10 @@ from ..vocab import UNPRICED, CostGrouping, NodePrice
 if TYPE_CHECKING:  # pandas loads with the first table: the watchdog and the server need none
     import pandas as pd
 
+# a cluster's $ so far (the time open nodes count up to, the cluster): ``spend``, and each event's $
+_SPEND = ("SELECT COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0) / 3600.0"
+          " FROM nodes WHERE cluster_id=?")
+
 
 def sync_nodes(cluster_id: int, nodes: Iterable[RayNode], prices: Mapping[str, NodePrice]) -> int:
     """Record nodes Ray reports for the first time and close those Ray reports dead.
@@ -200,8 +204,7 @@ def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
 # (the exact options, JSON) and the cluster's $ at that moment.
 NEWS = ("budget-warning", "budget-stop", "idle-stop")     # what a notebook prints once, unasked
 _EVENT = ("INSERT INTO events (cluster_id, at, kind, message, user, client, host, options, usd)"
-          " SELECT ?,?,?,?,?,?,?,?, COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0)"
-          " / 3600.0 FROM nodes WHERE cluster_id=?")
+          " SELECT ?,?,?,?,?,?,?,?, " + _SPEND.removeprefix("SELECT "))
 _who: dict[str, str] = {}
 
 
@@ -311,9 +314,7 @@ def spend(cluster_id: int, now: float | None = None) -> float:
     """Dollars so far: Σ $/h × hours over every node, open ones up to ``now`` (what
     ``nodes_frame``'s ``usd`` column adds up to, in SQL: the watchdog asks every few seconds)."""
     now = time.time() if now is None else now
-    return float(store.query(
-        "SELECT COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0) / 3600.0"
-        " FROM nodes WHERE cluster_id=?", (now, cluster_id))[0][0])
+    return float(store.query(_SPEND, (now, cluster_id))[0][0])
 
 
 def burn_rate(cluster_id: int) -> float:

@@ -36,21 +36,22 @@ class LedgerCollector:
         yield from _nodes(ids, now)
 
 
+def _gauges(prefix: str, labels: list[str], described) -> list[GaugeMetricFamily]:
+    """A gauge family for each (name, help) of ``described``."""
+    return [GaugeMetricFamily(f"{prefix}_{name}", said, labels=labels) for name, said in described]
+
+
 def _clusters(live: list[dict]):
     labels = ["cluster", "backend"]
     spent = CounterMetricFamily("gpugeek_cluster_spent_usd", "Dollars the cluster has cost so far (the ledger's; "
                                 "simulated clusters' dollars are simulated)", labels=labels)
-    rate = GaugeMetricFamily("gpugeek_cluster_usd_per_hour", "What the cluster's live nodes cost per hour",
-                             labels=labels)
-    budget = GaugeMetricFamily("gpugeek_cluster_budget_usd", "The cluster's budget cap (absent: none)",
-                               labels=labels)
-    used = GaugeMetricFamily("gpugeek_cluster_budget_used_ratio", "Dollars spent over the budget cap",
-                             labels=labels)
-    nodes = GaugeMetricFamily("gpugeek_cluster_nodes", "Live nodes", labels=labels)
-    gpus = GaugeMetricFamily("gpugeek_cluster_gpus", "GPUs of the live nodes (declared, on simulated clusters)",
-                             labels=labels)
-    simulated = GaugeMetricFamily("gpugeek_cluster_simulated", "1 when the cluster and its dollars are simulated",
-                                  labels=labels)
+    rate, budget, used, nodes, gpus, simulated = _gauges("gpugeek_cluster", labels, (
+        ("usd_per_hour", "What the cluster's live nodes cost per hour"),
+        ("budget_usd", "The cluster's budget cap (absent: none)"),
+        ("budget_used_ratio", "Dollars spent over the budget cap"),
+        ("nodes", "Live nodes"),
+        ("gpus", "GPUs of the live nodes (declared, on simulated clusters)"),
+        ("simulated", "1 when the cluster and its dollars are simulated")))
     state = GaugeMetricFamily("gpugeek_cluster_state", "1 for the cluster's state", labels=[*labels, "state"])
     for c in live:
         key = [c["name"], c["backend"]]
@@ -91,12 +92,10 @@ def _jobs(live: dict[int, dict], now: float):
 
 def _nodes(live: dict[int, dict], now: float):
     labels = ["cluster", "node_type", "pricing", "node", "device"]
-    busy = GaugeMetricFamily("gpugeek_node_utilisation_percent", "GPU utilisation (a GPU device) or host CPU "
-                             "(device=host), latest reading", labels=labels)
-    memory = GaugeMetricFamily("gpugeek_node_memory_used_bytes", "GPU memory (a GPU) or host memory used",
-                               labels=labels)
-    total = GaugeMetricFamily("gpugeek_node_memory_total_bytes", "GPU memory (a GPU) or host memory",
-                              labels=labels)
+    busy, memory, total = _gauges("gpugeek_node", labels, (
+        ("utilisation_percent", "GPU utilisation (a GPU device) or host CPU (device=host), latest reading"),
+        ("memory_used_bytes", "GPU memory (a GPU) or host memory used"),
+        ("memory_total_bytes", "GPU memory (a GPU) or host memory")))
     for cluster_id in live:
         # the newest drain's readings: from a few seconds before the cluster's newest sample on
         # (samplers read every node at most once a second; a node silent longer is not current)

@@ -23,16 +23,8 @@ NAME = "lab-ssh"
 
 @pytest.fixture(scope="module")
 def hosts():
-    reason = netlab.why_not()
-    if reason:
-        pytest.skip(reason)
-    made = netlab.up(2)
-    try:
+    with netlab.fixture(2) as made:
         yield made
-    finally:
-        made.down()
-        left = made.leftovers()
-        assert not left, f"the lab left {', '.join(left)}"
 
 
 def _ours(hosts, record) -> dict[str, list[int]]:

@@ -9,13 +9,5 @@ import pytest
 
 @pytest.fixture(scope="session")
 def lab():
-    reason = netlab.why_not()
-    if reason:
-        pytest.skip(reason)
-    made = netlab.up(3)
-    try:
+    with netlab.fixture(3) as made:
         yield made
-    finally:
-        made.down()
-        left = made.leftovers()
-        assert not left, f"the lab left {', '.join(left)}"

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_plan.py
 
 Times `gpugeek_jupyter.plan(params=...)` end to end (memory estimate, every offer checked for fit,
-hours and $ under three pricings, ranking) after one warm-up call that loads the catalog.
+hours and $ under three pricings, spot's expected hours with preemptions and the best checkpoint
+interval, ranking) after one warm-up call that loads the catalog.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ CASES = {
     "1.3B any offer, spot": {"params": "1.3B", "batch": 8, "pricing": "spot"},
     "70B fsdp 64 GPUs, time": {"params": "70B", "gpus": 64, "strategy": "fsdp",
                                "grad_ckpt": True, "objective": "time"},
+    "7B spot, EU, ckpt 30 min": {"params": "7B", "gpus": 8, "strategy": "fsdp", "pricing": "spot",
+                                 "residency": "EU", "checkpoint_every": 30},
 }
 GOAL_MS = 10.0
 

@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import display
+from .catalog import fresh
+from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers as offers
 from .cluster.actions import Cluster, down, limits, preempt, scale
 from .cluster.backends import LaunchConfig
@@ -22,6 +24,7 @@ from .health.findings import DoctorReport
 from .meter import ledger
 from .meter.telemetry import node_samples_frame
 from .sizing import planner
+from .sizing.advise import Advice, advise_job
 from .sizing.planner import Plan
 from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
@@ -30,9 +33,9 @@ from .vocab import CostGrouping
 from .workers.options import JobWatch
 
 __all__ = [
-    "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "clusters", "cost",
-    "doctor", "down", "limits", "log", "offers", "plan", "preempt", "price_performance", "reset", "run", "scale",
-    "status", "up",
+    "Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
+    "clusters", "cost", "doctor", "down", "limits", "log", "offers", "plan", "preempt", "price_performance",
+    "reset", "run", "scale", "status", "up", "update_catalog",
 ]
 
 
@@ -135,6 +138,24 @@ class CostReport:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """The live dashboard in a notebook; HTML and text wherever widgets cannot show."""
         return display.bundle(self, repr(self), self._repr_html_())
+
+
+def advise(job: str | None = None, cluster: str | None = None, *, gpu: str | None = None,
+           usd_per_hour: float | None = None, pricing: str = "on-demand", catalog: str | None = None,
+           residency: str | None = None) -> Advice:
+    """Right-size a job from its telemetry: the cheaper offers that hold its measured memory and
+    keep up with its measured GPU work (``job``: name or id, default the cluster's last).
+    Estimates; with no GPU telemetry it says so and advises nothing."""
+    record = any_cluster(cluster)
+    return advise_job(record.id, job, gpu=gpu, usd_per_hour=usd_per_hour, pricing=pricing,
+                      catalog=catalog, residency=residency)
+
+
+def update_catalog(source: str | None = None, providers: str | list[str] | None = None) -> UpdateResult:
+    """Fetch SkyPilot's hosted v7 catalogs (or ``source``: a base URL or a folder), convert them as
+    the bundled catalog was made and keep them in ``$GPUGEEK_HOME``; a failure keeps the last good
+    catalog and says so in one line."""
+    return fresh.update(source, providers)
 
 
 def news() -> list[str]:

@@ -7,6 +7,9 @@ from ``$GPUGEEK_HOME/config.toml``::
     paths = ["~/my-marketplace-offers.csv"]   # extra offers, same columns as the bundled CSV
     reserved_discount = 0.40                   # reserved = on-demand x (1 - discount), an estimate
 
+    [spot]                                     # preemptions per hour of one node, your own figures
+    preemptions_per_hour = {"aws/H100" = 0.02, "gcp" = 0.01}
+
     [cluster]
     local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
     meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
@@ -52,6 +55,7 @@ class Settings:
     reserved_discount: float = DEFAULT_RESERVED_DISCOUNT
     local_usd_per_hour: float = 0.0
     meter_interval_s: float = DEFAULT_METER_INTERVAL_S
+    spot_rates: tuple[tuple[str, float], ...] = ()     # "provider[/GPU]" → preemptions per node-hour
 
 
 def settings() -> Settings:
@@ -84,8 +88,19 @@ def settings() -> Settings:
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.1 <= interval <= 600:
         raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds")
     return Settings(
+        spot_rates=_spot_rates(path, data.get("spot", {})),
         catalog_paths=tuple(Path(p).expanduser() for p in paths),
         reserved_discount=float(discount),
         local_usd_per_hour=float(local),
         meter_interval_s=float(interval),
     )
+
+
+def _spot_rates(path: Path, spot: object) -> tuple[tuple[str, float], ...]:
+    rates = spot.get("preemptions_per_hour", {}) if isinstance(spot, dict) else None
+    if not isinstance(rates, dict) or not all(
+            isinstance(k, str) and k.strip() and not isinstance(v, bool) and isinstance(v, (int, float))
+            and v >= 0 for k, v in rates.items()):
+        raise GpugeekError(f'{path}: spot.preemptions_per_hour must map "provider" or "provider/GPU" '
+                           "to a number ≥ 0 (preemptions per node-hour)")
+    return tuple(sorted((k.strip(), float(v)) for k, v in rates.items()))

@@ -33,6 +33,19 @@ def test_plan_magic_reads_model_from_namespace(ipython):
     assert "<table" in via_magic._repr_html_()
 
 
+def test_residency_and_spot_flags_reach_the_api(ipython, capsys):
+    frame = ipython.run_line_magic("gpugeek", "offers --residency EU --gpu H100")
+    pd.testing.assert_frame_equal(frame, gg.offers(residency="EU", gpu="H100"))
+    assert "left out 1 region(s) of unknown location (runpod/EU-SE-1" in capsys.readouterr().out
+    via_magic = ipython.run_line_magic(
+        "gpugeek", "plan --params 1.3B --pricing spot --residency EU --checkpoint-every 30 "
+                   "--checkpoint-seconds 90 --restart-minutes 5")
+    via_api = gg.plan(params="1.3B", pricing="spot", residency="EU", checkpoint_every=30,
+                      checkpoint_seconds=90, restart_minutes=5)
+    pd.testing.assert_frame_equal(via_magic.table, via_api.table)
+    assert (via_magic.table["ckpt_every_min"] == 30).all()
+
+
 def _error_lines(ipython, line, capsys):
     result = ipython.run_cell(f"%gpugeek {line}")
     out = capsys.readouterr()
@@ -53,6 +66,13 @@ def _error_lines(ipython, line, capsys):
     ("frobnicate", "unknown subcommand 'frobnicate'"),
     ("doctor nosuch", "no cluster named 'nosuch'"),
     ("doctor --bogus", "unrecognized arguments: --bogus"),
+    ("offers --residency Atlantis", "unknown residency 'Atlantis'"),
+    ("plan --params 7B --checkpoint-every soon", "--checkpoint-every 'soon' is not a number"),
+    ("plan --params 7B --restart-minutes -3", "--restart-minutes -3.0 must be a number ≥ 0"),
+    ("up x --backend aws --offer aws/p5.48xlarge/us-east-2/use2-az1 --residency EU --dry-run",
+     "offer aws/p5.48xlarge/us-east-2/use2-az1 is in US, outside --residency EU"),
+    ("catalog refresh", "unknown action 'refresh'"),
+    ("advise --usd-per-hour lots", "--usd-per-hour 'lots' is not a number"),
 ])
 def test_bad_input_is_one_line(ipython, capsys, line, expected):
     ipython.user_ns["not_a_module"] = "hello"

@@ -11,7 +11,7 @@ from models import MLP, TinyGPT
 
 from gpugeek_jupyter import GpugeekError, plan
 from gpugeek_jupyter.catalog import load_catalog
-from gpugeek_jupyter.sizing import memory
+from gpugeek_jupyter.sizing import memory, spot
 
 GIB = 1024**3
 
@@ -137,6 +137,14 @@ def test_nothing_fits_says_what_to_try():
     assert "no offer fits" in p.summary() and "--grad-ckpt" in p.summary()
 
 
+def _node_rate(provider: str, gpu: str) -> float:
+    table = spot.bundled_rates()
+    for key in ((provider, gpu), (provider, "*")):
+        if key in table:
+            return table[key].per_hour
+    return float("nan")
+
+
 def _brute_force(est, *, gpus, pricing, precision, grad_ckpt, tokens, objective, gpu, provider,
                  tokens_per_step):
     """The reference: every catalog row in plain Python, no pandas/numpy vector code."""
@@ -164,8 +172,16 @@ def _brute_force(est, *, gpus, pricing, precision, grad_ckpt, tokens, objective,
             continue
         flops = 3 * est.forward_flops_per_step / tokens_per_step * (4 / 3 if grad_ckpt else 1)
         hours = tokens * flops / (world * peak * 1e12 * 0.4 * 3600)
+        rate = _node_rate(row["provider"], row["gpu"]) * nodes
+        unknown = pricing == "spot" and rate != rate   # ranked after those whose risk is priced
+        if pricing == "spot" and not unknown:   # expected hours: preemptions at the rate × nodes
+            state = est.weights_gib + est.optimizer_gib
+            checkpoint = max(state / spot.CHECKPOINT_GIB_PER_S, 1.0) / 3600
+            interval = min(float(spot.best_interval(rate, checkpoint)), 1e9)
+            hours = float(spot.expected_hours(hours, rate, interval, checkpoint,
+                                              spot.DEFAULT_RESTART_MINUTES / 60))
         cost = hours * price * nodes
-        key = (cost, hours, row["id"]) if objective == "cost" else (hours, cost, row["id"])
+        key = (unknown, cost, hours, row["id"]) if objective == "cost" else (unknown, hours, cost, row["id"])
         if best_key is None or key < best_key:
             best_key, best_id = key, row["id"]
     return best_id

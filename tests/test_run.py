@@ -319,6 +319,11 @@ for batch in gg.steps([torch.randn(8, 4) for _ in range(30)]):
     samples = ledger.samples_frame(record.id, job_id)
     assert not samples.empty and {"loss", "samples_per_s", "memory_bytes"} <= set(samples.columns)
     assert samples["step"].max() == 30
+    # a CPU job: right-sizing has no GPU telemetry to read, says so and advises nothing
+    advice = ipython.run_line_magic("gpugeek", "advise logged")
+    assert advice.offers.empty
+    assert str(advice) == ("no GPU telemetry for this job (it ran on CPU, or NVML was not available) "
+                           "— nothing to advise")
 
 
 RESUMABLE = """

@@ -8,9 +8,9 @@ from __future__ import annotations
 import csv
 import fnmatch
 import math
+import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,8 @@ from .. import config
 from ..errors import GpugeekError, NoMatchingOffers
 from ..units import positive_number, whole_number
 from ..vocab import Pricing
-from . import gpus
+from . import fresh, gpus
+from .residency import residency_mask
 
 REQUIRED_COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "region", "price_hour")
 OPTIONAL_COLUMNS = ("gpu_mem_gib", "vcpus", "mem_gib", "zone", "spot_price_hour")
@@ -32,7 +33,7 @@ SHOWN_COLUMNS = [
 
 
 def bundled_catalog_path() -> Path:
-    return Path(str(resources.files(__package__).joinpath("data", "gpu_offers.csv")))
+    return fresh.bundled_path()     # the one shipped; fresh.current() is the one in use
 
 
 def _read_rows(path: Path, bundled: bool) -> list[dict]:
@@ -121,8 +122,10 @@ def _normalise(frame: pd.DataFrame, reserved_discount: float) -> pd.DataFrame:
         frame["instance_type"] + "+" + frame["gpu_count"].astype(int).astype(str) + "x"
         + frame["gpu_name"],
     )
-    frame["id"] = frame["provider"] + "/" + instance + "/" + frame["region"]
-    frame.loc[frame["zone"] != "", "id"] = frame["id"] + "/" + frame["zone"]
+    # An id is typed after `--offer`, so it is one shell-safe word: Vast's "Slovenia, SI, EU"
+    # becomes "Slovenia-SI-EU" (the region column keeps the source's text).
+    place = frame["region"] + ("/" + frame["zone"]).where(frame["zone"] != "", "")
+    frame["id"] = frame["provider"] + "/" + instance + "/" + place.map(_id_word)
 
     # A user's row overrides a bundled row with the same id; repeated rows of one source merge,
     # keeping a spot price where any copy has one (AWS p4de appears twice in some zones).
@@ -136,9 +139,16 @@ def _normalise(frame: pd.DataFrame, reserved_discount: float) -> pd.DataFrame:
     return frame.sort_values(["price_hour", "id"], kind="stable").reset_index(drop=True)
 
 
+def _id_word(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-")
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._/+-]+")
+
+
 @lru_cache(maxsize=8)
-def _load(paths: tuple[tuple[str, float], ...], reserved_discount: float) -> pd.DataFrame:
-    rows = _read_rows(bundled_catalog_path(), bundled=True)
+def _load(base: tuple[str, float], paths: tuple[tuple[str, float], ...], reserved_discount: float) -> pd.DataFrame:
+    rows = _read_rows(Path(base[0]), bundled=True)       # the catalog in use: stored, else bundled
     for path, _mtime in paths:
         rows.extend(_read_rows(Path(path), bundled=False))
     frame = pd.DataFrame(rows)
@@ -150,26 +160,22 @@ def load_catalog(
     extra: str | Path | Sequence[str | Path] | None = None,
     reserved_discount: float | None = None,
 ) -> pd.DataFrame:
-    """Every offer, normalised: the bundled catalog, config's ``catalog.paths`` and ``extra``.
+    """Every offer, normalised: the catalog in use (updated, else bundled), ``catalog.paths``, ``extra``.
 
-    Cached per set of files (and their modification times), so repeated calls are free.
+    Cached per set of files (and their mtimes); ``attrs`` has prices_as_of and stale_warning.
     """
     settings = config.settings()
-    if extra is None:
-        extra_paths: list[Path] = []
-    elif isinstance(extra, (str, Path)):
-        extra_paths = [Path(extra).expanduser()]
-    else:
-        extra_paths = [Path(p).expanduser() for p in extra]
+    extras = [] if extra is None else [extra] if isinstance(extra, (str, Path)) else list(extra)
     keyed = []
-    for path in (*settings.catalog_paths, *extra_paths):
+    for path in (*settings.catalog_paths, *(Path(p).expanduser() for p in extras)):
         if not path.is_file():
             raise GpugeekError(f"catalog file {path} does not exist — check the path")
         keyed.append((str(path.resolve()), path.stat().st_mtime))
     discount = settings.reserved_discount if reserved_discount is None else reserved_discount
     if not 0 <= discount < 1:
         raise GpugeekError(f"reserved discount {discount} must be a fraction in [0, 1)")
-    return _load(tuple(keyed), float(discount))
+    base = fresh.current()      # the newest updated catalog, else the bundled one
+    return base.stamp(_load(base.key(), tuple(keyed), float(discount)))
 
 
 PRICE_COLUMNS = {Pricing.ON_DEMAND: "on_demand_price", Pricing.SPOT: "spot_price",
@@ -252,11 +258,13 @@ def find_offers(
     pricing: str = "on-demand",
     top: int | None = None,
     catalog: str | Path | Sequence[str | Path] | None = None,
+    residency: str | None = None,
 ) -> pd.DataFrame:
     """Offers that meet every filter, cheapest first by ``price`` (the $/h under ``pricing``).
 
     ``gpu`` takes families (``H100``) or providers' spellings (``H100-SXM``), comma-separated;
-    ``count`` is exact (``8``) or a minimum (``'8+'``); ``region`` is a glob (``us-*``).
+    ``count`` is exact (``8``) or a minimum (``'8+'``); ``region`` is a glob (``us-*``);
+    ``residency`` (``EU``, ``US``, ``DE`` …) keeps offers whose region is known to be there.
     Nothing matching raises :class:`NoMatchingOffers`, whose one line names the nearest offers.
     """
     top = whole_number(top, "--top")
@@ -271,7 +279,11 @@ def find_offers(
         "min_gpu_mem": everything["gpu_mem_gib"] >= min_gpu_mem if min_gpu_mem else None,
         "provider": provider_mask(everything, provider),
         "region": region_mask(everything, region),
+        "residency": None,
     }
+    unknown: list[str] = []
+    if residency:
+        masks["residency"], unknown = residency_mask(everything, residency)
     masks = {k: v for k, v in masks.items() if v is not None}
     keep = pd.Series(True, index=everything.index)
     for mask in masks.values():
@@ -282,13 +294,16 @@ def find_offers(
     if frame.empty:
         raise _no_match(everything, masks, pricing, max_price, locals_for_message={
             "gpu": gpu, "count": count, "min_gpu_mem": min_gpu_mem, "provider": provider,
-            "region": region, "max_price": max_price, "pricing": pricing,
+            "region": region, "max_price": max_price, "pricing": pricing, "residency": residency,
         })
     frame = frame.sort_values(["price", "price_per_gpu_hour", "id"], kind="stable")
     if top is not None:
         frame = frame.head(top)
     shown = frame[[*SHOWN_COLUMNS, "pricing"]].reset_index(drop=True)
-    shown.attrs["pricing"] = str(pricing)
+    shown.attrs.update(pricing=str(pricing), **fresh.current().attrs(set(shown["provider"])))  # + prices' date
+    if unknown:
+        shown.attrs["unknown_regions"] = unknown
+        shown.attrs["residency_note"] = unknown_regions_note(residency, unknown)
     if pricing == "reserved":
         discount = 1 - (frame["reserved_price"] / frame["on_demand_price"]).iloc[0]
         shown.attrs["note"] = (
@@ -296,6 +311,12 @@ def find_offers(
             "set catalog.reserved_discount in config.toml"
         )
     return shown
+
+
+def unknown_regions_note(residency: str, unknown: list[str]) -> str:
+    """One line: which regions a residency filter left out because nobody knows where they are."""
+    shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+    return f"--residency {residency}: left out {len(unknown)} region(s) of unknown location ({shown})"
 
 
 def _count_mask(catalog: pd.DataFrame, count: int | str | None) -> pd.Series | None:

@@ -11,6 +11,7 @@ import sys
 import pandas as pd
 
 from ..catalog.offers import find_offers, load_catalog, price_column
+from ..catalog.residency import countries_in, country_of
 from ..config import settings
 from ..errors import GpugeekError, NoMatchingOffers
 from ..vocab import NodePrice, Pricing
@@ -23,11 +24,12 @@ CLOUD_PROVIDERS = ("aws", "gcp", "azure")
 def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, count: int | None = None,
              workers: int | None = None, min_workers: int | None = None, max_workers: int | None = None,
              pricing: str = Pricing.ON_DEMAND, spot_fallback: bool = False,
-             catalog: str | None = None) -> ClusterSpec:
+             catalog: str | None = None, residency: str | None = None) -> ClusterSpec:
     """The spec ``up`` starts: this machine for ``local``, nothing of ours for ``attach``, else
     the chosen offer's node types (``workers`` kept up, up to ``max_workers``)."""
     if backend in ("local", "attach"):
         given = [f for f, v in (("--offer", offer), ("--plan", plan), ("--gpu", gpu), ("--workers", workers),
+                                ("--residency", residency),
                                 ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
         if given or spot_fallback:
             what = "this machine" if backend == "local" else "the cluster at --address"
@@ -39,7 +41,8 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
     if workers is not None and min_workers is not None and workers != min_workers:
         raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up); give one")
     row, plan_nodes = resolve_offer(offer=offer, plan=plan, gpu=gpu, count=count, pricing=pricing,
-                                    provider=backend if backend in CLOUD_PROVIDERS else None, catalog=catalog)
+                                    provider=backend if backend in CLOUD_PROVIDERS else None, catalog=catalog,
+                                    residency=residency)
     keep = workers if workers is not None else (min_workers if min_workers is not None else plan_nodes or 1)
     most = max_workers or max(keep, 1)
     if most < keep:
@@ -53,7 +56,8 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
 
 def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = None,
              cpus_per_host: int | None = None, usd_per_hour: float | None = None, offer: str | None = None,
-             pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None) -> ClusterSpec:
+             pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None,
+             residency: str | None = None) -> ClusterSpec:
     """The user's own machines, each priced at the rate given or as the offer given (per host)."""
     targets = ssh.parse_hosts(hosts)
     if (usd_per_hour is None) == (offer is None):
@@ -65,7 +69,7 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
     if usd_per_hour is not None and (not isinstance(usd_per_hour, (int, float)) or usd_per_hour < 0):
         raise GpugeekError(f"--usd-per-hour {usd_per_hour!r}: give a number of dollars ≥ 0")
     if offer is not None:
-        row, _ = resolve_offer(offer=offer, pricing=pricing, catalog=catalog)
+        row, _ = resolve_offer(offer=offer, pricing=pricing, catalog=catalog, residency=residency)
         spec = build_spec("ssh", row, pricing=pricing, workers=len(targets) - 1, max_workers=len(targets) - 1,
                           spot_fallback=False)
         host = spec.node_types[0]
@@ -88,7 +92,8 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
 
 def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None,
                   count: int | None = None, pricing: str = "on-demand",
-                  provider: str | None = None, catalog: str | None = None) -> tuple[pd.Series, int | None]:
+                  provider: str | None = None, catalog: str | None = None,
+                  residency: str | None = None) -> tuple[pd.Series, int | None]:
     """The offer to build from, and the node count a plan asks for (else None)."""
     given = [name for name, value in (("--offer", offer), ("--plan", plan), ("--gpu", gpu)) if value is not None]
     if len(given) > 1:
@@ -103,7 +108,8 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
     elif offer is not None:
         row, nodes = _offer_by_id(offer, catalog), None
     elif gpu is not None:
-        frame = find_offers(gpu=gpu, count=count, pricing=pricing, provider=provider, catalog=catalog)
+        frame = find_offers(gpu=gpu, count=count, pricing=pricing, provider=provider, catalog=catalog,
+                            residency=residency)
         row, nodes = _offer_by_id(frame.iloc[0]["id"], catalog), None
     else:
         raise GpugeekError("say what to run on: --offer ID, --plan VAR or --gpu NAME [--count N]")
@@ -111,6 +117,12 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
         raise GpugeekError(
             f"offer {row['id']} is a {row['provider']} offer — the {provider} backend needs a "
             f"{provider} offer (try --gpu {row['gpu']} --count {int(row['gpu_count'])})")
+    if residency:
+        where = country_of(row["provider"], row["region"])
+        if where is None or where not in countries_in(residency):
+            raise GpugeekError(
+                f"offer {row['id']} is in {where or 'a place the region table does not know'}, "
+                f"outside --residency {residency} — pick one with `%gpugeek offers --residency {residency}`")
     column = price_column(pricing)
     if pd.isna(row[column]):
         raise GpugeekError(f"offer {row['id']} has no {pricing} price in the catalog — "

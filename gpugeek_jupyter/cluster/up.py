@@ -37,12 +37,14 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        idle: float | None = None, dashboard: bool = False, dry_run: bool = False, yes: bool = False,
        catalog: str | None = None, hosts: str | list[str] | None = None, ssh_key: str | None = None,
        gpus_per_host: int | None = None, cpus_per_host: int | None = None,
-       usd_per_hour: float | None = None, env: str | None = None) -> Cluster | LaunchConfig:
+       usd_per_hour: float | None = None, env: str | None = None,
+       residency: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
     its cluster again. Clouds and KubeRay show their config unless ``yes=True``. ``backend="ssh"``
     runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
+    ``residency`` (``EU``, ``US``, ``DE`` …) refuses an offer outside that jurisdiction.
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
     """
     given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"}
@@ -77,14 +79,18 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
                                   ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
         if ignored or spot_fallback:
             raise GpugeekError(f"{', '.join(ignored) or '--spot-fallback'}: an ssh cluster is the --hosts you name")
+        if residency and offer is None:
+            raise GpugeekError("--residency checks a catalog offer's region; your own --hosts are "
+                               "where you put them (give --offer ID to check one)")
         spec = ssh_spec(hosts, ssh_key=ssh_key, gpus_per_host=gpus_per_host, cpus_per_host=cpus_per_host,
-                        usd_per_hour=usd_per_hour, offer=offer, pricing=pricing, catalog=catalog)
+                        usd_per_hour=usd_per_hour, offer=offer, pricing=pricing, catalog=catalog,
+                        residency=residency)
     elif ssh_flags:
         raise GpugeekError(f"{', '.join(ssh_flags)}: only for --backend ssh (your own machines)")
     else:
         spec = spec_for(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
                         min_workers=min_workers, max_workers=max_workers, pricing=pricing,
-                        spot_fallback=spot_fallback, catalog=catalog)
+                        spot_fallback=spot_fallback, catalog=catalog, residency=residency)
     if dashboard and backend not in ("local", "sim"):
         raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {backend} head's "
                            f"dashboard is reached with `ray dashboard <its config>`")

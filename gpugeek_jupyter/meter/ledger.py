@@ -161,6 +161,12 @@ def job_preempted(cluster_id: int, job_id: str) -> None:
                    (cluster_id, job_id))
 
 
+def jobs_of(cluster_id: int) -> list[dict]:
+    """Every job of a cluster, oldest first."""
+    return [dict(r) for r in store.query(
+        "SELECT * FROM jobs WHERE cluster_id=? ORDER BY started, job_id", (cluster_id,))]
+
+
 def job_status(cluster_id: int, job_id: str) -> str | None:
     rows = store.query("SELECT status FROM jobs WHERE cluster_id=? AND job_id=?", (cluster_id, job_id))
     return rows[0][0] if rows else None

@@ -78,9 +78,10 @@ class OffersHandler(_Handler):
     @tornado.web.authenticated
     @authorized
     def get(self) -> None:
-        from ..catalog import offers
+        from ..catalog import fresh, offers
         from ..errors import NoMatchingOffers
 
+        dated = fresh.current().attrs()     # the prices' date and, when over a week old, a warning
         arg = self.get_query_argument
         try:
             limit = int(arg("limit", "20"))
@@ -92,16 +93,19 @@ class OffersHandler(_Handler):
             frame = offers.find_offers(gpu=arg("gpu", None) or None, count=arg("count", None) or None,
                                        provider=arg("provider", None) or None,
                                        region=arg("region", None) or None,
+                                       residency=arg("residency", None) or None,
                                        pricing=arg("pricing", "on-demand"), top=limit)
         except NoMatchingOffers as exc:
-            return self.reply({"offers": [], "count": 0, "message": str(exc)})
+            return self.reply({"offers": [], "count": 0, "message": str(exc), **dated})
         except GpugeekError as exc:
             return self.fail(400, str(exc))
+        dated = {key: frame.attrs.get(key) for key in dated}      # of the offers shown
+        dated["unknown_regions"] = frame.attrs.get("unknown_regions", [])   # left out by residency
         frame = frame[list(OFFER_FIELDS)].rename(columns=OFFER_FIELDS)
         rows = json.loads(frame.to_json(orient="records"))
         note = ("reserved prices are estimates: on-demand less the configured discount"
                 if arg("pricing", "on-demand") == "reserved" else None)
-        self.reply({"offers": rows, "count": len(rows), "note": note})
+        self.reply({"offers": rows, "count": len(rows), "note": note, **dated})
 
 
 class MetricsHandler(_Handler):

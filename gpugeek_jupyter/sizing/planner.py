@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .. import config
 from ..catalog import offers as catalog_offers
+from ..catalog.residency import residency_mask
 from ..errors import GpugeekError
 from ..units import human_count, parse_count, positive_number, whole_number
 from ..vocab import Objective, Optimizer, Precision, Pricing, Strategy
-from . import memory
+from . import memory, spot
 
 if TYPE_CHECKING:  # torch loads when a model is planned
     from torch import nn
@@ -30,7 +32,8 @@ CHINCHILLA_TOKENS_PER_PARAM = 20
 TABLE_COLUMNS = [
     "id", "provider", "instance_type", "gpu", "gpu_count", "nodes", "gpu_mem_gib",
     "mem_per_gpu_gib", "headroom_gib", "peak_tflops", "est_hours", "est_tokens", "price",
-    "cost", "usd_per_m_tokens", "cost_on_demand", "cost_spot", "cost_reserved",
+    "cost", "usd_per_m_tokens", "cost_on_demand", "cost_spot", "cost_reserved", "spot_hours",
+    "preemptions_per_hour", "ckpt_every_min", "best_ckpt_min",
 ]
 
 
@@ -65,7 +68,10 @@ class Plan:
         where = f"{int(b['nodes'])}× " if b["nodes"] > 1 else ""
         return (f"best: {where}{b['id']} ({b['gpu']}×{int(b['gpu_count'])}) — "
                 f"~{b['mem_per_gpu_gib']:.1f} of {b['gpu_mem_gib']:.0f} GiB per GPU, "
-                f"~{b['est_hours']:.3g} h, ~${b['cost']:,.2f} {self.pricing} (estimates)")
+                f"~{b['est_hours']:.3g} h, ~${b['cost']:,.2f} {self.pricing} (estimates"
+                + (")" if self.pricing != "spot" else "; expected, preemptions priced in)"
+                   if b["preemptions_per_hour"] == b["preemptions_per_hour"]
+                   else "; no preemption rate known, so preemptions are not priced)"))
 
     def shown(self) -> pd.DataFrame:
         """The top rows for display: one per instance type and price (other regions folded)."""
@@ -74,7 +80,8 @@ class Plan:
         places = self.table.groupby(keys, sort=False).size().rename("regions")
         return distinct.join(places, on=keys).round(
             {"mem_per_gpu_gib": 1, "headroom_gib": 1, "est_hours": 3, "price": 2, "cost": 2,
-             "cost_on_demand": 2, "cost_spot": 2, "cost_reserved": 2})
+             "cost_on_demand": 2, "cost_spot": 2, "cost_reserved": 2, "spot_hours": 3,
+             "ckpt_every_min": 0, "best_ckpt_min": 0})
 
     def __repr__(self) -> str:
         lines = [self.summary(), "", "memory per GPU (estimate):", self.memory_table.to_string(),
@@ -122,6 +129,10 @@ def plan(
     catalog: str | None = None,
     example: object = None,
     ckpt_class: str | None = None,
+    residency: str | None = None,
+    checkpoint_every: float | None = None,
+    checkpoint_seconds: float | None = None,
+    restart_minutes: float = spot.DEFAULT_RESTART_MINUTES,
 ) -> Plan:
     """Size a training run and find the offers that fit it, best first by ``objective``.
 
@@ -130,6 +141,10 @@ def plan(
     ``tokens`` (or samples, for models without a sequence) or ``hours`` sizes the run; with
     neither, the run is 20 tokens per parameter (Chinchilla-optimal). ``ckpt_class`` names the
     block class to checkpoint when the model keeps its blocks outside an ``nn.ModuleList``.
+
+    Spot columns are *expected* hours and $: preemptions at each offer's rate redo the work since
+    the last checkpoint (every ``checkpoint_every`` minutes, else the interval that minimises the
+    cost, ``best_ckpt_min``) and pay ``restart_minutes`` each. See ``sizing/spot.py``.
     """
     batch, top = whole_number(batch, "--batch"), whole_number(top, "--top")
     seq, gpus = whole_number(seq, "--seq"), whole_number(gpus, "--gpus")
@@ -146,6 +161,9 @@ def plan(
     if tokens is not None and hours is not None:
         raise GpugeekError("give --tokens or --hours, not both")
     hours = positive_number(hours, "--hours")
+    checkpoint_every = positive_number(checkpoint_every, "--checkpoint-every")
+    checkpoint_seconds = positive_number(checkpoint_seconds, "--checkpoint-seconds")
+    restart_minutes = _at_least_zero(restart_minutes, "--restart-minutes")
     if strategy == "fsdp" and gpus == 1:
         raise GpugeekError("--strategy fsdp needs more than one GPU — raise --gpus or use ddp")
 
@@ -156,13 +174,17 @@ def plan(
         n = parse_count(params, "--params")
         est = memory.from_params(n, precision, optimizer, batch, seq or 2048, grad_ckpt,
                                  strategy, gpus)
+    checkpoint_h, checkpoint_note = spot.checkpoint_hours(
+        est.weights_gib + est.optimizer_gib, checkpoint_seconds)
     run_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
     if run_tokens is None and hours is None:
         run_tokens = CHINCHILLA_TOKENS_PER_PARAM * est.trainable_params
 
     options = dict(gpus=gpus, pricing=pricing, gpu=gpu, provider=provider, region=region,
+                   residency=residency,
                    catalog=catalog, precision=precision, grad_ckpt=grad_ckpt, tokens=run_tokens,
-                   hours=hours, mfu=mfu,
+                   hours=hours, mfu=mfu, checkpoint_h=checkpoint_h, restart_h=restart_minutes / 60,
+                   interval_h=checkpoint_every / 60 if checkpoint_every else None,
                    tokens_per_step=batch * (seq or 1) if model is not None else batch * (seq or 2048))
     table = rank(candidates(est, **options), objective, by_hours=hours is not None)
     best = table.iloc[0] if not table.empty else None
@@ -171,15 +193,30 @@ def plan(
         memory=est, table=table[TABLE_COLUMNS].reset_index(drop=True), best=best,
         pricing=pricing, objective=objective, tokens=run_tokens, hours=hours, mfu=mfu, top=top,
         why_empty=why_empty,
-        assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing),
+        assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing)
+        + _spot_assumptions(table, checkpoint_note, restart_minutes, checkpoint_every)
+        + _residency_assumptions(residency, catalog) + _prices_date(catalog),
     )
+
+
+def _at_least_zero(value: float, flag: str) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise GpugeekError(f"{flag} {value!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise GpugeekError(f"{flag} {value!r} must be a number ≥ 0")
+    return value
 
 
 def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, precision: str,
                grad_ckpt: bool, tokens: float | None, hours: float | None, mfu: float,
-               tokens_per_step: int, gpu: str | None = None, provider: str | None = None,
-               region: str | None = None, catalog: str | None = None) -> pd.DataFrame:
-    """Every priced offer whose GPUs hold the run, with its estimated hours and $.
+               tokens_per_step: int, checkpoint_h: float, restart_h: float,
+               interval_h: float | None = None, gpu: str | None = None, provider: str | None = None,
+               region: str | None = None, catalog: str | None = None,
+               residency: str | None = None) -> pd.DataFrame:
+    """Every priced offer whose GPUs hold the run, with its estimated hours and $ (spot: expected,
+    preemptions priced in).
 
     Works on whole-catalog numpy columns and builds one small frame at the end: planning is
     interactive, so it must stay well under 10 ms for the full catalog.
@@ -195,7 +232,8 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     if gpu:
         keep &= catalog_offers.gpu_mask(offers, gpu).to_numpy()
     for mask in (catalog_offers.provider_mask(offers, provider),
-                 catalog_offers.region_mask(offers, region)):
+                 catalog_offers.region_mask(offers, region),
+                 _residency_mask(offers, residency)):
         if mask is not None:
             keep &= mask.to_numpy()
     if gpus is not None:
@@ -216,20 +254,50 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     tokens_per_hour = world[rows] * peak[rows] * 1e12 * mfu * 3600 / flops_per_token
     est_hours = np.full(len(rows), float(hours)) if hours is not None else tokens / tokens_per_hour
     n = nodes[rows]
-    frame = offers.iloc[rows][["id", "provider", "instance_type", "gpu", "gpu_count",
-                               "gpu_mem_gib"]].reset_index(drop=True)
-    frame["nodes"] = n
-    frame["mem_per_gpu_gib"] = np.broadcast_to(need, keep.shape)[rows]
-    frame["headroom_gib"] = frame["gpu_mem_gib"] - frame["mem_per_gpu_gib"]
-    frame["peak_tflops"] = peak[rows]
-    frame["est_hours"] = est_hours
-    frame["est_tokens"] = est_hours * tokens_per_hour
-    frame["price"] = price[rows] * n
-    frame["cost"] = est_hours * frame["price"].to_numpy()
-    frame["cost_on_demand"] = est_hours * col["on_demand_price"][rows] * n
-    frame["cost_spot"] = est_hours * col["spot_price"][rows] * n
-    frame["cost_reserved"] = est_hours * col["reserved_price"][rows] * n
-    return frame
+    price_now = price[rows] * n
+    mem = col["gpu_mem_gib"][rows]
+    need_now = np.broadcast_to(need, keep.shape)[rows]
+
+    # spot: any node lost stops every rank, so the run's rate is its nodes' rates summed
+    rate = _node_rates(offers)[rows] * n
+    best = spot.best_interval(rate, checkpoint_h)
+    interval = best if interval_h is None else np.full(len(rows), interval_h)
+    spot_hours = spot.expected_hours(est_hours, rate, np.minimum(interval, 1e9), checkpoint_h, restart_h)
+    unknown = np.isnan(rate)
+    hours_now = np.where(unknown, est_hours, spot_hours) if pricing == "spot" else est_hours
+    # one frame built at once: planning is interactive (column-by-column inserts cost milliseconds)
+    columns = {name: offers[name].to_numpy()[rows] for name in (
+        "id", "provider", "instance_type", "gpu", "gpu_count")}
+    return pd.DataFrame({
+        **columns, "gpu_mem_gib": mem, "nodes": n, "mem_per_gpu_gib": need_now,
+        "headroom_gib": mem - need_now, "peak_tflops": peak[rows], "est_hours": hours_now,
+        "est_tokens": est_hours * tokens_per_hour, "price": price_now, "cost": hours_now * price_now,
+        "cost_on_demand": est_hours * col["on_demand_price"][rows] * n,
+        "cost_reserved": est_hours * col["reserved_price"][rows] * n,
+        "spot_hours": spot_hours, "preemptions_per_hour": rate, "ckpt_every_min": interval * 60,
+        "best_ckpt_min": best * 60, "cost_spot": spot_hours * col["spot_price"][rows] * n,
+        "has_spot_price": ~np.isnan(col["spot_price"][rows]),
+        # where no rate is known the spot price is all there is: a spot plan ranks those after
+        "_unpriced_risk": unknown if pricing == "spot" else np.zeros(len(rows), bool),
+    })
+
+
+def _residency_mask(offers: pd.DataFrame, residency: str | None) -> pd.Series | None:
+    return residency_mask(offers, residency)[0] if residency else None
+
+
+_rates_cache: dict[tuple[int, tuple], tuple[pd.DataFrame, np.ndarray]] = {}
+
+
+def _node_rates(offers: pd.DataFrame) -> np.ndarray:
+    """Per-node preemptions per hour of every catalog row, for this catalog and these settings."""
+    overrides = config.settings().spot_rates
+    key = (id(offers), overrides)
+    if key not in _rates_cache or _rates_cache[key][0] is not offers:
+        _rates_cache.clear()       # one catalog at a time (kept with it: its id is not reused)
+        _rates_cache[key] = (offers, spot.node_rates(offers["provider"].to_numpy(), offers["gpu"].to_numpy(),
+                                                     spot.rate_table(dict(overrides))))
+    return _rates_cache[key][1]
 
 
 def rank(frame: pd.DataFrame, objective: str, by_hours: bool = False) -> pd.DataFrame:
@@ -242,7 +310,9 @@ def rank(frame: pd.DataFrame, objective: str, by_hours: bool = False) -> pd.Data
                 else ["_more_tokens", "usd_per_m_tokens", "id"])
     else:
         keys = ["cost", "est_hours", "id"] if objective == "cost" else ["est_hours", "cost", "id"]
-    return frame.sort_values(keys, kind="stable").drop(columns="_more_tokens")
+    # spot offers whose preemptions cannot be priced go after every offer whose can
+    return frame.sort_values(["_unpriced_risk", *keys], kind="stable").drop(
+        columns=["_more_tokens", "_unpriced_risk"])
 
 
 def _why_empty(est: memory.MemoryEstimate, options: dict, precision: str) -> str:
@@ -283,9 +353,45 @@ def _assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens_arg, 
     else:
         notes.append(f"run length: {human_count(run_tokens)} tokens")
     notes.append("reserved = on-demand × (1 − discount), an estimate; spot prices are a snapshot")
+    if pricing == "spot":
+        notes.append("spot hours and $ are expected values with preemptions priced in (below)")
     if est.strategy == "fsdp":
         notes.append("fsdp shards weights, gradients and optimizer state evenly over all GPUs")
     notes.extend(est.notes)
     if math.isnan(est.activations_gib):
         notes.append("activations unknown")
     return notes
+
+
+def _spot_assumptions(table: pd.DataFrame, checkpoint_note: str, restart_minutes: float,
+                      checkpoint_every: float | None) -> list[str]:
+    """Say what the spot columns rest on, and which offers have no preemption rate at all."""
+    unknown = table[table["has_spot_price"] & table["preemptions_per_hour"].isna()]
+    interval = (f"a checkpoint every {checkpoint_every:g} min" if checkpoint_every else
+                "a checkpoint at each offer's best interval (best_ckpt_min; Young's √(2·C·MTBP) "
+                "refined)")
+    notes = [f"spot: Poisson preemptions at each offer's rate (sizing/data/preemption.csv, or "
+             f"[spot] in config.toml) × nodes; {interval}; {checkpoint_note}; a restart costs "
+             f"{restart_minutes:g} min (assumed; set --restart-minutes); all estimates"]
+    if not unknown.empty:
+        providers = ", ".join(sorted(unknown["provider"].unique()))
+        notes.append(f"no preemption rate known for {len(unknown)} offer(s) ({providers}): their "
+                     "expected spot cost is left empty (a spot plan ranks them last, at the bare spot price) — set "
+                     "[spot] preemptions_per_hour in config.toml")
+    return notes
+
+
+def _residency_assumptions(residency: str | None, catalog: str | None) -> list[str]:
+    if not residency:
+        return []
+    _mask, unknown = residency_mask(catalog_offers.load_catalog(catalog), residency)
+    note = f"--residency {residency}: only regions the region table places there"
+    if unknown:
+        note = catalog_offers.unknown_regions_note(residency, unknown)
+    return [note]
+
+
+def _prices_date(catalog: str | None) -> list[str]:
+    attrs = catalog_offers.load_catalog(catalog).attrs
+    notes = [f"prices as of {attrs['prices_as_of']}"] if attrs.get("prices_as_of") else []
+    return notes + ([attrs["stale_warning"]] if attrs.get("stale_warning") else [])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -18,6 +20,13 @@ def frontier(offers: pd.DataFrame) -> pd.DataFrame:
             keep.append(index)
             best = tflops
     return data.loc[keep]
+
+
+def dated_caption(offers: pd.DataFrame) -> str:
+    """``prices as of 2026-11-21`` (plus the stale warning, if any) from the offers' attrs; '' if unknown."""
+    date, warning = offers.attrs.get("prices_as_of"), offers.attrs.get("stale_warning")
+    caption = f"prices as of {date}" if date else ""
+    return f"{caption} — {warning}" if caption and warning else caption or (warning or "")
 
 
 def price_performance(offers: pd.DataFrame, title: str | None = None) -> go.Figure:
@@ -39,8 +48,11 @@ def price_performance(offers: pd.DataFrame, title: str | None = None) -> go.Figu
         marker={"symbol": "star", "size": 11, "color": "black"},
         hovertemplate="frontier: %{text}<br>%{x:.0f} TFLOP/s · $%{y:.2f}/GPU-h<extra></extra>",
     ))
+    title = title or f"Price–performance ({pricing} $/GPU-hour vs peak dense bf16 TFLOP/s)"
+    if caption := dated_caption(offers):
+        title += f"<br><sup>{html.escape(caption)}</sup>"
     fig.update_layout(
-        title=title or f"Price–performance ({pricing} $/GPU-hour vs peak dense bf16 TFLOP/s)",
+        title=title,
         xaxis_title="peak dense TFLOP/s per GPU (bf16, else fp16/fp32; vendor spec)",
         yaxis_title=f"$ per GPU-hour ({pricing})", template="plotly_white", height=480,
     )

@@ -14,8 +14,9 @@ from IPython.display import display
 from .. import api
 from ..catalog.gpus import families
 from ..catalog.offers import load_catalog
+from ..catalog.residency import JURISDICTIONS, countries_in
 from ..errors import GpugeekError
-from ..views.pricing import price_performance
+from ..views.pricing import dated_caption, price_performance
 from ..vocab import Pricing, Strategy
 from ._base import LiveFigure, bundle
 
@@ -29,7 +30,7 @@ BACKENDS = (("sim — rehearse on this machine (simulated $)", "sim"),
 class OfferPicker(w.VBox):
     def __init__(self, *, gpu: str | None = None, count: int | None = None, min_gpu_mem: float | None = None,
                  provider: str | None = None, pricing: str = "on-demand", max_price: float | None = None,
-                 catalog: str | None = None, params: str = "1B"):
+                 catalog: str | None = None, params: str = "1B", residency: str | None = None):
         self.catalog = catalog
         everything = load_catalog(catalog)
         counts = sorted(int(c) for c in everything["gpu_count"].unique())
@@ -49,6 +50,12 @@ class OfferPicker(w.VBox):
                                        description="pricing", style={"button_width": "90px"})
         self.max_price = w.BoundedFloatText(value=max_price or 0, min=0, max=1e4, step=1,
                                             description="max $/h", tooltip="0: no limit")
+        places = [ANY, *JURISDICTIONS]
+        if residency and residency.upper() not in places:
+            countries_in(residency)                       # one line if it is no jurisdiction at all
+            places.append(residency.upper())
+        self.residency = w.Dropdown(options=places, value=residency.upper() if residency else ANY,
+                                    description="residency", tooltip="only offers in this jurisdiction")
         self.count_label = w.HTML()
         self.table = w.HTML()
         self.chart = LiveFigure()
@@ -66,12 +73,14 @@ class OfferPicker(w.VBox):
         self.provision_button = w.Button(description="Provision", button_style="primary", icon="play")
         self.output = w.Output()
         self.message = w.HTML()
-        for control in (self.gpu, self.count, self.min_mem, self.provider, self.pricing, self.max_price):
+        for control in (self.gpu, self.count, self.min_mem, self.provider, self.pricing, self.max_price,
+                        self.residency):
             control.observe(lambda _: self.requery(), names="value")
         self.plan_button.on_click(lambda _: self._act(self.plan))
         self.provision_button.on_click(lambda _: self._act(self.provision))
         super().__init__([
-            w.HBox([self.gpu, self.count, self.min_mem]), w.HBox([self.provider, self.max_price]),
+            w.HBox([self.gpu, self.count, self.min_mem]),
+            w.HBox([self.provider, self.max_price, self.residency]),
             self.pricing, self.count_label, self.table, self.chart, self.choice,
             w.HBox([self.params, self.plan_button]),
             w.HBox([self.backend, self.workers, self.budget, self.idle, self.provision_button]),
@@ -94,6 +103,7 @@ class OfferPicker(w.VBox):
             "pricing": self.pricing.value,
             "max_price": self.max_price.value or None,
             "catalog": self.catalog,
+            "residency": None if self.residency.value == ANY else self.residency.value,
         }
 
     def requery(self) -> None:
@@ -108,7 +118,13 @@ class OfferPicker(w.VBox):
             return
         self.offers = frame
         self._say("")
-        self.count_label.value = f"{len(frame)} offers, cheapest first by {self.pricing.value} $/h"
+        label = f"{len(frame)} offers, cheapest first by {self.pricing.value} $/h"
+        if caption := dated_caption(frame):          # the prices' date; orange once over a week old
+            colour = "darkorange" if frame.attrs.get("stale_warning") else "gray"
+            label += f" · <span style='color:{colour}'>{html.escape(caption)}</span>"
+        if note := frame.attrs.get("residency_note"):
+            label += f" · {html.escape(note)}"
+        self.count_label.value = label
         shown = frame.head(SHOWN)[["id", "gpu", "gpu_count", "gpu_mem_gib", "price", "price_per_gpu_hour",
                                    "peak_tflops"]]
         self.table.value = shown.to_html(index=False, float_format=lambda x: f"{x:,.2f}",
@@ -124,7 +140,7 @@ class OfferPicker(w.VBox):
         f = self.filters()
         result = api.plan(params=self.params.value, gpu=f["gpu"], provider=f["provider"], gpus=f["count"],
                       strategy=Strategy.FSDP if f["count"] and f["count"] > 1 else Strategy.DDP,
-                      pricing=f["pricing"], catalog=f["catalog"])
+                      pricing=f["pricing"], catalog=f["catalog"], residency=f["residency"])
         self._show(result)
         return result
 
@@ -150,7 +166,7 @@ class OfferPicker(w.VBox):
         cluster = api.up(backend=backend, offer=offer, workers=int(self.workers.value),
                      pricing=self.pricing.value, budget=self.budget.value or None,
                      idle=self.idle.value or None, dry_run=kind == "cloud-dry-run", yes=kind == "cloud",
-                     catalog=self.catalog)
+                     catalog=self.catalog, residency=self.filters()["residency"])
         self._say("")
         self._show(cluster)
         return cluster

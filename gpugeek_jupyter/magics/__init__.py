@@ -6,116 +6,54 @@ the same function the Python API exposes, so the two can never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from . import api
-from .errors import GpugeekError
-from .units import parse_duration
-from .vocab import Amp, Choice, CostGrouping, Objective, Optimizer, Precision, Pricing, Strategy
-
-Subcommand = Callable[["GpugeekMagics", str], object]
-SUBCOMMANDS: dict[str, Subcommand] = {}
-
-
-def subcommand(func: Callable) -> Callable:
-    """Register ``func`` as ``%gpugeek <name>``; its ``magic_arguments`` parser gets that prog."""
-    func.parser.prog = f"%gpugeek {func.__name__}"
-    SUBCOMMANDS[func.__name__] = func
-    return func
-
-
-def _positive_float(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise UsageError(f"{flag} {text!r} is not a number") from None
-        if value <= 0:
-            raise UsageError(f"{flag} {text!r} must be positive")
-        return value
-    return parse
-
-
-def choice(kind: type[Choice], flag: str) -> Callable[[str], str]:
-    """A flag whose value is one of ``kind``'s: checked by the vocabulary's one validator."""
-    def parse(text: str) -> str:
-        try:
-            return kind.parse(text, flag).value
-        except GpugeekError as exc:
-            raise UsageError(str(exc)) from None
-    parse.__name__ = flag.lstrip("-")         # argparse names the flag's type in its messages
-    return parse
-
-
-def flags(*arguments: Callable) -> Callable:
-    """Several ``argument`` decorators as one, shared by the subcommands that take them (the way
-    ipyparallel's magics share ``exec_args``/``output_args``)."""
-    def apply(func: Callable) -> Callable:
-        for add in reversed(arguments):
-            func = add(func)
-        return func
-    return apply
-
-
-def _pricing(help_text: str = "how the offer is bought") -> Callable:
-    return argument("--pricing", default=Pricing.ON_DEMAND.value, type=choice(Pricing, "--pricing"),
-                    metavar="|".join(Pricing.values()), help=help_text)
-
-
-# what narrows the catalog, in offers, plan and the picker
-offer_filters = flags(
-    argument("--gpu", help="GPU families or provider spellings, comma-separated (H100,A100)"),
-    argument("--provider", help="providers, comma-separated (aws,lambda)"),
-    argument("--region", help="region or zone pattern (us-*, europe)"),
-    _pricing(),
-    argument("--catalog", help="a CSV of your own offers (same columns as the bundled one)"),
+from .. import api
+from ..errors import GpugeekError
+from ..vocab import Amp, CostGrouping, Objective, Optimizer, Precision, Strategy
+from .flags import (
+    SUBCOMMANDS,
+    choice,
+    cluster_name,
+    number,
+    offer_filters,
+    positive_float,
+    positive_int,
+    pricing_flag,
+    span,
+    subcommand,
 )
-# the cluster a command is about
-cluster_name = argument("name", nargs="?", help="cluster name (default: the active one)")
-
-
-def _positive_int(flag: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(f"{flag} {text!r} is not a whole number") from None
-        if value < 1:
-            raise UsageError(f"{flag} {text!r} must be at least 1")
-        return value
-    return parse
 
 
 @subcommand
 @magic_arguments()
 @offer_filters
 @argument("--count", help="GPUs per instance: 8, or 8+ for at least 8")
-@argument("--min-gpu-mem", type=_positive_float("--min-gpu-mem"), help="GiB per GPU, at least")
-@argument("--max-price", type=_positive_float("--max-price"), help="$/h per instance, at most")
-@argument("--top", type=_positive_int("--top"), help="show only the K cheapest")
+@argument("--min-gpu-mem", type=positive_float("--min-gpu-mem"), help="GiB per GPU, at least")
+@argument("--max-price", type=positive_float("--max-price"), help="$/h per instance, at most")
+@argument("--top", type=positive_int("--top"), help="show only the K cheapest")
 @argument("--chart", action="store_true", help="add the price–performance chart")
 @argument("--pick", action="store_true", help="an interactive picker: filters, table, chart, Plan, Provision")
 def offers(self: GpugeekMagics, line: str):
     """Compare GPU offers, cheapest first by the chosen pricing."""
     args = parse_argstring(offers, line)
     if args.pick:
-        from .widgets import OfferPicker
+        from ..widgets import OfferPicker
 
         return OfferPicker(gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem,
                            provider=args.provider, pricing=args.pricing,
-                           max_price=args.max_price, catalog=args.catalog)
+                           max_price=args.max_price, catalog=args.catalog, residency=args.residency)
     frame = api.offers(
         gpu=args.gpu, count=args.count, min_gpu_mem=args.min_gpu_mem, provider=args.provider,
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,
-        catalog=args.catalog,
+        catalog=args.catalog, residency=args.residency,
     )
-    if "note" in frame.attrs:
-        print(frame.attrs["note"])
+    for key in ("note", "residency_note", "stale_warning"):
+        if frame.attrs.get(key):
+            print(frame.attrs[key])
     if args.chart:
         display(api.price_performance(frame))
     return frame
@@ -130,19 +68,25 @@ def offers(self: GpugeekMagics, line: str):
           metavar="|".join(Precision.values()))
 @argument("--optimizer", default="adam", type=choice(Optimizer, "--optimizer"),
           metavar="|".join(Optimizer.values()))
-@argument("--batch", type=_positive_int("--batch"), default=1, help="micro-batch per GPU")
-@argument("--seq", type=_positive_int("--seq"), help="sequence length (default 2048 with --params)")
+@argument("--batch", type=positive_int("--batch"), default=1, help="micro-batch per GPU")
+@argument("--seq", type=positive_int("--seq"), help="sequence length (default 2048 with --params)")
 @argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
 @argument("--grad-ckpt-class", help="block class to checkpoint (default: nn.ModuleList children)")
 @argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
-@argument("--gpus", type=_positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
+@argument("--gpus", type=positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
 @argument("--tokens", help="tokens (or samples) to train on, like 2B")
-@argument("--hours", type=_positive_float("--hours"), help="or: hours to train for")
+@argument("--hours", type=positive_float("--hours"), help="or: hours to train for")
 @argument("--objective", default="cost", type=choice(Objective, "--objective"),
           metavar="|".join(Objective.values()))
-@argument("--mfu", type=_positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
+@argument("--mfu", type=positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
+@argument("--checkpoint-every", type=positive_float("--checkpoint-every"), metavar="MINUTES",
+          help="spot: minutes between checkpoints (default: the interval that costs least)")
+@argument("--checkpoint-seconds", type=positive_float("--checkpoint-seconds"),
+          help="spot: how long one checkpoint takes (default: from the model's size)")
+@argument("--restart-minutes", type=number("--restart-minutes"), default=10.0,
+          help="spot: a restart after a preemption (new node, reload)")
 @offer_filters
-@argument("--top", type=_positive_int("--top"), default=10, help="rows to show")
+@argument("--top", type=positive_int("--top"), default=10, help="rows to show")
 def plan(self: GpugeekMagics, line: str):
     """Size a training run against your model and pick the cheapest offer that fits."""
     args = parse_argstring(plan, line)
@@ -156,19 +100,13 @@ def plan(self: GpugeekMagics, line: str):
         strategy=args.strategy, gpus=args.gpus, tokens=args.tokens, hours=args.hours,
         pricing=args.pricing, objective=args.objective, mfu=args.mfu, gpu=args.gpu,
         provider=args.provider, region=args.region, top=args.top, catalog=args.catalog,
-        ckpt_class=args.grad_ckpt_class,
+        ckpt_class=args.grad_ckpt_class, residency=args.residency,
+        checkpoint_every=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds,
+        restart_minutes=args.restart_minutes,
     )
 
 
-def _number(flag: str, kind: type = float) -> Callable[[str], float]:
-    """Only checks that it is a number; the API says what range is allowed, in one line."""
-    def parse(text: str) -> float:
-        try:
-            return kind(text)
-        except ValueError:
-            noun = "a whole number" if kind is int else "a number"
-            raise UsageError(f"{flag} {text!r} is not {noun}") from None
-    return parse
+from . import advice  # noqa: E402,F401 - registers advise and catalog after plan
 
 
 @subcommand
@@ -177,26 +115,27 @@ def _number(flag: str, kind: type = float) -> Callable[[str], float]:
 @argument("--backend", help="local (default), sim, ssh, aws, gcp, azure or kuberay")
 @argument("--hosts", help="ssh: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
 @argument("--ssh-key", help="ssh: the private key to log in with (default: your ssh config and agent)")
-@argument("--gpus-per-host", type=_number("--gpus-per-host", int), help="ssh: GPUs each host has")
-@argument("--cpus-per-host", type=_number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
-@argument("--usd-per-hour", type=_number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
+@argument("--gpus-per-host", type=number("--gpus-per-host", int), help="ssh: GPUs each host has")
+@argument("--cpus-per-host", type=number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
+@argument("--usd-per-hour", type=number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
 @argument("--gpu", help="GPU family: the cheapest matching offer")
-@argument("--count", type=_number("--count", int), help="GPUs per node with --gpu")
-@argument("--workers", type=_number("--workers", int), help="worker nodes kept up")
-@argument("--min-workers", type=_number("--min-workers", int), help="same as --workers")
-@argument("--max-workers", type=_number("--max-workers", int), help="ceiling the autoscaler may grow to")
-@_pricing()
+@argument("--count", type=number("--count", int), help="GPUs per node with --gpu")
+@argument("--workers", type=number("--workers", int), help="worker nodes kept up")
+@argument("--min-workers", type=number("--min-workers", int), help="same as --workers")
+@argument("--max-workers", type=number("--max-workers", int), help="ceiling the autoscaler may grow to")
+@pricing_flag()
 @argument("--spot-fallback", action="store_true", help="replace a preempted spot node with on-demand")
-@argument("--budget", type=_number("--budget"), help="USD: warn at 80%%, stop everything at 100%%")
-@argument("--idle", type=_number("--idle"), help="minutes without a job before the cluster stops")
+@argument("--budget", type=number("--budget"), help="USD: warn at 80%%, stop everything at 100%%")
+@argument("--idle", type=number("--idle"), help="minutes without a job before the cluster stops")
 @argument("--dashboard", action="store_true", help="also start Ray's dashboard (local and sim heads)")
 @argument("--dry-run", action="store_true", help="show the config, start nothing")
 @argument("--yes", action="store_true", help="really launch on a cloud / Kubernetes (costs money)")
 @argument("--catalog", help="a CSV of your own offers")
+@argument("--residency", help="the offer must lie in EU, UK, US, … or one country (DE)")
 def up(self: GpugeekMagics, line: str):
     """Start a Ray cluster (or re-attach to a live one by name); it becomes the active cluster."""
     args = parse_argstring(up, line)
@@ -208,6 +147,7 @@ def up(self: GpugeekMagics, line: str):
         budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
         catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
         cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour, env=args.env,
+        residency=args.residency,
     )
 
 
@@ -221,7 +161,7 @@ def status(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("workers", type=_number("workers", int), help="worker nodes to keep")
+@argument("workers", type=number("workers", int), help="worker nodes to keep")
 @cluster_name
 def scale(self: GpugeekMagics, line: str):
     """Resize a cluster to N worker nodes."""
@@ -231,8 +171,8 @@ def scale(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("--budget", type=_number("--budget"), help="USD: the new cap (warn at 80%%, stop at 100%%)")
-@argument("--idle", type=_number("--idle"), help="minutes idle before the cluster stops")
+@argument("--budget", type=number("--budget"), help="USD: the new cap (warn at 80%%, stop at 100%%)")
+@argument("--idle", type=number("--idle"), help="minutes idle before the cluster stops")
 @cluster_name
 def limits(self: GpugeekMagics, line: str):
     """Change a live cluster's budget cap or idle stop; on a remote cluster its head is told too."""
@@ -293,19 +233,10 @@ def doctor(self: GpugeekMagics, line: str):
     return api.doctor(args.name, packages=args.packages)
 
 
-def _span(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            return parse_duration(text, flag)
-        except GpugeekError as exc:
-            raise UsageError(str(exc)) from None
-    return parse
-
-
 @subcommand
 @magic_arguments()
 @argument("name", nargs="?", help="cluster name (default: every cluster)")
-@argument("--since", type=_span("--since"), metavar="SPAN", help="only the last SPAN: 90s, 30m, 2h, 7d")
+@argument("--since", type=span("--since"), metavar="SPAN", help="only the last SPAN: 90s, 30m, 2h, 7d")
 @argument("--json", action="store_true", help="print the events as JSON lines")
 def log(self: GpugeekMagics, line: str):
     """The audit log: every action on a cluster — who, from where, with what options, at what $."""
@@ -326,20 +257,20 @@ def _names(text: str | None) -> list[str]:
 
 @subcommand
 @magic_arguments()
-@argument("--workers", type=_number("--workers", int), default=2, help="workers (one rank each)")
-@argument("--gpus-per-worker", type=_number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)")
+@argument("--workers", type=number("--workers", int), default=2, help="workers (one rank each)")
+@argument("--gpus-per-worker", type=number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)")
 @argument("--amp", default="off", type=choice(Amp, "--amp"), metavar="|".join(Amp.values()),
           help="mixed precision for gg.autocast()")
 @argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",
           help="activation checkpointing of repeated blocks (or of CLASS)")
-@argument("--accumulate", type=_number("--accumulate", int), default=1, help="micro-batches per step")
-@argument("--clip", type=_number("--clip"), help="clip gradients to this norm")
+@argument("--accumulate", type=number("--accumulate", int), default=1, help="micro-batches per step")
+@argument("--clip", type=number("--clip"), help="clip gradients to this norm")
 @argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
-@argument("--checkpoint-every", type=_number("--checkpoint-every", int), help="save every N steps")
+@argument("--checkpoint-every", type=number("--checkpoint-every", int), help="save every N steps")
 @argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)")
-@argument("--collective-timeout", type=_number("--collective-timeout"), metavar="SECONDS",
+@argument("--collective-timeout", type=number("--collective-timeout"), metavar="SECONDS",
           help="a collective (all_reduce…) waiting longer fails the cell (default 300)")
-@argument("--max-failures", type=_number("--max-failures", int), default=0,
+@argument("--max-failures", type=number("--max-failures", int), default=0,
           help="rebuild and re-run (resuming) after up to K dead workers")
 @argument("--push", help="notebook variables to send, comma-separated")
 @argument("--pull", help="variables to bring back from rank 0, comma-separated")

@@ -166,3 +166,17 @@ def test_non_utf8_catalog_is_one_line(tmp_path):
                      "caf\xe9,a,H100,8,r,1.0\n".encode("latin-1"))
     with pytest.raises(GpugeekError, match="not UTF-8"):
         offers(catalog=str(path))
+
+
+def test_every_offer_id_is_one_word_a_magic_line_can_carry():
+    """Vast's regions read "Slovenia, SI, EU": an id made of them broke `--offer ID` in two."""
+    import re
+    import shlex
+
+    ids = load_catalog()["id"]
+    assert ids.is_unique
+    bad = [i for i in ids if not re.fullmatch(r"[A-Za-z0-9._/+-]+", i)]
+    assert bad == [], bad[:5]
+    vast = ids[ids.str.startswith("vast/")]
+    assert len(vast) == 61 and "vast/1x-H100_SXM-32-65536/Czechia-CZ-EU" in set(vast)
+    assert all(shlex.split(f"--offer {i}") == ["--offer", i] for i in vast)

@@ -29,6 +29,8 @@ def _run(name, tmp_path):
 def test_price_and_plan_notebook(tmp_path):
     text = _run("01-price-and-plan.ipynb", tmp_path)
     assert "best:" in text
+    assert "best_ckpt_min" in text
+    assert "--residency EU: left out 1 region(s) of unknown location" in text
 
 
 @pytest.mark.slow

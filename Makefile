@@ -88,6 +88,13 @@ test-fast: $(VENV)/.installed-test
 test-browser: $(VENV)/.installed-test chromium
 	$(PYTEST_BROWSER)
 
+# The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
+# a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
+# browser suite skips that module, so only this target rewrites them.
+.PHONY: screenshots
+screenshots: $(VENV)/.installed-test chromium
+	GPUGEEK_SCREENSHOTS=1 $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser/test_screenshots.py
+
 # Installs Debian's chromium when it is missing (as root; otherwise says how).
 chromium:
 	@if [ ! -x "$(CHROMIUM)" ]; then \

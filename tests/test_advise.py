@@ -93,3 +93,28 @@ def test_a_jobs_ledger_telemetry_is_read_for_its_offer(gpugeek_home):
     assert advice.offers.iloc[0]["id"] == min(fits, key=lambda r: (r["price"], r["id"]))["id"]
     with pytest.raises(GpugeekError, match="no job 'nope'"):
         advise_job(record.id, "nope")
+
+
+def test_a_gpu_jobs_final_summary_carries_the_advice_and_a_cpu_jobs_does_not(gpugeek_home):
+    from gpugeek_jupyter.widgets.job import JobReport, advice_line
+
+    record = registry.create("summary", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
+    now = time.time()
+    from gpugeek_jupyter import store
+
+    with store.transaction() as db:
+        db.execute("INSERT INTO nodes (cluster_id, node_id, node_type, offer_id, pricing, usd_per_hour, gpus,"
+                   " started) VALUES (?,?,?,?,?,?,?,?)", (record.id, "n1", "gpu", P4D, "on-demand", 32.7726, 8, now))
+    ledger.job_started(record.id, "gpu", "gpu", at=now)
+    ledger.record_samples(record.id, "gpu", [{"rank": r, "t": now + 1, "step": 1, "gpu_util": 30,
+                                               "memory_bytes": 16 * 2**30} for r in range(8)])
+    ledger.job_started(record.id, "cpu", "cpu", at=now)
+    ledger.record_samples(record.id, "cpu", [{"rank": 0, "t": now + 1, "step": 1, "memory_bytes": 2**20}])
+    line = advice_line(record.id, "gpu", ledger.samples_frame(record.id, "gpu"))
+    assert line == str(advise_job(record.id, "gpu")).split("\n", 1)[1].replace("\n", " · ")
+    assert "would cost ~" in line and "less for the same steps" in line
+    assert advice_line(record.id, "cpu", ledger.samples_frame(record.id, "cpu")) is None
+    report = JobReport(name="gpu", status="finished", samples=ledger.samples_frame(record.id, "gpu"), usd=1.0,
+                       simulated=True, seconds=60, advice=line)
+    bundle = report.summary_bundle()
+    assert bundle["text/plain"].endswith(line) and "gpugeek-job-advice" in bundle["text/html"]

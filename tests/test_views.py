@@ -11,8 +11,8 @@ import pytest
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import RayNode
-from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost
-from gpugeek_jupyter.views.jobs import job_figure, job_summary
+from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost, spend_note
+from gpugeek_jupyter.views.jobs import job_figure, job_summary, measured_rates
 from gpugeek_jupyter.views.utilisation import idle_dollars, utilisation_heatmap
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -173,3 +173,55 @@ def test_the_cost_report_equals_the_ledger(cluster, monkeypatch):
     bundle = report._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}   # no kernel here: no widget
     assert f"${report.total_usd:,.2f}" in bundle["text/plain"]
+
+
+def test_a_free_cluster_draws_no_spend_chart_and_says_so_in_one_line():
+    """A local cluster at $0/h has no $ to chart: no flat $0 line, one line that says it is free."""
+    record = registry.create("free", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.sync_nodes(record.id, [node("head0", "", T0, gpus=0, head=True)], PRICES)
+    nodes = ledger.nodes_frame(record.id, NOW)
+    for fig in (cost_figure(nodes, NOW, title="free: cumulative cost", simulated=False),
+                budget_figure(nodes, NOW, None, title="free: spend and budget", simulated=False)):
+        assert list(fig.data) == [], [t.name for t in fig.data]
+        assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible
+        assert "free" in fig.layout.title.text and "no $ to chart" in fig.layout.title.text
+        assert "<br>" not in fig.layout.title.text           # one line
+        assert spend_note(fig) == "free: every node at $0/h, no $ to chart"
+    assert spend_note(cost_figure(ledger.nodes_frame(record.id, NOW).iloc[0:0], NOW, title="t",
+                                  simulated=False)) is None      # nothing metered yet: not "free"
+
+
+def test_a_cluster_that_costs_something_keeps_its_spend_charts(cluster):
+    nodes = ledger.nodes_frame(cluster.id, NOW)
+    assert spend_note(cost_figure(nodes, NOW, title="t", simulated=True)) is None
+    assert spend_note(budget_figure(nodes, NOW, 100.0, title="b", simulated=True)) is None
+
+
+def test_memory_and_throughput_axes_start_at_zero():
+    """Memory that moves by 0.4 MiB around 0.5 GiB is flat on an axis from 0, not a trend."""
+    samples = job_samples().assign(memory_bytes=[int(2**30 * (0.4986 + 0.0001 * (i % 5))) for i in range(10)])
+    fig = job_figure(samples, title="job")
+    assert fig.layout.yaxis2.rangemode == "tozero"       # samples/s
+    assert fig.layout.yaxis3.rangemode == "tozero"       # memory
+    assert fig.layout.yaxis4.rangemode == "tozero"       # GPU %
+
+
+def reports(rank, rates, start=0.0):
+    """A worker's reports as the helper sends them: the first is over the loop's start (warm-up),
+    then one a second, then the loop's tail (one batch, a fraction of a millisecond later)."""
+    rows = [{"job_id": "j", "rank": rank, "at": T0 + start, "step": 1, "samples_per_s": 3.0}]
+    rows += [{"job_id": "j", "rank": rank, "at": T0 + start + i + 1, "step": 10 * (i + 1),
+              "samples_per_s": rate} for i, rate in enumerate(rates)]
+    rows.append({"job_id": "j", "rank": rank, "at": T0 + start + len(rates) + 0.0004,
+                 "step": 10 * len(rates) + 1, "samples_per_s": 43912.0})
+    return rows
+
+
+def test_throughput_leaves_out_each_workers_warm_up_and_a_loops_tail():
+    samples = pd.DataFrame(reports(0, [100.0, 110.0, 90.0]) + reports(1, [101.0, 99.0, 100.0], start=0.01))
+    fig = job_figure(samples, title="job")
+    speed = {t.name: list(t.y) for t in fig.data if t.xaxis == "x2"}
+    assert speed == {"rank 0": [100.0, 110.0, 90.0], "rank 1": [101.0, 99.0, 100.0]}
+    assert job_summary(samples)["samples_per_s"] == pytest.approx(100.0 + 100.0)
+    rates = measured_rates(samples)
+    assert sorted(rates["samples_per_s"].dropna()) == [90.0, 99.0, 100.0, 100.0, 101.0, 110.0]

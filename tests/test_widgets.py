@@ -218,3 +218,76 @@ def test_results_show_as_their_widget_only_where_a_front_end_can(ipython, monkey
     bundle = report._repr_mimebundle_()
     assert {"text/plain", "text/html", display.WIDGET_MIME} <= set(bundle)
     assert "x: $1.00" in bundle["text/plain"]
+
+
+def _wait_for(check, timeout=5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+def test_every_panel_of_a_stopped_cluster_says_stopped_and_offers_no_shut_down():
+    """The panel of ``up`` is superseded by the one of ``status``; both end disabled once it stops."""
+    from gpugeek_jupyter.cluster.nodetypes import spec_for
+
+    record = registry.create("p", "local", spec_for("local").to_json(), simulated=False, budget_usd=None,
+                             idle_minutes=None)
+    first = ClusterPanel("p", period=0.05)
+    second = ClusterPanel("p", period=0.05)
+    try:
+        assert not first.refresher.running and second.refresher.running
+        assert not first.down_button.disabled                 # the cluster still runs: it can be stopped
+        registry.mark_stopped(record.id, "down")
+        for panel in (second, first):
+            assert _wait_for(lambda p=panel: p.down_button.disabled), panel.header.value
+            assert panel.down_button.description == "Stopped" and panel.down_button.button_style == ""
+            assert "stopped" in panel.header.value and panel.scale_button.disabled
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_free_cluster_dashboard_says_free_instead_of_drawing_spend():
+    from test_views import node
+
+    from gpugeek_jupyter.vocab import NodePrice
+    from gpugeek_jupyter.widgets import CostDashboard
+
+    record = registry.create("free", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.sync_nodes(record.id, [node("head0", "", time.time() - 60, gpus=0, head=True)],
+                      {"": NodePrice(None, "local", 0.0)})
+    dashboard = CostDashboard("free", by="job", report=api.cost("free", by="job", sync=False), start=False)
+    try:
+        assert dashboard.cost.layout.display == "none" and dashboard.budget.layout.display == "none"
+        assert "free" in dashboard.free.value and "no $ to chart" in dashboard.free.value
+        assert dashboard.free.layout.display != "none"
+    finally:
+        dashboard.close()
+
+
+def test_the_live_throughput_chart_starts_at_zero_with_every_worker_counted():
+    """Reports arrive in batches, both ranks at once: each point is Σ of the workers' rates over
+    the same second — never one worker's alone (a vertical jump) — from the job's first report,
+    without the warm-up window or the loop's tail (one batch over a fraction of a millisecond)."""
+    record = registry.create("m", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.job_started(record.id, "j1", "job", workers=2)
+    monitor = JobMonitor(cluster_id=record.id, job_id="j1", name="job", workers=2, simulated=False,
+                         show_after=0.0, every=0.0)
+    t0 = time.time() - 30
+
+    def report(rank, at, step, rate=None):
+        return {"rank": rank, "t": t0 + at, "step": step, **({"samples_per_s": rate} if rate else {})}
+
+    time.sleep(0.2)                                   # the workers took a while to start
+    monitor.update([report(0, 0.0, 1), report(1, 0.01, 1)])
+    monitor.update([report(0, 1.0, 40, 57.0), report(0, 2.0, 80, 62.0), report(1, 1.01, 40, 56.0),
+                    report(1, 2.01, 80, 61.0)])
+    monitor.update([report(0, 3.0, 120, 60.0), report(1, 3.01, 120, 60.0),
+                    report(1, 3.0104, 121, 43912.0), report(0, 3.0104, 121, 40000.0)])
+    xs, ys = zip(*monitor.speed, strict=True)
+    assert list(ys) == [57.0 + 56.0, 62.0 + 61.0, 60.0 + 60.0]
+    assert xs == pytest.approx([1.01, 2.01, 3.01], abs=1e-3)      # seconds since the first report
+    assert "120.0 samples/s" in monitor.stats.value
+    layout = monitor.figure.outputs[0]["data"]["application/vnd.plotly.v1+json"]["layout"]
+    assert layout["xaxis2"]["rangemode"] == "tozero" and layout["yaxis2"]["rangemode"] == "tozero"

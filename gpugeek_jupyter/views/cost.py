@@ -2,7 +2,8 @@
 what on-demand would have cost (the spot saving is the gap), and spend projected to the budget.
 
 Every curve is Σ $/h × hours over the ledger's node lifetimes, so its last point is exactly the
-ledger's total for that group.
+ledger's total for that group. A cluster whose every node bills $0/h has no $ to chart: its
+figures are one line that says so, not a flat $0 line.
 """
 
 from __future__ import annotations
@@ -12,6 +13,31 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..config import BUDGET_WARN_AT as WARN_AT  # where the watchdog warns
+
+
+def no_spend(nodes: pd.DataFrame) -> str | None:
+    """Why there is no $ to chart — every node the ledger holds bills $0/h — in one line; None
+    when there is (or nothing is metered yet)."""
+    if nodes.empty or (nodes["usd_per_hour"].astype(float) > 0).any():
+        return None
+    if (nodes["pricing"] == "unpriced").any():       # an attached cluster: nobody priced its nodes
+        return "not priced: every node at $0/h, no $ to chart"
+    return "free: every node at $0/h, no $ to chart"
+
+
+def note_figure(title: str, note: str) -> go.Figure:
+    """A figure that is one line of text: no traces, no axes. ``spend_note`` reads the note back."""
+    fig = go.Figure()
+    fig.update_layout(title=f"{title} — {note}", meta={"no_spend": note},
+                      xaxis={"visible": False}, yaxis={"visible": False}, template="plotly_white",
+                      height=60, margin=dict(l=60, r=20, t=40, b=0))
+    return fig
+
+
+def spend_note(figure: go.Figure) -> str | None:
+    """The one line a figure of a cluster with no $ to chart holds instead of a chart, or None."""
+    meta = figure.layout.meta
+    return meta.get("no_spend") if isinstance(meta, dict) else None
 
 
 def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:
@@ -54,6 +80,8 @@ def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.Da
 def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool) -> go.Figure:
     """Stacked cumulative $ per node type and pricing; with spot nodes, a dashed line shows what
     on-demand would have cost, and the title carries total and saving. Simulated says so."""
+    if note := no_spend(nodes):
+        return note_figure(title, note)
     curve = cumulative_cost(nodes, now)
     fig = go.Figure()
     for label, group in curve.groupby("label", sort=False):
@@ -99,6 +127,8 @@ def budget_projection(nodes: pd.DataFrame, now: float, budget: float | None,
 def budget_figure(nodes: pd.DataFrame, now: float, budget: float | None, *, title: str,
                   simulated: bool) -> go.Figure:
     """Spend so far and projected at the current burn, against the budget and its 80 % warning."""
+    if note := no_spend(nodes):
+        return note_figure(title, note)
     data = budget_projection(nodes, now, budget)
     spent, projected = data[data["kind"] == "spent"], data[data["kind"] == "projected"]
     burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0

@@ -70,8 +70,11 @@ class Refresher:
 
     ``refresh`` returns False to stop (the cluster stopped). An exception is reported through
     ``on_error`` as one line and the next tick goes on. One refresher runs per ``key`` (a kind of
-    panel and its cluster): showing the panel again (a re-run cell) stops the older one, so
-    threads never pile up. ``lock`` is held around each refresh; the panel's buttons take it too.
+    panel and its cluster): showing the panel again (a re-run cell, or ``status`` after ``up``)
+    stops the older one, so threads never pile up. The newer one keeps the older panels as
+    ``followers`` and refreshes each once more when it ends (the cluster stopped), so no panel
+    of a stopped cluster still reads as running. ``lock`` is held around each refresh; the
+    panel's buttons take it too.
     """
 
     _running: ClassVar[dict[tuple, Refresher]] = {}
@@ -81,6 +84,8 @@ class Refresher:
                  key: tuple | None = None):
         self.refresh, self.period, self.on_error, self.key = refresh, period, on_error, key
         self.on_superseded: Callable[[str], None] | None = None
+        self.followers: list[Refresher] = []     # superseded refreshers of the same key
+        self.closed = False                      # its panel was closed: nothing to draw on
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gpugeek-refresh", daemon=True)
@@ -92,6 +97,7 @@ class Refresher:
                 Refresher._running[self.key] = self
             if older is not None:
                 older.stop()
+                self.followers, older.followers = [*older.followers, older], []
                 if older.on_superseded:
                     older.on_superseded("a newer panel of this cluster is the live one")
         self.thread.start()
@@ -106,6 +112,20 @@ class Refresher:
             if Refresher._running.get(self.key) is self:
                 del Refresher._running[self.key]
 
+    def end(self) -> None:
+        """Refresh the superseded panels one last time (the cluster stopped): each draws its
+        final state. Called from the loop when ``refresh`` says stop, and by a panel that stopped
+        the cluster itself."""
+        followers, self.followers = self.followers, []
+        for older in followers:
+            if older.closed:
+                continue
+            try:
+                with older.lock:
+                    older.refresh()
+            except Exception as exc:  # noqa: BLE001 - one panel's failure must not keep the others stale
+                older.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+
     @property
     def running(self) -> bool:
         return self.thread.is_alive() and not self._stop.is_set()
@@ -114,10 +134,13 @@ class Refresher:
         while not self._stop.wait(self.period):      # the full period after each refresh
             try:
                 with self.lock:
-                    if self._stop.is_set() or self.refresh() is False:
+                    if self._stop.is_set():
                         return
+                    if self.refresh() is False:
+                        break
             except Exception as exc:  # noqa: BLE001 - a panel must outlive one failed look
                 self.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+        self.end()
 
 
 class LivePanel(w.VBox):
@@ -140,5 +163,6 @@ class LivePanel(w.VBox):
         self.message.value = f"<span style='color:firebrick'>{html.escape(text)}</span>"
 
     def close(self) -> None:
+        self.refresher.closed = True
         self.refresher.stop()
         super().close()

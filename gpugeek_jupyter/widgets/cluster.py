@@ -4,7 +4,9 @@ idle countdown — with scale and shut-down buttons. Shown by ``%gpugeek status`
 It refreshes itself every ``period`` seconds (≤ 2 s) from a background thread, reading the same
 ``status()`` the magic prints, so the panel and ``%gpugeek cost`` agree to the cent. The thread
 reads only the ledger (the cluster's watchdog copies Ray's node table into it every few
-seconds): a call into Ray from a second thread could hang on a head that is going away.
+seconds): a call into Ray from a second thread could hang on a head that is going away. Once the
+cluster stops, every panel of it — older ones a newer panel took over from too — says so and
+offers no button: a stopped cluster has nothing to scale or shut down.
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ class ClusterPanel(LivePanel):
             self.workers.value = workers
         for button in (self.scale_button, self.down_button, self.workers):
             button.disabled = not self.live
+        if not self.live:
+            self._confirming = False
+            self.down_button.button_style = ""
+            self.down_button.description = ("Stopped" if status.phase is ClusterPhase.STOPPED
+                                            else "Stopping…")
         return status.phase.live
 
     @staticmethod
@@ -121,6 +128,7 @@ class ClusterPanel(LivePanel):
         self.refresher.stop(wait=0)      # the click holds its lock: no refresh is in progress or can start
         api.down(self.name)
         self.refresh()
+        self.refresher.end()             # the older panels of this cluster say stopped too
         self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
                   + (" (simulated)" if self.status.simulated else ""))
 

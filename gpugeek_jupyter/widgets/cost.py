@@ -2,7 +2,8 @@
 
 Cumulative $ by node type and pricing (with the spot saving), spend projected against the
 budget, GPU utilisation with the idle $, and the cost table grouped as chosen. Everything is
-redrawn from ``cost()`` — the ledger — every ``period`` seconds while the cluster lives.
+redrawn from ``cost()`` — the ledger — every ``period`` seconds while the cluster lives. A cluster
+with no $ to chart (free: every node at $0/h) gets one line instead of the two spend charts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import ipywidgets as w
 
 from .. import api
+from ..views.cost import spend_note
 from ..vocab import CostGrouping
 from ._base import LiveFigure, LivePanel, Refresher, bundle
 
@@ -29,11 +31,12 @@ class CostDashboard(LivePanel):
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.table = w.HTML()
         self.cost, self.budget, self.utilisation = LiveFigure(), LiveFigure(), LiveFigure()
+        self.free = w.HTML()           # instead of the spend charts when there is no $ to chart
         self.message = w.HTML()
         self.by.observe(lambda _: self._safe_refresh(), names="value")
         self.refresh_button.on_click(lambda _: self._safe_refresh())
         super().__init__([self.summary, w.HBox([self.by, self.refresh_button]), self.table,
-                          self.cost, self.budget, self.utilisation, self.message])
+                          self.free, self.cost, self.budget, self.utilisation, self.message])
         self.add_class("gpugeek-cost-dashboard")
         self.report = None
         self.refresh(report)
@@ -50,8 +53,13 @@ class CostDashboard(LivePanel):
         self.summary.value = f"<b>{html.escape(report.summary())}</b>"
         self.table.value = report.table.to_html(index=False, float_format=lambda x: f"{x:,.4f}",
                                                 classes="gpugeek-cost-table")
-        self.cost.show(report.figure)
-        self.budget.show(report.budget_figure)
+        note = spend_note(report.figure)
+        self.free.value = f"<span class='gpugeek-free'>{html.escape(note)}</span>" if note else ""
+        self.free.layout.display = None if note else "none"
+        for figure, shown in ((self.cost, report.figure), (self.budget, report.budget_figure)):
+            figure.layout.display = "none" if note else None
+            if not note:
+                figure.show(shown)
         self.utilisation.show(report.utilisation_figure)
         return report.live
 

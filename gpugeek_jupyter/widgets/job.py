@@ -8,26 +8,35 @@ and keeps at most 2 × ``MAX_POINTS`` points per line (the final figure at most 
 worker and metric), so a 100k-step job neither floods the notebook
 nor slows training. When the job ends the live widget is replaced by a static summary and the
 job's figure, drawn from the ledger, so the saved notebook reads the same without a kernel.
+
+The live samples/s chart runs from the job's first report (0 s, on the workers' clock). Each
+point is Σ of every worker's rate over the same round of reports — never some workers' alone,
+which drew a jump wherever a batch of reports arrived — and leaves out what measures no
+throughput (a worker's warm-up window, a loop's tail: ``views.jobs.rate_counts``).
 """
 
 from __future__ import annotations
 
 import html
 import time
+from collections import deque
 
 import ipywidgets as w
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..errors import GpugeekError
 from ..meter import ledger
+from ..sizing.advise import advise_job
 from ..units import duration
-from ..views.jobs import job_figure, job_summary
+from ..views.jobs import job_figure, job_summary, measured_rates, rate_counts
 from ._base import LiveFigure, figure_json
 
 SHOW_AFTER_S = 2.0
 REDRAW_EVERY_S = 1.0
 MAX_POINTS = 500
+RATES_WAITING = 8       # per worker, for a round to be complete (a worker without rates: no points)
 
 
 class JobMonitor:
@@ -39,7 +48,10 @@ class JobMonitor:
         self.started = time.monotonic()
         self.latest: dict[int, dict] = {}          # rank → its newest report
         self.loss: list[tuple[int, float]] = []    # (step, loss) from rank 0
-        self.speed: list[tuple[float, float]] = []  # (seconds, Σ samples/s)
+        self.speed: list[tuple[float, float]] = []  # (seconds since the first report, Σ samples/s)
+        self.origin: float | None = None            # the job's first report (workers' clock): 0 s
+        self.reported: dict[int, float] = {}        # rank → its last report: its next rate's window opens there
+        self.rates: dict[int, deque[tuple[float, float]]] = {}   # rank → (at, samples/s) not in a point yet
         self.handle = None
         self.box: w.VBox | None = None
         self.drawn_at = 0.0
@@ -56,9 +68,7 @@ class JobMonitor:
                 self.first = (time.monotonic(), int(sample["step"]))
             if rank == 0 and sample.get("loss") is not None:
                 self.loss.append((int(sample.get("step") or 0), float(sample["loss"])))
-            if sample.get("samples_per_s") is not None:
-                total = sum(float(s.get("samples_per_s") or 0) for s in self.latest.values())
-                self.speed.append((time.monotonic() - self.started, total))
+            self._count_rate(rank, sample)
         for series in (self.loss, self.speed):
             if len(series) > 2 * MAX_POINTS:
                 del series[1::2]                 # thin out evenly; the shape stays
@@ -69,6 +79,20 @@ class JobMonitor:
             self._build()
         self._draw()
         self.drawn_at = now
+
+    def _count_rate(self, rank: int, sample: dict) -> None:
+        """Add a point each time every worker heard from has a rate that measures throughput:
+        the oldest waiting one of each, so reports that arrive in batches pair up by round."""
+        at = float(sample.get("t") or time.time())
+        self.origin = at if self.origin is None else min(self.origin, at)
+        previous, self.reported[rank] = self.reported.get(rank), at
+        rate = sample.get("samples_per_s")
+        if rate is None or not rate_counts(previous, at):
+            return
+        self.rates.setdefault(rank, deque(maxlen=RATES_WAITING)).append((at, float(rate)))
+        if all(self.rates.get(r) for r in self.latest):
+            round_ = [self.rates[r].popleft() for r in self.latest]
+            self.speed.append((max(a for a, _ in round_) - self.origin, sum(r for _, r in round_)))
 
     def _build(self) -> None:
         from IPython.display import display
@@ -106,9 +130,8 @@ class JobMonitor:
         parts = []
         if self.loss:
             parts.append(f"loss {self.loss[-1][1]:.4g}")
-        speed = sum(float(s.get("samples_per_s") or 0) for s in self.latest.values())
-        if speed:
-            parts.append(f"{speed:,.1f} samples/s")
+        if self.speed:                   # the chart's latest point: every worker, one round
+            parts.append(f"{self.speed[-1][1]:,.1f} samples/s")
         tokens = sum(float(s.get("tokens_per_s") or 0) for s in self.latest.values())
         if tokens:
             parts.append(f"{tokens:,.0f} tokens/s")
@@ -130,7 +153,8 @@ class JobMonitor:
         if self.box is None and samples.empty:
             return None
         report = JobReport(name=self.name, status=status, samples=samples, usd=self.usd(),
-                           simulated=self.simulated, seconds=time.monotonic() - self.started)
+                           simulated=self.simulated, seconds=time.monotonic() - self.started,
+                           advice=advice_line(self.cluster_id, self.job_id, samples))
         from IPython.display import display
 
         if self.handle is not None:
@@ -147,9 +171,10 @@ class JobReport:
     """What a finished job leaves in the notebook: a summary line with a static progress bar,
     and the per-worker figure — plain outputs that render without a kernel."""
 
-    def __init__(self, *, name: str, status: str, samples, usd: float, simulated: bool, seconds: float):
+    def __init__(self, *, name: str, status: str, samples, usd: float, simulated: bool, seconds: float,
+                 advice: str | None = None):
         self.name, self.status, self.samples, self.usd = name, status, samples, usd
-        self.simulated, self.seconds = simulated, seconds
+        self.simulated, self.seconds, self.advice = simulated, seconds, advice
         self.summary = job_summary(samples)
         self.total, self.start = _loop_span(samples)
 
@@ -171,18 +196,32 @@ class JobReport:
         if self.total:
             bar = (f"<progress class='gpugeek-progress' value='{self.summary['step'] - self.start}' "
                    f"max='{self.total - self.start}'></progress> ")
-        return {"text/plain": self.text(), "text/html": f"<div class='gpugeek-job-done'>{bar}"
-                                                          f"{html.escape(self.text())}</div>"}
+        advice = f"<div class='gpugeek-job-advice'>{html.escape(self.advice)}</div>" if self.advice else ""
+        return {"text/plain": self.text() + (f"\n{self.advice}" if self.advice else ""),
+                "text/html": f"<div class='gpugeek-job-done'>{bar}{html.escape(self.text())}</div>{advice}"}
 
     def figure(self) -> go.Figure:
         title = f"{self.name} — {self.status}" + (" (simulated $)" if self.simulated else "")
-        return job_figure(_thinned(self.samples), title=title)
+        # rates judged before thinning: a kept report's window is the one it was measured over
+        return job_figure(_thinned(measured_rates(self.samples)), title=title)
 
     def figure_bundle(self) -> dict:
         figure = self.figure()
         return {"application/vnd.plotly.v1+json": figure_json(figure),
                 "text/html": figure.to_html(full_html=False, include_plotlyjs="cdn"),
                 "text/plain": self.text()}
+
+
+def advice_line(cluster_id: int, job_id: str, samples) -> str | None:
+    """Right-sizing's findings for a job that ran on GPUs (``%gpugeek advise``), as one line;
+    None for a CPU job or a cluster with no offer to compare against."""
+    if samples.empty or "gpu_util" not in samples or samples["gpu_util"].isna().all():
+        return None
+    try:
+        advice = advise_job(cluster_id, job_id)
+    except GpugeekError:
+        return None
+    return " · ".join(advice.lines[1:]) or None
 
 
 def _loop_span(samples) -> tuple[int | None, int]:
@@ -215,7 +254,8 @@ def _live_layout() -> dict:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (rank 0)", "samples/s (all workers)"))
     fig.update_layout(height=260, showlegend=False, template="plotly_white", margin=dict(l=50, r=20, t=30, b=30))
     fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_xaxes(title_text="seconds", row=1, col=2)
+    fig.update_xaxes(title_text="seconds", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(rangemode="tozero", row=1, col=2)
     return figure_json(fig)["layout"]
 
 

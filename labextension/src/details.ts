@@ -1,10 +1,15 @@
 /**
  * The expanded part of a cluster card: what each node costs, the latest
  * utilisation sample per node and GPU, and the last few events.
+ *
+ * The sidebar is narrow (250 px by default), so each table keeps what a row is and its
+ * figures as columns — node, GPUs, $/h, $; device, util, mem, sampled — and says the
+ * rest (a node's id, pricing, how long it has been up) in a muted line under the first
+ * cell, where it may wrap; figures never wrap.
  */
 import type { IClusterDetail, IUtilisation } from './api';
 import { h } from './dom';
-import { ago, duration, gpuCount, usd, usdPerHour } from './format';
+import { ago, duration, gpuCount, usd } from './format';
 
 const MAX_EVENTS = 5;
 
@@ -21,12 +26,13 @@ export function renderDetail(detail: IClusterDetail): HTMLElement {
   return root;
 }
 
-/** Ray node ids are 56 hex digits: show the end, keep the whole id in the tooltip. */
-function nodeCell(id: string): Cell {
-  return id.length > 12 ? { text: `…${id.slice(-6)}`, title: id } : id;
+/** Ray node ids are 56 hex digits: show the end (the cell's tooltip holds the whole id). */
+function shortId(id: string): string {
+  return id.length > 12 ? `…${id.slice(-6)}` : id;
 }
 
-type Cell = string | { text: string; title: string };
+/** A cell's text; with a tooltip, and a muted second line of parts that wraps between them. */
+type Cell = string | { text: string; title?: string; sub?: string[] };
 
 function table(className: string, headers: string[], rows: Cell[][]): HTMLTableElement {
   const element = h('table', `gpugeek-table ${className}`);
@@ -41,9 +47,18 @@ function table(className: string, headers: string[], rows: Cell[][]): HTMLTableE
       const td = row.insertCell();
       if (typeof cell === 'string') {
         td.textContent = cell;
-      } else {
-        td.textContent = cell.text;
+        continue;
+      }
+      td.textContent = cell.text;
+      if (cell.title) {
         td.title = cell.title;
+      }
+      if (cell.sub) {
+        const sub = h('div', 'gpugeek-table-sub');
+        cell.sub.forEach((part, i) => {
+          sub.append(...(i > 0 ? [' · '] : []), h('span', '', part));
+        });
+        td.appendChild(sub);
       }
     }
   }
@@ -54,32 +69,32 @@ function nodeTable(detail: IClusterDetail): HTMLElement {
   if (detail.node_rows.length === 0) {
     return h('div', 'gpugeek-muted', 'No nodes metered yet.');
   }
-  const rows = detail.node_rows.map(r => [
-    nodeCell(r.node),
-    r.type,
-    gpuCount(r.gpus),
-    r.pricing,
-    usdPerHour(r.usd_per_hour),
-    duration(r.up_s),
-    usd(r.usd),
-    r.alive ? 'up' : 'gone'
-  ]);
-  return table(
-    'gpugeek-nodes-table',
-    ['Node', 'Type', 'GPUs', 'Pricing', '$/h', 'Up', '$', ''],
-    rows
-  );
+  const rows = detail.node_rows.map(r => {
+    const life = r.alive ? `up ${duration(r.up_s)}` : `gone after ${duration(r.up_s)}`;
+    const node: Cell = {
+      text: r.type || 'node',
+      title: r.node,
+      sub: [shortId(r.node), r.pricing, life]
+    };
+    return [node, gpuCount(r.gpus), usd(r.usd_per_hour), usd(r.usd)];
+  });
+  const element = table('gpugeek-nodes-table', ['Node', 'GPUs', '$/h', '$'], rows);
+  detail.node_rows.forEach((r, i) => {
+    element.tBodies[0].rows[i].classList.toggle('gpugeek-mod-gone', !r.alive);
+  });
+  return element;
 }
 
 function utilisationTable(samples: IUtilisation[]): HTMLElement {
-  const rows = samples.map(s => [
-    nodeCell(s.node),
-    s.gpu === null ? 'host' : `GPU ${s.gpu}`,
-    pct(s.util_pct),
-    pct(s.mem_pct),
-    ago(s.at)
-  ]);
-  return table('gpugeek-util-table', ['Node', 'Device', 'Util', 'Mem', 'Sampled'], rows);
+  const rows = samples.map(s => {
+    const device: Cell = {
+      text: s.gpu === null ? 'host' : `GPU ${s.gpu}`,
+      title: s.node,
+      sub: [shortId(s.node)]
+    };
+    return [device, pct(s.util_pct), pct(s.mem_pct), ago(s.at)];
+  });
+  return table('gpugeek-util-table', ['Device', 'Util', 'Mem', 'Sampled'], rows);
 }
 
 /** `45 %`, or `—` when the sample has no such figure. */

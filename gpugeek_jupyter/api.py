@@ -141,13 +141,13 @@ class CostReport:
 
 
 def advise(job: str | None = None, cluster: str | None = None, *, gpu: str | None = None,
-           usd_per_hour: float | None = None, pricing: str = "on-demand", catalog: str | None = None,
+           usd_per_gpu_hour: float | None = None, pricing: str | None = None, catalog: str | None = None,
            residency: str | None = None) -> Advice:
     """Right-size a job from its telemetry: the cheaper offers that hold its measured memory and
     keep up with its measured GPU work (``job``: name or id, default the cluster's last).
     Estimates; with no GPU telemetry it says so and advises nothing."""
     record = any_cluster(cluster)
-    return advise_job(record.id, job, gpu=gpu, usd_per_hour=usd_per_hour, pricing=pricing,
+    return advise_job(record.id, job, gpu=gpu, usd_per_gpu_hour=usd_per_gpu_hour, pricing=pricing,
                       catalog=catalog, residency=residency)
 
 

@@ -100,7 +100,7 @@ def _spot_rates(path: Path, spot: object) -> tuple[tuple[str, float], ...]:
     rates = spot.get("preemptions_per_hour", {}) if isinstance(spot, dict) else None
     if not isinstance(rates, dict) or not all(
             isinstance(k, str) and k.strip() and not isinstance(v, bool) and isinstance(v, (int, float))
-            and v >= 0 for k, v in rates.items()):
+            and 0 <= v < float("inf") for k, v in rates.items()):
         raise GpugeekError(f'{path}: spot.preemptions_per_hour must map "provider" or "provider/GPU" '
                            "to a number ≥ 0 (preemptions per node-hour)")
     return tuple(sorted((k.strip(), float(v)) for k, v in rates.items()))

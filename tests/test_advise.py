@@ -26,36 +26,42 @@ def offers(*ids):
     return rows
 
 
-def test_a_third_busy_a100_job_moves_to_l40s_and_the_saving_is_the_hand_computed_one():
+def test_a_third_busy_a100_job_moves_to_l4_and_the_saving_is_the_hand_computed_one():
     rows = offers(P4D, G6, G6E, P5).set_index("id")
-    p4d, g6e = rows.loc[P4D], rows.loc[G6E]
+    p4d, g6 = rows.loc[P4D], rows.loc[G6]
     usage = Usage(gpu="A100", gpus=8, peak_tflops=312, mem_gib=40, usd_per_hour=p4d["price"],
                   busy=0.30, peak_gib=16.0, hours=10.0)
     advice = right_size(usage, rows.reset_index())
-    # by hand: the job asks 0.30 × 8 × 312 = 748.8 TFLOP/s of its A100s ($32.77/h).
-    # L40S ×4: 4 × 362.05 × 0.9 = 1303 ≥ 748.8, 44.7 GiB ≥ 16 × 1.2 + 1 = 20.2, $10.49/h;
-    # L4 ×8: 8 × 121 × 0.9 = 871.2 ≥ 748.8, 22.4 GiB ≥ 20.2, $13.35/h; H100 ×8 costs more.
-    assert 4 * 362.05 * 0.9 >= 748.8 and 8 * 121 * 0.9 >= 748.8 and 16 * 1.2 + 1 <= 22.4
-    assert list(advice.offers["id"]) == [G6E, G6]
-    saving = 1 - g6e["price"] / p4d["price"]
-    assert g6e["price"] == 10.49264 and p4d["price"] == 32.7726 and saving == pytest.approx(0.6798, abs=1e-4)
+    # by hand: the job asks 0.30 × 8 × 312 = 748.8 TFLOP/s of its 8 A100s ($32.7726/h); the same
+    # 8 GPUs elsewhere: L4 ×8 (one g6.48xlarge) gives 8 × 121 × 0.9 = 871.2 and holds 16 × 1.2 + 1
+    # = 20.2 GiB in its 22.4, for $13.3504/h; L40S ×4 twice gives 8 × 362.05 × 0.9 = 2607 and 44.7
+    # GiB, for 2 × $10.49264; H100 ×8 costs more than the A100s.
+    assert 8 * 121 * 0.9 >= 748.8 and 16 * 1.2 + 1 <= 22.4
+    assert list(advice.offers["id"]) == [G6, G6E] and list(advice.offers["nodes"]) == [1, 2]
+    assert advice.offers.iloc[1]["usd_per_hour"] == pytest.approx(2 * 10.49264)
+    saving = 1 - g6["price"] / p4d["price"]
+    assert g6["price"] == 13.3504 and p4d["price"] == 32.7726 and saving == pytest.approx(0.5926, abs=1e-4)
     assert advice.offers.iloc[0]["saving"] == pytest.approx(saving)
-    assert advice.offers.iloc[0]["usd_same_work"] == pytest.approx(10.49264 * 10)
-    assert "L40S ×4 would cost ~68% less for the same steps" in str(advice)
+    assert advice.offers.iloc[0]["usd_same_work"] == pytest.approx(13.3504 * 10)
+    assert "L4 ×8 would cost ~59% less for the same steps" in str(advice)
 
 
 def test_busy_gpus_or_too_much_memory_get_no_cheaper_pick():
-    rows = offers(P4D, G6, G6E, P5)
+    rows = offers(P4D, G6, P5)
     p4d = rows.set_index("id").loc[P4D]
-    # 0.95 × 8 × 312 = 2371 TFLOP/s: L40S ×4 gives 1303, L4 ×8 871; H100 ×8 keeps up but costs more
+    # 0.95 × 8 × 312 = 2371 TFLOP/s: L4 ×8 gives 871; H100 ×8 keeps up but costs more
     busy = right_size(Usage(gpu="A100", gpus=8, peak_tflops=312, mem_gib=40, usd_per_hour=p4d["price"],
                             busy=0.95, peak_gib=16.0, hours=1.0), rows)
     assert busy.offers.empty and "its GPUs are busy" in str(busy)
     full = right_size(Usage(gpu="A100", gpus=8, peak_tflops=312, mem_gib=40, usd_per_hour=p4d["price"],
-                            busy=0.30, peak_gib=36.0, hours=1.0), rows)
+                            busy=0.30, peak_gib=36.0, hours=1.0), offers(P4D, G6, G6E, P5))
     assert list(full.offers["id"]) == [G6E]          # 36 × 1.2 + 1 = 44.2 GiB: only the L40S's 44.7
     assert any(line.startswith("memory-bound: 36.0 of 40 GiB") and "FSDP over 16 GPUs" in line
                for line in full.lines)
+    # a job on 2 of a node's 8 GPUs pays for 8: two GPUs elsewhere are the cheaper same job
+    two = right_size(Usage(gpu="A100", gpus=2, peak_tflops=312, mem_gib=40, usd_per_hour=p4d["price"],
+                           busy=0.30, peak_gib=16.0, hours=1.0), candidates())
+    assert not two.offers.empty and (two.offers["gpu_count"] * two.offers["nodes"] == 2).all()
 
 
 def test_no_gpu_telemetry_advises_nothing_and_says_why():
@@ -86,11 +92,12 @@ def test_a_jobs_ledger_telemetry_is_read_for_its_offer(gpugeek_home):
     assert advice.usage.busy == pytest.approx(0.30) and advice.usage.peak_gib == pytest.approx(16.0)
     assert advice.usage.gpus == 8 and advice.usage.hours == pytest.approx(1.0)
     assert advice.usage.usd_per_hour == pytest.approx(p4d["on_demand_price"])
-    # the rule in plain Python over every offer: holds 20.2 GiB, keeps up with 748.8 TFLOP/s, cheapest
-    fits = [r for r in candidates().to_dict("records")
-            if r["gpu_mem_gib"] >= 16 * 1.2 + 1 and r["gpu_count"] * r["bf16_tflops"] * 0.9 >= 748.8
-            and r["price"] < p4d["on_demand_price"]]
-    assert advice.offers.iloc[0]["id"] == min(fits, key=lambda r: (r["price"], r["id"]))["id"]
+    # the rule in plain Python over every offer: 8 GPUs in whole instances, holds 20.2 GiB, keeps up
+    # with 748.8 TFLOP/s, cheapest
+    fits = [(r["price"] * (8 // r["gpu_count"]), r["id"]) for r in candidates().to_dict("records")
+            if 8 % r["gpu_count"] == 0 and r["gpu_mem_gib"] >= 16 * 1.2 + 1
+            and 8 * r["bf16_tflops"] * 0.9 >= 748.8 and r["price"] * (8 // r["gpu_count"]) < p4d["on_demand_price"]]
+    assert advice.offers.iloc[0]["id"] == min(fits)[1]
     with pytest.raises(GpugeekError, match="no job 'nope'"):
         advise_job(record.id, "nope")
 

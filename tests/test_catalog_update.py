@@ -45,7 +45,7 @@ class Catalogs(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         mode, provider, name = [*self.path.strip("/").split("/"), "", "", ""][:3]
         found = list(SAMPLE.glob(f"{provider}-vms*.csv")) if name == "vms.csv" else []
-        if mode not in {"v7", "cut", "short", "slow", "html"} or not found:
+        if mode not in {"v7", "cut", "short", "slow", "html", "dated"} or not found:
             self.send_error(404)
             return
         body = found[0].read_bytes()
@@ -57,6 +57,8 @@ class Catalogs(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/csv")
         self.send_header("Content-Length", str(len(body) if mode == "short" else len(sent)))
+        if mode == "dated":          # a server that says when the file last changed: 20 days ago
+            self.send_header("Last-Modified", "Tue, 04 Nov 2025 06:00:00 GMT")
         self.end_headers()
         self.wfile.write(sent)                      # "short": the connection ends before the body
 
@@ -256,3 +258,32 @@ def test_week_old_prices_warn_with_the_update_command(server):
     assert "prices as of" in title and "8 days old" in title
     assert find_offers(provider="lambda").attrs["prices_as_of"] == (
         datetime.now(timezone.utc) - timedelta(days=8)).date().isoformat()
+
+
+def test_the_price_date_is_the_files_own_time_where_it_is_known(gpugeek_home, tmp_path, server):
+    """A mirror weeks old is not fresh because it was fetched today: a folder's file time and a
+    server's Last-Modified date the prices, and the stale warning follows."""
+    import os
+    import shutil
+
+    folder = tmp_path / "mirror"
+    (folder / "vast").mkdir(parents=True)
+    shutil.copy(sample_file("vast"), folder / "vast" / "vms.csv")
+    month_ago = time.time() - 30 * 86400
+    os.utime(folder / "vast" / "vms.csv", (month_ago, month_ago))
+    fresh.update(str(folder))
+    entry = fresh.current().providers["vast"]
+    assert entry["prices_as_of"][:10] == datetime.fromtimestamp(month_ago, timezone.utc).date().isoformat()
+    assert entry["dated_by"] == "file time"
+    assert "vast are 30 days old" in find_offers(provider="vast").attrs["stale_warning"]
+
+    fresh.update(f"{server}/dated", providers=["lambda"])
+    entry = fresh.current().providers["lambda"]
+    assert entry["prices_as_of"].startswith("2025-11-04") and entry["dated_by"] == "Last-Modified"
+
+
+@pytest.mark.parametrize("source", ["http://[bad", "https://"])
+def test_a_source_that_is_no_url_is_one_line(gpugeek_home, source):
+    with pytest.raises(GpugeekError, match="is not a valid URL") as info:
+        fresh.update(source)
+    assert "\n" not in str(info.value)

@@ -36,7 +36,9 @@ def test_plan_magic_reads_model_from_namespace(ipython):
 def test_residency_and_spot_flags_reach_the_api(ipython, capsys):
     frame = ipython.run_line_magic("gpugeek", "offers --residency EU --gpu H100")
     pd.testing.assert_frame_equal(frame, gg.offers(residency="EU", gpu="H100"))
-    assert "left out 1 region(s) of unknown location (runpod/EU-SE-1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "left out 1 region(s) of unknown location (runpod/EU-SE-1" in printed
+    assert f"prices as of {frame.attrs['prices_as_of']}" in printed
     via_magic = ipython.run_line_magic(
         "gpugeek", "plan --params 1.3B --pricing spot --residency EU --checkpoint-every 30 "
                    "--checkpoint-seconds 90 --restart-minutes 5")
@@ -72,7 +74,7 @@ def _error_lines(ipython, line, capsys):
     ("up x --backend aws --offer aws/p5.48xlarge/us-east-2/use2-az1 --residency EU --dry-run",
      "offer aws/p5.48xlarge/us-east-2/use2-az1 is in US, outside --residency EU"),
     ("catalog refresh", "unknown action 'refresh'"),
-    ("advise --usd-per-hour lots", "--usd-per-hour 'lots' is not a number"),
+    ("advise --usd-per-gpu-hour lots", "--usd-per-gpu-hour 'lots' is not a number"),
 ])
 def test_bad_input_is_one_line(ipython, capsys, line, expected):
     ipython.user_ns["not_a_module"] = "hello"

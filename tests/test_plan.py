@@ -172,7 +172,7 @@ def _brute_force(est, *, gpus, pricing, precision, grad_ckpt, tokens, objective,
             continue
         flops = 3 * est.forward_flops_per_step / tokens_per_step * (4 / 3 if grad_ckpt else 1)
         hours = tokens * flops / (world * peak * 1e12 * 0.4 * 3600)
-        rate = _node_rate(row["provider"], row["gpu"]) * nodes
+        rate = _node_rate(row["provider"], spot.gpu_key(row["gpu"], row["variant"])) * nodes
         unknown = pricing == "spot" and rate != rate   # ranked after those whose risk is priced
         if pricing == "spot" and not unknown:   # expected hours: preemptions at the rate × nodes
             state = est.weights_gib + est.optimizer_gib

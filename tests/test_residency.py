@@ -213,3 +213,9 @@ def test_the_picker_and_plan_keep_to_the_residency():
     assert not table.empty
     assert {country_of(p, r) for p, r in zip(table["provider"], table["id"].str.split("/").str[2],
                                              strict=True)} == {"GB"}
+
+
+def test_a_doubtful_data_centre_is_named_only_where_it_might_lie():
+    catalog = load_catalog()
+    assert residency_mask(catalog, "US")[1] == []          # Norway or Sweden: never the US
+    assert residency_mask(catalog, "NO")[1] == ["runpod/EU-SE-1 (listed under NO, SE)"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpugeek_jupyter import plan
+from gpugeek_jupyter.catalog import load_catalog
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.sizing import spot
 
@@ -144,3 +145,45 @@ def test_a_bad_spot_table_in_config_is_one_line(gpugeek_home):
 def _config(home, text: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(text)
+
+
+def test_a_gpus_own_row_does_not_cover_its_other_variants(gpugeek_home):
+    """The A100 row is AWS's p4d (40 GB); p4de (A100-80GB) has no figure of its own: aws's default."""
+    table = plan(params="350M", provider="aws", gpus=8).table.set_index("instance_type")
+    rates = spot.bundled_rates()
+    assert table.loc["p4d.24xlarge", "preemptions_per_hour"].max() == pytest.approx(rates[("aws", "A100")].per_hour)
+    assert table.loc["p4de.24xlarge", "preemptions_per_hour"].max() == pytest.approx(rates[("aws", "*")].per_hour)
+
+
+@pytest.mark.parametrize("toml, words", [
+    ('{"aws/A100-80G" = 0.01}', "aws/A100-80G names no offer"),
+    ('{"awz" = 0.01}', "awz names no offer"),
+    ('{"aws" = inf}', r"spot\.preemptions_per_hour"),
+])
+def test_a_spot_rate_key_that_names_nothing_or_an_infinite_rate_is_one_line(gpugeek_home, toml, words):
+    _config(gpugeek_home, f"[spot]\npreemptions_per_hour = {toml}\n")
+    with pytest.raises(GpugeekError, match=words):
+        plan(params="1B")
+
+
+def test_hours_are_wall_time_and_spot_trains_fewer_tokens_in_them(gpugeek_home):
+    _config(gpugeek_home, '[spot]\npreemptions_per_hour = {"aws" = 0.05}\n')
+    kwargs = dict(params="1.3B", batch=8, provider="aws", gpus=8, hours=10, checkpoint_seconds=120,
+                  restart_minutes=15)
+    on_demand = plan(**kwargs).table.set_index("id")
+    on_spot = plan(pricing="spot", **kwargs).table.set_index("id")
+    row = on_spot.iloc[0]
+    assert row["est_hours"] == 10 and row["spot_hours"] == 10
+    rate = 0.05 * row["nodes"]
+    best = float(spot.best_interval(rate, 120 / 3600))
+    share = 10 / float(spot.expected_hours(10, rate, best, 120 / 3600, 0.25))
+    assert row["est_tokens"] == pytest.approx(on_demand.loc[row.name, "est_tokens"] * share)
+    assert row["cost"] == pytest.approx(10 * row["price"]) and share < 1
+
+
+def test_an_offer_without_a_rate_keeps_its_bare_spot_cost_beside_on_demand(gpugeek_home):
+    table = plan(params="350M", provider="runpod").table
+    row = table[table["cost_spot"].notna()].iloc[0]
+    assert math.isnan(row["preemptions_per_hour"]) and math.isnan(row["spot_hours"])
+    spot_price = load_catalog().set_index("id").loc[row["id"], "spot_price"]
+    assert row["cost_spot"] == pytest.approx(row["est_hours"] * spot_price * row["nodes"])

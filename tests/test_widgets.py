@@ -248,6 +248,29 @@ def test_every_panel_of_a_stopped_cluster_says_stopped_and_offers_no_shut_down()
         second.close()
 
 
+def test_three_panels_and_the_shut_down_button_leave_every_panel_stopped(monkeypatch):
+    """``up``, then ``status`` twice: the oldest panel is handed on, not dropped; and when the
+    newest panel's own button stops the cluster, the older ones say stopped too."""
+    from gpugeek_jupyter.cluster.nodetypes import spec_for
+
+    record = registry.create("q", "local", spec_for("local").to_json(), simulated=False, budget_usd=None,
+                             idle_minutes=None)
+    panels = [ClusterPanel("q", period=0.05) for _ in range(3)]
+    monkeypatch.setattr(api, "down", lambda name: registry.mark_stopped(record.id, "down"))
+    try:
+        assert [p.refresher.running for p in panels] == [False, False, True]
+        assert panels[2].refresher.followers == [panels[0].refresher, panels[1].refresher]
+        newest = panels[2]
+        newest.shut_down()
+        newest.shut_down()                     # the second click stops it
+        for panel in panels:
+            assert _wait_for(lambda p=panel: p.down_button.disabled), panel.header.value
+            assert "stopped" in panel.header.value
+    finally:
+        for panel in panels:
+            panel.close()
+
+
 def test_a_free_cluster_dashboard_says_free_instead_of_drawing_spend():
     from test_views import node
 

@@ -17,16 +17,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import html
-import http.client
 import io
 import json
 import math
 import os
 import tempfile
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -36,17 +31,12 @@ from pathlib import Path
 
 from .. import config
 from ..errors import GpugeekError
-from . import skypilot
+from . import fetch, skypilot
 
-DEFAULT_SOURCE = "https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/master/catalogs/v7"
-# SkyPilot hosts Azure's prices only in the v6 layout (the same vms.csv columns)
-OLDER_SCHEMA = {"azure": "v6"}
 DEFAULT_TIMEOUT_S = 30.0
 STALE_AFTER = timedelta(days=7)
 UPDATE_HINT = "run %gpugeek catalog update (or gg.update_catalog())"
 META = "catalog.json"
-MAX_BYTES = 64 * 2**20          # SkyPilot's largest vms.csv (AWS) is a few MiB
-OLD_FILE_S = 300                # older catalogs are removed after this, not at once: a reader may hold one
 
 
 @dataclass(frozen=True)
@@ -151,95 +141,6 @@ def current() -> CatalogInfo:
         return bundled()
 
 
-class _Failed(Exception):
-    """One provider's file could not be read; the message says why, in a few words."""
-
-
-def _reason(exc: BaseException) -> str:
-    return (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip()
-
-
-def _download(url: str, timeout: float) -> bytes:
-    """The file at ``url``; ``timeout`` bounds each wait, ten times it the whole download."""
-    host = urllib.parse.urlsplit(url).netloc or url
-    deadline = time.monotonic() + 10 * timeout
-    request = urllib.request.Request(url, headers={"User-Agent": "gpugeek-jupyter"})
-    chunks, size = [], 0
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            expected = response.headers.get("Content-Length", "")
-            while chunk := response.read(1 << 16):
-                size += len(chunk)
-                if size > MAX_BYTES:
-                    raise _Failed(f"{url} is larger than {MAX_BYTES >> 20} MiB — not a price catalog")
-                if time.monotonic() > deadline:
-                    raise _Failed(f"the download from {host} took longer than {10 * timeout:g} s")
-                chunks.append(chunk)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        raise _Failed(f"HTTP {exc.code} {exc.reason} for {url}") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise _Failed(f"no answer from {host} within {timeout:g} s") from None
-        raise _Failed(f"cannot reach {host} ({_reason(exc.reason)})") from None
-    except TimeoutError:
-        raise _Failed(f"no answer from {host} within {timeout:g} s") from None
-    except http.client.IncompleteRead:
-        raise _Failed(f"the download from {host} was cut short") from None
-    except (http.client.HTTPException, OSError) as exc:
-        raise _Failed(f"the download from {host} failed ({_reason(exc)})") from None
-    if expected.isdigit() and int(expected) != size:
-        raise _Failed(f"the download from {host} was cut short ({size} of {expected} bytes)")
-    return b"".join(chunks)
-
-
-def _local_file(folder: Path, provider: str) -> Path:
-    nested = folder / provider / "vms.csv"
-    if nested.is_file():
-        return nested
-    flat = sorted(folder.glob(f"{provider}-vms*.csv"))
-    if len(flat) > 1:
-        raise _Failed(f"{len(flat)} {provider}-vms*.csv files in {folder} — keep one")
-    if not flat:
-        raise _Failed(f"no {provider}/vms.csv or {provider}-vms*.csv in {folder}")
-    return flat[0]
-
-
-def _fetch(base: str, local: bool, provider: str, timeout: float) -> tuple[str, str]:
-    """(where it was read, its text) for one provider's ``vms.csv``."""
-    if local:
-        path = _local_file(Path(base), provider)
-        where = str(path)
-        try:
-            if path.stat().st_size > MAX_BYTES:
-                raise _Failed(f"{path} is larger than {MAX_BYTES >> 20} MiB — not a price catalog")
-            data = path.read_bytes()
-        except OSError as exc:
-            raise _Failed(f"cannot read {path} ({_reason(exc)})") from None
-    else:
-        if base == DEFAULT_SOURCE and provider in OLDER_SCHEMA:
-            base = base.removesuffix("/v7") + "/" + OLDER_SCHEMA[provider]
-        where = f"{base}/{provider}/vms.csv"
-        data = _download(where, timeout)
-    try:
-        return where, data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Failed(f"{where} is not UTF-8 text — not a price catalog") from None
-
-
-def _source(source: str | None) -> tuple[str, bool]:
-    """(base, is a local folder)."""
-    text = str(source).strip() if source is not None else DEFAULT_SOURCE
-    if text.startswith(("http://", "https://")):
-        return text.rstrip("/"), False
-    if text.startswith("file://"):
-        text = urllib.request.url2pathname(urllib.parse.urlsplit(text).path)
-    folder = Path(text).expanduser()
-    if not folder.is_dir():
-        raise GpugeekError(f"catalog source {source!r} is neither an http(s) URL nor a folder")
-    return str(folder.resolve()), True
-
-
 def _providers(providers: str | list[str] | None) -> list[str] | None:
     if providers is None:
         return None
@@ -257,8 +158,8 @@ def _found(folder: str) -> list[str]:
     """The providers a local folder has a file for."""
     found = []
     for provider in skypilot.PROVIDERS:
-        with contextlib.suppress(_Failed):
-            _local_file(Path(folder), provider)
+        with contextlib.suppress(fetch.Failed):
+            fetch.local_file(Path(folder), provider)
             found.append(provider)
     if not found:
         raise GpugeekError(f"no <provider>/vms.csv or <provider>-vms*.csv in {folder} — "
@@ -287,6 +188,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.close(folder)
 
 
+def _loadable(row: dict) -> bool:
+    """What the catalog's loader accepts (``offers._parse_row``): a row it would refuse must never
+    reach the catalog in use, where it would stop every command."""
+    try:
+        return (all(str(row.get(c) or "").strip() for c in ("provider", "instance_type", "gpu", "region"))
+                and int(row["gpu_count"]) >= 1 and 0 < float(row["price_hour"]) < math.inf
+                and all(0 <= float(row[c]) < math.inf for c in ("gpu_mem_gib", "vcpus", "mem_gib",
+                                                                   "spot_price_hour") if row.get(c)))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _rows(path: Path) -> list[dict]:
     with path.open(newline="", encoding="utf-8-sig") as handle:
         return list(csv.DictReader(handle))
@@ -308,10 +221,10 @@ def _write(previous: CatalogInfo, fresh: dict[str, list[dict]], entries: dict[st
     meta = {"file": name, "written": now.isoformat(timespec="seconds"),
             "providers": {**previous.providers, **entries}}
     _atomic_write(folder / META, (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
-    for old in [*folder.glob("gpu_offers-*.csv"), *folder.glob(".*.tmp")]:
+    # the catalog current a moment ago stays until the next update (a reader may hold it open)
+    for old in {*folder.glob("gpu_offers-*.csv"), *folder.glob(".*.tmp")} - {folder / name, previous.path}:
         with contextlib.suppress(OSError):
-            if old.name != name and time.time() - old.stat().st_mtime > OLD_FILE_S:
-                old.unlink()
+            old.unlink()
     return current()
 
 
@@ -361,7 +274,7 @@ def update(source: str | None = None, providers: str | list[str] | None = None,
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
             math.isfinite(timeout) and timeout > 0):
         raise GpugeekError(f"timeout {timeout!r} must be a positive number of seconds")
-    base, local = _source(source)
+    base, local = fetch.source_of(source)
     names = _providers(providers) or (_found(base) if local else list(skypilot.PROVIDERS))
     previous = current()
     fresh: dict[str, list[dict]] = {}
@@ -369,18 +282,24 @@ def update(source: str | None = None, providers: str | list[str] | None = None,
     failed: dict[str, str] = {}
     for provider in names:
         try:
-            where, text = _fetch(base, local, provider, float(timeout))
-            rows = skypilot.convert(provider, text, source_file=where)
+            where, text, modified = fetch.fetch(base, local, provider, float(timeout))
+            rows = [row for row in skypilot.convert(provider, text, source_file=where) if _loadable(row)]
             if not rows:
-                raise _Failed(f"{where} lists no GPU offers")
-        except _Failed as exc:
+                raise fetch.Failed(f"{where} lists no GPU offers")
+        except fetch.Failed as exc:
             failed[provider] = str(exc)
             continue
         except GpugeekError as exc:
             failed[provider] = str(exc).removeprefix(f"{provider}: ")
             continue
         fresh[provider] = rows
-        entries[provider] = {"prices_as_of": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # the prices are as old as the file: its own time where known (a mirror may be weeks old),
+        # else the fetch (SkyPilot's hosted files are rebuilt from the price APIs every few hours)
+        now = datetime.now(timezone.utc)
+        entries[provider] = {"prices_as_of": min(modified or now, now).isoformat(timespec="seconds"),
+                             "fetched": now.isoformat(timespec="seconds"),
+                             "dated_by": "fetch time" if modified is None else
+                             "file time" if local else "Last-Modified",
                              "source": where, "offers": len(rows)}
     if not fresh:
         why = "; ".join(f"{p}: {reason}" for p, reason in failed.items())
@@ -388,6 +307,6 @@ def update(source: str | None = None, providers: str | list[str] | None = None,
     try:
         catalog = _write(previous, fresh, entries)
     except OSError as exc:
-        raise GpugeekError(f"cannot save the new catalog in {store()} ({_reason(exc)}) — the last good catalog "
+        raise GpugeekError(f"cannot save the new catalog in {store()} ({fetch.reason(exc)}) — the last good catalog "
                            f"from {previous.made} stays in use") from None
     return UpdateResult(catalog, {p: len(rows) for p, rows in fresh.items()}, failed)

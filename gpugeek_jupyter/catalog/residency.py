@@ -1,7 +1,9 @@
 """Data residency: the country an offer's region is in, and which offers a jurisdiction keeps.
 
 Where a region is comes from ``data/regions.csv``: one row per (provider, region) with its
-ISO 3166-1 alpha-2 country and the provider's page that says where the region is. Two providers
+ISO 3166-1 alpha-2 country and the page that says where the region is (the provider's own
+documentation; for Lambda, whose docs do not list it, an open-source SDK that records Lambda's
+region names and countries). Two providers
 carry the country in the catalog itself, so a rule reads it there instead of a row:
 
 - RunPod: the region *is* the country code (``SE``); the zone is the data centre. A data centre
@@ -176,9 +178,11 @@ def _mask(catalog: pd.DataFrame, allowed: frozenset[str]) -> tuple[pd.Series, li
     mask = pd.Series(inside[codes], index=catalog.index)
     places = []
     for zone, listed in _doubtful_data_centres(catalog).items():
-        if not {_iso(code) for code in listed} <= allowed:   # it may lie outside: leave it out
+        codes = {_iso(code) for code in listed}
+        if not codes <= allowed:        # it may lie outside: leave it out
             mask &= ~((catalog["provider"] == "runpod") & (catalog["zone"] == zone))
-            places.append(f"runpod/{zone} (listed under {', '.join(sorted(listed))})")
+            if codes & allowed:         # … and say so where it may also lie inside
+                places.append(f"runpod/{zone} (listed under {', '.join(sorted(listed))})")
     return mask, _unknown(keys, countries) + sorted(places)
 
 

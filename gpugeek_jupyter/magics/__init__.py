@@ -13,6 +13,7 @@ from IPython.display import display
 
 from .. import api
 from ..errors import GpugeekError
+from ..sizing import spot
 from ..vocab import Amp, CostGrouping, Objective, Optimizer, Precision, Strategy
 from .flags import (
     SUBCOMMANDS,
@@ -51,6 +52,8 @@ def offers(self: GpugeekMagics, line: str):
         region=args.region, max_price=args.max_price, pricing=args.pricing, top=args.top,
         catalog=args.catalog, residency=args.residency,
     )
+    if frame.attrs.get("prices_as_of"):
+        print(f"prices as of {frame.attrs['prices_as_of']}")
     for key in ("note", "residency_note", "stale_warning"):
         if frame.attrs.get(key):
             print(frame.attrs[key])
@@ -83,7 +86,7 @@ def offers(self: GpugeekMagics, line: str):
           help="spot: minutes between checkpoints (default: the interval that costs least)")
 @argument("--checkpoint-seconds", type=positive_float("--checkpoint-seconds"),
           help="spot: how long one checkpoint takes (default: from the model's size)")
-@argument("--restart-minutes", type=number("--restart-minutes"), default=10.0,
+@argument("--restart-minutes", type=number("--restart-minutes"), default=spot.DEFAULT_RESTART_MINUTES,
           help="spot: a restart after a preemption (new node, reload)")
 @offer_filters
 @argument("--top", type=positive_int("--top"), default=10, help="rows to show")

@@ -10,7 +10,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .. import api
-from .flags import number, pricing_flag, subcommand
+from ..vocab import Pricing
+from .flags import choice, number, subcommand
 
 
 @subcommand
@@ -18,14 +19,15 @@ from .flags import number, pricing_flag, subcommand
 @argument("job", nargs="?", help="job name or id (default: the cluster's last job)")
 @argument("--cluster", help="cluster name (default: the active one)")
 @argument("--gpu", help="the GPUs the job ran on, where the cluster has no offer (your own machines)")
-@argument("--usd-per-hour", type=number("--usd-per-hour"), help="what one of those GPUs costs, $/h")
-@pricing_flag("how the cheaper offers would be bought")
+@argument("--usd-per-gpu-hour", type=number("--usd-per-gpu-hour"), help="what one of those GPUs costs, $/h")
+@argument("--pricing", type=choice(Pricing, "--pricing"), metavar="|".join(Pricing.values()),
+          help="how the cheaper offers would be bought (default: as the cluster's nodes are)")
 @argument("--residency", help="only offers in EU, UK, US, … or one country (DE)")
 @argument("--catalog", help="a CSV of your own offers")
 def advise(self, line: str):
     """Right-size a job from its telemetry: cheaper offers that hold its memory and keep up."""
     args = parse_argstring(advise, line)
-    return api.advise(args.job, args.cluster, gpu=args.gpu, usd_per_hour=args.usd_per_hour,
+    return api.advise(args.job, args.cluster, gpu=args.gpu, usd_per_gpu_hour=args.usd_per_gpu_hour,
                       pricing=args.pricing, catalog=args.catalog, residency=args.residency)
 
 

@@ -264,20 +264,31 @@ def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, pr
     interval = best if interval_h is None else np.full(len(rows), interval_h)
     spot_hours = spot.expected_hours(est_hours, rate, np.minimum(interval, 1e9), checkpoint_h, restart_h)
     unknown = np.isnan(rate)
-    hours_now = np.where(unknown, est_hours, spot_hours) if pricing == "spot" else est_hours
+    spot_price = col["spot_price"][rows] * n
+    tokens = est_hours * tokens_per_hour
+    spot_tokens = tokens
+    if hours is not None:
+        # --hours is wall time: spot trains less in it, at the expected share of time not lost
+        spot_tokens = np.where(unknown, tokens, tokens * est_hours / spot_hours)
+        spot_hours = np.where(unknown, np.nan, est_hours)
+    # where no rate is known the bare spot price is all there is (and a spot plan ranks those after)
+    cost_spot = np.where(unknown, est_hours, spot_hours) * spot_price
+    hours_now, tokens_now = est_hours, tokens
+    if pricing == "spot":
+        hours_now = np.where(unknown, est_hours, spot_hours)
+        tokens_now = spot_tokens
     # one frame built at once: planning is interactive (column-by-column inserts cost milliseconds)
     columns = {name: offers[name].to_numpy()[rows] for name in (
         "id", "provider", "instance_type", "gpu", "gpu_count")}
     return pd.DataFrame({
         **columns, "gpu_mem_gib": mem, "nodes": n, "mem_per_gpu_gib": need_now,
         "headroom_gib": mem - need_now, "peak_tflops": peak[rows], "est_hours": hours_now,
-        "est_tokens": est_hours * tokens_per_hour, "price": price_now, "cost": hours_now * price_now,
+        "est_tokens": tokens_now, "price": price_now, "cost": hours_now * price_now,
         "cost_on_demand": est_hours * col["on_demand_price"][rows] * n,
         "cost_reserved": est_hours * col["reserved_price"][rows] * n,
         "spot_hours": spot_hours, "preemptions_per_hour": rate, "ckpt_every_min": interval * 60,
-        "best_ckpt_min": best * 60, "cost_spot": spot_hours * col["spot_price"][rows] * n,
+        "best_ckpt_min": best * 60, "cost_spot": cost_spot,
         "has_spot_price": ~np.isnan(col["spot_price"][rows]),
-        # where no rate is known the spot price is all there is: a spot plan ranks those after
         "_unpriced_risk": unknown if pricing == "spot" else np.zeros(len(rows), bool),
     })
 
@@ -294,9 +305,15 @@ def _node_rates(offers: pd.DataFrame) -> np.ndarray:
     overrides = config.settings().spot_rates
     key = (id(offers), overrides)
     if key not in _rates_cache or _rates_cache[key][0] is not offers:
+        providers = offers["provider"].to_numpy()
+        gpus = np.array([spot.gpu_key(f, v) for f, v in zip(offers["gpu"], offers["variant"], strict=True)])
+        table = spot.rate_table(dict(overrides))
+        if wrong := spot.unmatched(table, providers, gpus):
+            raise GpugeekError(f"config.toml [spot] preemptions_per_hour: {', '.join(wrong)} names no offer "
+                               "— use a provider (aws) or provider/GPU as `%gpugeek offers` spells it "
+                               "(aws/H100, aws/A100-80GB)")
         _rates_cache.clear()       # one catalog at a time (kept with it: its id is not reused)
-        _rates_cache[key] = (offers, spot.node_rates(offers["provider"].to_numpy(), offers["gpu"].to_numpy(),
-                                                     spot.rate_table(dict(overrides))))
+        _rates_cache[key] = (offers, spot.node_rates(providers, gpus, table))
     return _rates_cache[key][1]
 
 
@@ -345,7 +362,8 @@ def _assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens_arg, 
         "no inter-node communication cost",
     ]
     if hours is not None:
-        notes.append(f"run length: {hours:g} h on every offer")
+        notes.append(f"run length: {hours:g} h of wall time on every offer"
+                     + ("; on spot, preemptions leave fewer tokens trained in it" if pricing == "spot" else ""))
     elif tokens_arg is None:
         notes.append(f"run length: {human_count(run_tokens)} tokens "
                      f"({CHINCHILLA_TOKENS_PER_PARAM} per parameter, Chinchilla-optimal); "
@@ -376,8 +394,8 @@ def _spot_assumptions(table: pd.DataFrame, checkpoint_note: str, restart_minutes
     if not unknown.empty:
         providers = ", ".join(sorted(unknown["provider"].unique()))
         notes.append(f"no preemption rate known for {len(unknown)} offer(s) ({providers}): their "
-                     "expected spot cost is left empty (a spot plan ranks them last, at the bare spot price) — set "
-                     "[spot] preemptions_per_hour in config.toml")
+                     "cost_spot is the bare spot price × hours, preemptions not priced (a spot plan ranks "
+                     "them last) — set [spot] preemptions_per_hour in config.toml")
     return notes
 
 

@@ -11,7 +11,8 @@ of length ``s = τ + C`` takes on average
 hours of wall time (a geometric number of failed tries, each lasting the time to the preemption
 plus ``R``). A run of ``W`` hours of work is ``⌊W/τ⌋`` full segments and one shorter one. The
 interval that minimises this solves ``(1 − λτ) e^{λ(τ+C)} = 1``; to first order that is
-Young's ``√(2 · C · MTBP)`` (mean time between preemptions, ``1/λ``), shown beside it.
+Young's ``√(2 · C · MTBP)`` (mean time between preemptions, ``1/λ``; ``young_daly``), which the
+root refines where preemptions are frequent.
 
 Every figure here is an estimate: the rates are published buckets or a user's own figure.
 """
@@ -72,9 +73,15 @@ def rate_table(overrides: dict[str, float] | None = None) -> dict[tuple[str, str
     return table
 
 
+def gpu_key(family: str, variant: str) -> str:
+    """How the rate table names a GPU: the family (``H100``, the SXM part) or family-variant
+    (``A100-80GB``, ``H100-PCIe``), as ``%gpugeek offers`` spells it."""
+    return f"{family}-{variant}" if variant else family
+
+
 def node_rates(providers: np.ndarray, gpus: np.ndarray, table: dict[tuple[str, str], Rate]) -> np.ndarray:
-    """Per-node preemptions per hour for each offer (its GPU family's row, else its provider's
-    ``*`` row, else NaN: unknown, never guessed)."""
+    """Per-node preemptions per hour for each offer (its GPU's row — ``gpus`` as ``gpu_key``
+    spells them — else its provider's ``*`` row, else NaN: unknown, never guessed)."""
     out = np.full(len(providers), np.nan)
     for (provider, gpu), rate in sorted(table.items(), key=lambda item: item[1].rank):
         match = providers == provider
@@ -82,6 +89,14 @@ def node_rates(providers: np.ndarray, gpus: np.ndarray, table: dict[tuple[str, s
             match &= gpus == gpu
         out[match] = rate.per_hour
     return out
+
+
+def unmatched(table: dict[tuple[str, str], Rate], providers: np.ndarray, gpus: np.ndarray) -> list[str]:
+    """The user's keys (``config.toml``) that name no offer: a typo must not pass in silence."""
+    known = set(zip(providers, gpus, strict=True))
+    names = {provider for provider, _gpu in known}
+    return [f"{p}/{g}" if g != "*" else p for (p, g), rate in table.items() if rate.rank >= 2
+            and (p not in names if g == "*" else (p, g) not in known)]
 
 
 def _segment_hours(rate, length, restart):

@@ -79,6 +79,7 @@ class Refresher:
 
     _running: ClassVar[dict[tuple, Refresher]] = {}
     _registry_lock = threading.Lock()
+    MAX_FOLLOWERS = 8            # the newest superseded panels (cleared outputs are never closed)
 
     def __init__(self, refresh: Callable[[], bool], period: float, on_error: Callable[[str], None],
                  key: tuple | None = None):
@@ -95,9 +96,11 @@ class Refresher:
             with Refresher._registry_lock:
                 older = Refresher._running.get(self.key)
                 Refresher._running[self.key] = self
+                if older is not None:     # handed over before it stops: its loop ends nobody
+                    self.followers = [*older.followers, older][-self.MAX_FOLLOWERS:]
+                    older.followers = []
             if older is not None:
                 older.stop()
-                self.followers, older.followers = [*older.followers, older], []
                 if older.on_superseded:
                     older.on_superseded("a newer panel of this cluster is the live one")
         self.thread.start()
@@ -116,7 +119,8 @@ class Refresher:
         """Refresh the superseded panels one last time (the cluster stopped): each draws its
         final state. Called from the loop when ``refresh`` says stop, and by a panel that stopped
         the cluster itself."""
-        followers, self.followers = self.followers, []
+        with Refresher._registry_lock:
+            followers, self.followers = self.followers, []
         for older in followers:
             if older.closed:
                 continue
@@ -140,7 +144,9 @@ class Refresher:
                         break
             except Exception as exc:  # noqa: BLE001 - a panel must outlive one failed look
                 self.on_error(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
-        self.end()
+        else:
+            return      # stopped from outside: a newer panel took over, or a button ends them itself
+        self.end()      # the cluster stopped
 
 
 class LivePanel(w.VBox):

@@ -52,6 +52,7 @@ class JobMonitor:
         self.origin: float | None = None            # the job's first report (workers' clock): 0 s
         self.reported: dict[int, float] = {}        # rank → its last report: its next rate's window opens there
         self.rates: dict[int, deque[tuple[float, float]]] = {}   # rank → (at, samples/s) not in a point yet
+        self.tokens: dict[int, float] = {}          # rank → its last tokens/s that measures throughput
         self.handle = None
         self.box: w.VBox | None = None
         self.drawn_at = 0.0
@@ -86,6 +87,8 @@ class JobMonitor:
         at = float(sample.get("t") or time.time())
         self.origin = at if self.origin is None else min(self.origin, at)
         previous, self.reported[rank] = self.reported.get(rank), at
+        if sample.get("tokens_per_s") is not None and rate_counts(previous, at):
+            self.tokens[rank] = float(sample["tokens_per_s"])      # as samples/s: no warm-up, no tail
         rate = sample.get("samples_per_s")
         if rate is None or not rate_counts(previous, at):
             return
@@ -132,7 +135,7 @@ class JobMonitor:
             parts.append(f"loss {self.loss[-1][1]:.4g}")
         if self.speed:                   # the chart's latest point: every worker, one round
             parts.append(f"{self.speed[-1][1]:,.1f} samples/s")
-        tokens = sum(float(s.get("tokens_per_s") or 0) for s in self.latest.values())
+        tokens = sum(self.tokens.values())
         if tokens:
             parts.append(f"{tokens:,.0f} tokens/s")
         usd = self.usd()

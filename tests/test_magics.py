@@ -88,6 +88,9 @@ def test_help_lists_subcommands(ipython, capsys):
     ipython.run_line_magic("gpugeek", "")
     out = capsys.readouterr().out
     assert "offers" in out and "plan" in out
+    # each subcommand with its one-line summary (not the usage block magic_arguments makes of __doc__)
+    assert "  offers   Compare GPU offers, cheapest first by the chosen pricing." in out
+    assert "::" not in out and "  advise   Right-size a job from its telemetry" in out
 
 
 @pytest.mark.parametrize("cell, expected", [

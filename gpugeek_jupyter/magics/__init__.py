@@ -347,5 +347,7 @@ class GpugeekMagics(Magics):
     def _help() -> str:
         lines = ["%gpugeek SUBCOMMAND [options]; `%gpugeek SUBCOMMAND -h` for its options", ""]
         for name, func in SUBCOMMANDS.items():
-            lines.append(f"  {name:<8} {(func.__doc__ or '').strip().splitlines()[0]}")
+            # magic_arguments rewrites __doc__ into a usage block; the parser keeps the summary
+            summary = (func.parser.description or "").strip().splitlines()
+            lines.append(f"  {name:<8} {summary[0] if summary else ''}")
         return "\n".join(lines)

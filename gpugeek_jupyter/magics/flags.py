@@ -26,18 +26,6 @@ def subcommand(func: Callable) -> Callable:
     return func
 
 
-def positive_float(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise UsageError(f"{flag} {text!r} is not a number") from None
-        if value <= 0:
-            raise UsageError(f"{flag} {text!r} must be positive")
-        return value
-    return parse
-
-
 def choice(kind: type[Choice], flag: str) -> Callable[[str], str]:
     """A flag whose value is one of ``kind``'s: checked by the vocabulary's one validator."""
     def parse(text: str) -> str:
@@ -77,27 +65,30 @@ offer_filters = flags(
 cluster_name = argument("name", nargs="?", help="cluster name (default: the active one)")
 
 
-def positive_int(flag: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def number(flag: str, kind: type = float, above: float | None = None,
+           at_least: float | None = None) -> Callable[[str], float]:
+    """A number flag's form (``kind``) and, where given, its floor; the API checks the rest, in
+    one line like these."""
+    def parse(text: str) -> float:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise UsageError(f"{flag} {text!r} is not a whole number") from None
-        if value < 1:
-            raise UsageError(f"{flag} {text!r} must be at least 1")
+            noun = "a whole number" if kind is int else "a number"
+            raise UsageError(f"{flag} {text!r} is not {noun}") from None
+        if above is not None and not value > above:
+            raise UsageError(f"{flag} {text!r} must be positive")
+        if at_least is not None and value < at_least:
+            raise UsageError(f"{flag} {text!r} must be at least {at_least:g}")
         return value
     return parse
 
 
-def number(flag: str, kind: type = float) -> Callable[[str], float]:
-    """Only checks that it is a number; the API says what range is allowed, in one line."""
-    def parse(text: str) -> float:
-        try:
-            return kind(text)
-        except ValueError:
-            noun = "a whole number" if kind is int else "a number"
-            raise UsageError(f"{flag} {text!r} is not {noun}") from None
-    return parse
+def positive_float(flag: str) -> Callable[[str], float]:
+    return number(flag, float, above=0)
+
+
+def positive_int(flag: str) -> Callable[[str], int]:
+    return number(flag, int, at_least=1)
 
 
 def span(flag: str) -> Callable[[str], float]:

@@ -223,6 +223,24 @@ def shutdown_sessions(server: LabServer) -> None:
 # The notebook panel on show (Lumino hides the others with lm-mod-hidden).
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
+
+def training_cell(name: str, epochs: int) -> str:
+    """A short real job for the job monitor: a linear model, a DataLoader sharded by ``gg``,
+    ~20 ms a step so the live panel has time to draw."""
+    return f"""%%gpugeek run --workers 2 --name {name}
+import time, torch
+from torch import nn
+data = torch.utils.data.TensorDataset(torch.randn(2048, 16), torch.randn(2048, 1))
+loader = torch.utils.data.DataLoader(data, batch_size=32)
+model = nn.Linear(16, 1)
+model, opt, loader = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
+for x, y in gg.steps(loader, epochs={epochs}):
+    loss = nn.functional.mse_loss(model(x), y)
+    gg.backward(loss)
+    gg.log(loss=loss.item())
+    time.sleep(0.02)
+gg.step"""
+
 # The kernel is ready once the panel names a kernel and its execution indicator says idle. The
 # indicator reads "idle" before any kernel is attached too (the panel then says "No Kernel"), and
 # clicking Run All then does nothing, so both are checked.

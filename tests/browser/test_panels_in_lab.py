@@ -7,23 +7,11 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from lab import PANEL, error_outputs, put_notebook, run_notebook_in_lab, screenshot
+from lab import PANEL, error_outputs, put_notebook, run_notebook_in_lab, screenshot, training_cell
 
 CELLS = [
     "%load_ext gpugeek_jupyter\n%gpugeek up",
-    """%%gpugeek run --workers 2 --name small
-import time, torch
-from torch import nn
-data = torch.utils.data.TensorDataset(torch.randn(2048, 16), torch.randn(2048, 1))
-loader = torch.utils.data.DataLoader(data, batch_size=32)
-model = nn.Linear(16, 1)
-model, opt, loader = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
-for x, y in gg.steps(loader, epochs=4):
-    loss = nn.functional.mse_loss(model(x), y)
-    gg.backward(loss)
-    gg.log(loss=loss.item())
-    time.sleep(0.02)
-gg.step""",
+    training_cell("small", epochs=4),
     "%gpugeek status",
     "%gpugeek cost --by job",
     "%gpugeek down",

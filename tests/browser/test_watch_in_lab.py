@@ -9,23 +9,20 @@ import re
 
 import nbformat
 import pytest
-from lab import PANEL, error_outputs, open_notebook_in_lab, put_notebook, screenshot, start_run_all, wait_run_done
+from lab import (
+    PANEL,
+    error_outputs,
+    open_notebook_in_lab,
+    put_notebook,
+    screenshot,
+    start_run_all,
+    training_cell,
+    wait_run_done,
+)
 
 CELLS = [
     "%load_ext gpugeek_jupyter\n%gpugeek up lab-sim --backend sim --gpu A100 --count 8 --workers 1 --budget 5",
-    """%%gpugeek run --workers 2 --name lab-job
-import time, torch
-from torch import nn
-data = torch.utils.data.TensorDataset(torch.randn(2048, 16), torch.randn(2048, 1))
-loader = torch.utils.data.DataLoader(data, batch_size=32)
-model = nn.Linear(16, 1)
-model, opt, loader = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
-for x, y in gg.steps(loader, epochs=8):
-    loss = nn.functional.mse_loss(model(x), y)
-    gg.backward(loss)
-    gg.log(loss=loss.item())
-    time.sleep(0.02)
-gg.step""",
+    training_cell("lab-job", epochs=8),
     "%gpugeek status",
     "%gpugeek cost --by pricing",
     "%gpugeek down lab-sim",

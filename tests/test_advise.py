@@ -12,6 +12,7 @@ from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.sizing.advise import Usage, advise_job, candidates, right_size
+from gpugeek_jupyter.vocab import NodePrice
 
 P4D = "aws/p4d.24xlarge/us-east-1/use1-az1"          # 8× A100 40 GB
 G6 = "aws/g6.48xlarge/us-east-1/use1-az1"            # 8× L4 (AWS says 22.4 GiB)
@@ -24,6 +25,14 @@ def offers(*ids):
     rows = catalog[catalog["id"].isin(ids)]
     assert len(rows) == len(ids), set(ids) - set(rows["id"])
     return rows
+
+
+def p4d_node(cluster_id: int, usd_per_hour: float, started: float) -> None:
+    """One live 8-GPU node of the p4d offer in the ledger, as the metering records it."""
+    from test_views import node
+
+    ledger.sync_nodes(cluster_id, [node("n1", "gpu", started)],
+                      {"gpu": NodePrice(P4D, "on-demand", usd_per_hour, on_demand_usd_per_hour=usd_per_hour)})
 
 
 def test_a_third_busy_a100_job_moves_to_l4_and_the_saving_is_the_hand_computed_one():
@@ -76,12 +85,7 @@ def test_a_jobs_ledger_telemetry_is_read_for_its_offer(gpugeek_home):
     catalog = load_catalog().set_index("id")
     p4d = catalog.loc[P4D]
     now = time.time()
-    from gpugeek_jupyter import store
-
-    with store.transaction() as db:
-        db.execute("INSERT INTO nodes (cluster_id, node_id, node_type, offer_id, pricing, usd_per_hour, gpus,"
-                   " started) VALUES (?,?,?,?,?,?,?,?)",
-                   (record.id, "n1", "gpu", P4D, "on-demand", float(p4d["on_demand_price"]), 8, now - 7200))
+    p4d_node(record.id, float(p4d["on_demand_price"]), now - 7200)
     ledger.job_started(record.id, "j1", "train", at=now - 3600)
     ledger.record_samples(record.id, "j1", [
         {"rank": r, "t": now - 3600 + i, "step": i, "gpu_util": util, "memory_bytes": int(gib * 2**30),
@@ -107,11 +111,7 @@ def test_a_gpu_jobs_final_summary_carries_the_advice_and_a_cpu_jobs_does_not(gpu
 
     record = registry.create("summary", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
     now = time.time()
-    from gpugeek_jupyter import store
-
-    with store.transaction() as db:
-        db.execute("INSERT INTO nodes (cluster_id, node_id, node_type, offer_id, pricing, usd_per_hour, gpus,"
-                   " started) VALUES (?,?,?,?,?,?,?,?)", (record.id, "n1", "gpu", P4D, "on-demand", 32.7726, 8, now))
+    p4d_node(record.id, 32.7726, now)
     ledger.job_started(record.id, "gpu", "gpu", at=now)
     ledger.record_samples(record.id, "gpu", [{"rank": r, "t": now + 1, "step": 1, "gpu_util": 30,
                                                "memory_bytes": 16 * 2**30} for r in range(8)])

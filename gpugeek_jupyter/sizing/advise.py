@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..catalog import gpus as gpu_specs
 from ..catalog import offers as catalog_offers
+from ..catalog.residency import residency_mask
+from ..errors import GpugeekError
+from ..meter import ledger
 from . import memory
 
 BUSY_TARGET = 0.9          # an offer is sized to run at most this busy
@@ -109,8 +113,6 @@ def candidates(pricing: str = "on-demand", catalog: str | None = None,
     """Every offer priced under ``pricing`` with a known peak and memory."""
     frame = catalog_offers.load_catalog(catalog)
     if residency:
-        from ..catalog.residency import residency_mask
-
         frame = frame[residency_mask(frame, residency)[0]]
     frame = catalog_offers.with_pricing(frame, pricing)
     return frame[frame["bf16_tflops"].notna() & frame["gpu_mem_gib"].notna()]
@@ -141,9 +143,6 @@ def advise_job(cluster_id: int, job: str | None = None, *, gpu: str | None = Non
     What the job pays is its GPU nodes' $/h while it ran, and what they are comes from their offer
     (bought the same way, unless ``pricing`` says otherwise); ``gpu`` and ``usd_per_gpu_hour`` say
     it where the cluster has no offer (your own machines)."""
-    from ..errors import GpugeekError
-    from ..meter import ledger
-
     if usd_per_gpu_hour is not None and not (isinstance(usd_per_gpu_hour, (int, float))
                                              and 0 <= usd_per_gpu_hour < math.inf):
         raise GpugeekError(f"--usd-per-gpu-hour {usd_per_gpu_hour!r}: give what one GPU costs, $/h ≥ 0")
@@ -165,8 +164,6 @@ def advise_job(cluster_id: int, job: str | None = None, *, gpu: str | None = Non
     gpus = max(int(row["workers"] or 0), int(samples.loc[samples["gpu_util"].notna(), "rank"].nunique()))
     offer, paid, bought = _offer_of(cluster_id, row["started"], ended, catalog)
     if gpu is not None:
-        from ..catalog import gpus as gpu_specs
-
         family = gpu_specs.family_of(gpu)
         spec = gpu_specs.spec(family)
         if spec is None:
@@ -188,8 +185,6 @@ def _offer_of(cluster_id: int, started: float, ended: float,
               catalog: str | None) -> tuple[dict | None, float | None, str]:
     """The catalog row of the GPU nodes up while the job ran, what they cost together ($/h),
     and how they were bought."""
-    from ..meter import ledger
-
     nodes = ledger.nodes_frame(cluster_id, now=ended)
     up = nodes["ended"].fillna(ended).astype(float) > started
     nodes = nodes[up & (nodes["started"].astype(float) < ended) & (nodes["gpus"].astype(float) > 0)

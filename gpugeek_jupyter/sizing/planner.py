@@ -195,7 +195,7 @@ def plan(
         why_empty=why_empty,
         assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing)
         + _spot_assumptions(table, checkpoint_note, restart_minutes, checkpoint_every)
-        + _residency_assumptions(residency, catalog) + _prices_date(catalog),
+        + _catalog_notes(catalog_offers.load_catalog(catalog), residency),
     )
 
 
@@ -399,17 +399,13 @@ def _spot_assumptions(table: pd.DataFrame, checkpoint_note: str, restart_minutes
     return notes
 
 
-def _residency_assumptions(residency: str | None, catalog: str | None) -> list[str]:
-    if not residency:
-        return []
-    _mask, unknown = residency_mask(catalog_offers.load_catalog(catalog), residency)
-    note = f"--residency {residency}: only regions the region table places there"
-    if unknown:
-        note = catalog_offers.unknown_regions_note(residency, unknown)
-    return [note]
-
-
-def _prices_date(catalog: str | None) -> list[str]:
-    attrs = catalog_offers.load_catalog(catalog).attrs
-    notes = [f"prices as of {attrs['prices_as_of']}"] if attrs.get("prices_as_of") else []
-    return notes + ([attrs["stale_warning"]] if attrs.get("stale_warning") else [])
+def _catalog_notes(offers: pd.DataFrame, residency: str | None) -> list[str]:
+    """The prices' date (and a warning when it is old), and what a residency left out."""
+    notes = []
+    if residency:
+        _mask, unknown = residency_mask(offers, residency)
+        notes.append(catalog_offers.unknown_regions_note(residency, unknown) if unknown else
+                     f"--residency {residency}: only regions the region table places there")
+    if offers.attrs.get("prices_as_of"):
+        notes.append(f"prices as of {offers.attrs['prices_as_of']}")
+    return notes + ([offers.attrs["stale_warning"]] if offers.attrs.get("stale_warning") else [])

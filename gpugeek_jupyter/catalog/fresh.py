@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import config
 from ..errors import GpugeekError
 from . import fetch, skypilot
+from .rows import parse_row
 
 DEFAULT_TIMEOUT_S = 30.0
 STALE_AFTER = timedelta(days=7)
@@ -189,15 +190,13 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _loadable(row: dict) -> bool:
-    """What the catalog's loader accepts (``offers._parse_row``): a row it would refuse must never
-    reach the catalog in use, where it would stop every command."""
+    """Whether the catalog's loader accepts the row: one it would refuse must never reach the
+    catalog in use, where it would stop every command."""
     try:
-        return (all(str(row.get(c) or "").strip() for c in ("provider", "instance_type", "gpu", "region"))
-                and int(row["gpu_count"]) >= 1 and 0 < float(row["price_hour"]) < math.inf
-                and all(0 <= float(row[c]) < math.inf for c in ("gpu_mem_gib", "vcpus", "mem_gib",
-                                                                   "spot_price_hour") if row.get(c)))
-    except (KeyError, TypeError, ValueError):
+        parse_row(row, Path(META), 0, bundled=True)
+    except (GpugeekError, KeyError, TypeError, AttributeError):
         return False
+    return True
 
 
 def _rows(path: Path) -> list[dict]:

@@ -1,6 +1,7 @@
 """Remote clusters: a cell run from a kernel outside an ``ssh`` cluster, against the local way.
 
     .venv/bin/python benchmarks/bench_remote.py [--rounds 7] [--cells 100] [--steps 300] [--against REV]
+                                                [--parts ABC] [--ddp-hosts 3[,2]]
 
 Needs root, ``ip``, ``unshare`` and ``/usr/sbin/sshd`` (it builds the multi-host lab of
 ``tests/netlab.py``: three "hosts" in network namespaces, each with its own sshd) and takes it all
@@ -20,7 +21,10 @@ figures are medians of the rounds' medians.
 - B: steps/s of the DDP loop of ``bench_run.py``'s P2 (MLP 256→1024→256, batch 64) across the three
      hosts, through ``gg.run(..., workers=3)`` on the ssh cluster, against the same loop in plain
      ``torch.distributed`` processes started on the same hosts (``ip netns exec``; gloo on
-     ``eth0``, one thread each, as a 1-CPU Ray worker has).
+     ``eth0``, one thread each, as a 1-CPU Ray worker has). With each side's steps/s goes the CPU
+     time a step costs a rank's process (all its threads: the loop's, gloo's, Ray's), the most of
+     any rank. ``--ddp-hosts 3,2`` runs it again on two hosts: three ranks share this machine's two
+     cores, two ranks have a core each.
 """
 
 from __future__ import annotations
@@ -50,6 +54,17 @@ REPLY = "@@bench@@ "          # marks a side's answer among whatever else it pri
 REMOTE, LOCAL, BEFORE = "bench-remote", "bench-local", "bench-before"
 SIDE_TIMEOUT_S = 900          # the longest a side may take to answer (starting a cluster)
 
+# B's loop on either side: its steps/s, and the CPU a step costs a rank's process (all its threads),
+# the most of any rank (read after the timed loop, so it costs the loop nothing)
+def costed(loop: str) -> str:
+    timed = loop.replace("t0 = time.perf_counter()", "cpu0 = time.process_time()\nt0 = time.perf_counter()")
+    assert timed != loop
+    return timed + (
+        "cpu = torch.tensor([(time.process_time() - cpu0) / STEPS * 1e3])\n"
+        "torch.distributed.all_reduce(cpu, op=torch.distributed.ReduceOp.MAX)\n"
+        "result = {'steps_per_s': steps_per_s, 'cpu_ms_per_step': cpu.item()}\n")
+
+
 PLAIN = """
 import json, os, sys, time
 from datetime import timedelta
@@ -62,7 +77,7 @@ dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
 ns = {"STEPS": steps}
 exec(LOOP, ns)
 if rank == 0:
-    print(json.dumps({"steps_per_s": ns["steps_per_s"]}), flush=True)
+    print(json.dumps(ns["result"]), flush=True)
 dist.destroy_process_group()
 """
 
@@ -105,8 +120,8 @@ def side(kind: str) -> None:
                     "worker": gg.run("__import__('gpugeek_jupyter').__file__", workers=ask["workers"],
                                      monitor=False).shown()})
         elif op == "loop":
-            code = LOOP_GG.replace("STEPS", str(ask["steps"])) + "\nsteps_per_s"
-            answer({"steps_per_s": gg.run(code, workers=ask["workers"], monitor=False).shown()})
+            code = costed(LOOP_GG).replace("STEPS", str(ask["steps"])) + "\nresult"
+            answer(gg.run(code, workers=ask["workers"], monitor=False).shown())
     gg.reset()
     gg.down(name)
     answer({"down": True})
@@ -297,14 +312,19 @@ def down_leftover_clusters() -> None:
 
 def plain_steps_per_s(lab, steps: int) -> float:
     """The loop on the lab's hosts, one rank per host, started in each host's network namespace."""
-    master = lab.hosts[0].address
+    return plain_loop(lab.hosts, steps)["steps_per_s"]
+
+
+def plain_loop(hosts, steps: int) -> dict:
+    """``plain_steps_per_s`` on ``hosts``: {"steps_per_s", "cpu_ms_per_step"} (``costed``)."""
+    master = hosts[0].address
     port = random.randint(29000, 29900)        # Ray's own ports on the head are below 20000
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
-    code = f"LOOP = {LOOP!r}\n" + PLAIN
+    code = f"LOOP = {costed(LOOP)!r}\n" + PLAIN
     procs = [subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-c", code, str(rank),
-                               str(len(lab.hosts)), master, str(port), str(steps)],
+                               str(len(hosts)), master, str(port), str(steps)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for rank, host in enumerate(lab.hosts)]
+             for rank, host in enumerate(hosts)]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -314,7 +334,7 @@ def plain_steps_per_s(lab, steps: int) -> float:
                 p.wait()
     if any(p.returncode for p in procs):
         raise RuntimeError("plain torch.distributed failed: " + " | ".join(e[-500:] for _, e in outs))
-    return json.loads(outs[0][0].strip().splitlines()[-1])["steps_per_s"]
+    return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -347,10 +367,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="DDP steps per loop")
     parser.add_argument("--against", metavar="REV",
                         help="also time the local empty cell with the package of git revision REV")
+    parser.add_argument("--parts", default="ABC", help="which parts to run (default ABC)")
+    parser.add_argument("--ddp-hosts", default="3", help="B on this many hosts, in turn: 3, 2 or 3,2")
     parser.add_argument("--side", choices=("local", "remote"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         return side(args.side)
+    parts = set(args.parts.upper())
+    ddp_hosts = [int(n) for n in args.ddp_hosts.split(",")]
+    if not parts or parts - set("ABC") or any(n not in (2, 3) for n in ddp_hosts):
+        raise SystemExit("bench_remote: --parts takes letters of ABC, --ddp-hosts 2 or 3 (or 3,2)")
 
     import netlab
 
@@ -360,64 +386,26 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="gpugeek-bench-remote-")
     os.environ["GPUGEEK_HOME"] = home
     logs = Path(home)
-    before_tree = export(args.against) if args.against else None
+    before_tree = export(args.against) if args.against and "A" in parts else None
     print(f"load average before: {os.getloadavg()[0]:.2f} (logs in {home})", flush=True)
     lab = netlab.up(3)
     sides: dict[str, Side] = {}
+    a = hops = None
+    ddp: dict[int, dict] = {}
     try:
         spec = {"hosts": ",".join(f"root@{h.address}" for h in lab.hosts), "key": str(lab.key)}
         began = time.monotonic()
         sides["remote"] = Side("remote", {**spec, "name": REMOTE}, logs / "remote.log")
         sides["remote"].read()
         print(f"ssh cluster on 3 lab hosts up in {time.monotonic() - began:.1f} s", flush=True)
-        sides["local"] = Side("local", {**spec, "name": LOCAL}, logs / "local.log")
-        sides["local"].read()
-        if before_tree:
-            sides["before"] = Side("local", {**spec, "name": BEFORE}, logs / "before.log", package_from=before_tree)
-            sides["before"].read()
         remote = sides["remote"]
-
-        # A: empty cells, alternated; the bare client round trip next to the remote cells
-        for name, s in sides.items():
-            s.ask(op="cells", n=20, workers=2)            # builds the group, warms up
-            where = s.ask(op="where", workers=2)
-            print(f"{name}: kernel and worker load {where['kernel']} / {where['worker']}", flush=True)
-        remote.ask(op="rtt", n=20)
-        requests = remote.ask(op="requests", n=20, workers=2)
-        rounds = []
-        for r in range(args.rounds):
-            got = {}
-            names = list(sides)
-            for which in names if r % 2 == 0 else names[::-1]:
-                got[which] = med(sides[which].ask(op="cells", n=args.cells, workers=2)["s"])
-                if which == "remote":
-                    got["rtt"] = med(remote.ask(op="rtt", n=args.cells)["s"])
-            rounds.append(got)
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in got.items()), flush=True)
-        for name in ("local", "before"):
-            if name in sides:
-                sides.pop(name).stop()
-
-        # C: rank 0's hop to another host, interleaved call by call
-        hops = [remote.ask(op="hop", n=args.cells * 2) for _ in range(3)]
-
-        # B: the DDP loop across the three hosts, alternated. First one untimed round of both at
-        # full length: the 3-worker group is new, and the sides just stopped are still exiting
-        # (the first timed round, ours first, measured 0.83 and 0.86 of plain without it)
-        remote.ask(op="loop", steps=args.steps, workers=3)
-        plain_steps_per_s(lab, args.steps)
-        ours, plain, cells3, rtt3 = [], [], [], []
-        for r in range(args.rounds):
-            if r % 2 == 0:
-                ours.append(remote.ask(op="loop", steps=args.steps, workers=3)["steps_per_s"])
-                plain.append(plain_steps_per_s(lab, args.steps))
-            else:
-                plain.append(plain_steps_per_s(lab, args.steps))
-                ours.append(remote.ask(op="loop", steps=args.steps, workers=3)["steps_per_s"])
-            cells3.append(med(remote.ask(op="cells", n=args.cells // 2, workers=3)["s"]))
-            rtt3.append(med(remote.ask(op="rtt", n=args.cells // 2)["s"]))
-            print(f"round {r + 1}: DDP steps/s through gg.run {ours[-1]:.1f}, plain {plain[-1]:.1f}", flush=True)
-        requests3 = remote.ask(op="requests", n=20, workers=3)
+        if "A" in parts:
+            a = part_a(args, spec, sides, logs, before_tree)
+        if "C" in parts:     # rank 0's hop to another host, interleaved call by call
+            hops = [remote.ask(op="hop", n=args.cells * 2) for _ in range(3)]
+        if "B" in parts:
+            for n in ddp_hosts:
+                ddp[n] = part_b(args, remote, lab.hosts[:n], with_cells="A" in parts and n == 3)
     finally:
         for s in sides.values():
             s.stop()
@@ -429,12 +417,82 @@ def main() -> None:
         if left:
             print(f"left over from the lab: {', '.join(left)}", flush=True)
 
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}; {args.rounds} rounds")
+    if a is not None:
+        report_a(args, a, ddp.get(3))
+    if hops is not None:
+        actor, by_line = [med(h["actor"]) for h in hops], [med(h["line"]) for h in hops]
+        print(f"C  rank 0 → a rank on another host and back, {args.cells * 2} × 3 interleaved: Ray actor call "
+              f"{ms(actor)} ({listed(actor, 1000)}), cell line {med(by_line) * 1000:.3f} ms "
+              f"({', '.join(f'{v * 1000:.3f}' for v in by_line)}) → line/actor {med(by_line) / med(actor):.3f}")
+    for n, got in ddp.items():
+        report_b(args, n, got)
+
+
+def part_a(args, spec: dict, sides: dict, logs: Path, before_tree: str | None) -> dict:
+    """Empty cells, alternated round by round; the bare client round trip next to the remote cells."""
+    sides["local"] = Side("local", {**spec, "name": LOCAL}, logs / "local.log")
+    sides["local"].read()
+    if before_tree:
+        sides["before"] = Side("local", {**spec, "name": BEFORE}, logs / "before.log", package_from=before_tree)
+        sides["before"].read()
+    remote = sides["remote"]
+    for name, s in sides.items():
+        s.ask(op="cells", n=20, workers=2)            # builds the group, warms up
+        where = s.ask(op="where", workers=2)
+        print(f"{name}: kernel and worker load {where['kernel']} / {where['worker']}", flush=True)
+    remote.ask(op="rtt", n=20)
+    requests = remote.ask(op="requests", n=20, workers=2)
+    rounds = []
+    for r in range(args.rounds):
+        got = {}
+        names = list(sides)
+        for which in names if r % 2 == 0 else names[::-1]:
+            got[which] = med(sides[which].ask(op="cells", n=args.cells, workers=2)["s"])
+            if which == "remote":
+                got["rtt"] = med(remote.ask(op="rtt", n=args.cells)["s"])
+        rounds.append(got)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in got.items()), flush=True)
+    for name in ("local", "before"):
+        if name in sides:
+            sides.pop(name).stop()
+    remote.ask(op="cells", n=5, workers=3)          # the 3-worker group built before it is counted
+    return {"rounds": rounds, "requests": requests,
+            "requests3": remote.ask(op="requests", n=20, workers=3)}
+
+
+def part_b(args, remote: Side, hosts: list, with_cells: bool) -> dict:
+    """The DDP loop on ``hosts``, alternated. First one untimed round of both at full length: the
+    group is new, and the sides stopped before are still exiting (the first timed round, ours
+    first, measured 0.83 and 0.86 of plain without it). ``with_cells``: the 3-worker group's
+    empty cell and round trip, between the rounds."""
+    n = len(hosts)
+    remote.ask(op="loop", steps=args.steps, workers=n)
+    plain_loop(hosts, args.steps)
+    got: dict = {"ours": [], "plain": [], "cells": [], "rtt": []}
+    for r in range(args.rounds):
+        for which in ("ours", "plain") if r % 2 == 0 else ("plain", "ours"):
+            got[which].append(remote.ask(op="loop", steps=args.steps, workers=n) if which == "ours"
+                              else plain_loop(hosts, args.steps))
+        if with_cells:
+            got["cells"].append(med(remote.ask(op="cells", n=args.cells // 2, workers=n)["s"]))
+            got["rtt"].append(med(remote.ask(op="rtt", n=args.cells // 2)["s"]))
+        ours, plain = got["ours"][-1], got["plain"][-1]
+        print(f"round {r + 1}, {n} hosts: DDP steps/s through gg.run {ours['steps_per_s']:.1f} "
+              f"({ours['cpu_ms_per_step']:.2f} CPU ms a step), plain {plain['steps_per_s']:.1f} "
+              f"({plain['cpu_ms_per_step']:.2f})", flush=True)
+    return got
+
+
+def report_a(args, a: dict, three: dict | None) -> None:
+    rounds = a["rounds"]
+
     def column(key):
         return [g[key] for g in rounds]
 
-    print(f"\nload average after: {os.getloadavg()[0]:.2f}; {args.rounds} rounds × {args.cells} cells per side")
-    print(f"A  empty cell, workers=2: remote (Ray Client through the SSH tunnel) {ms(column('remote'))}, "
-          f"local {ms(column('local'))} → remote/local {med([g['remote'] / g['local'] for g in rounds]):.2f}×")
+    print(f"A  empty cell, workers=2, {args.cells} cells per side per round: remote (Ray Client through the "
+          f"SSH tunnel) {ms(column('remote'))}, local {ms(column('local'))} → remote/local "
+          f"{med([g['remote'] / g['local'] for g in rounds]):.2f}×")
     print(f"   bare Ray Client round trip (actor method that does nothing) {ms(column('rtt'))}; remote cell − "
           f"round trip {med([g['remote'] - g['rtt'] for g in rounds]) * 1000:.2f} ms (goal ≤ 3 ms); local cell "
           f"{ms(column('local'))} (goal ≤ 3 ms)")
@@ -443,18 +501,26 @@ def main() -> None:
               f"{med([g['local'] / g['before'] for g in rounds]):.2f}")
     for key in rounds[0]:
         print(f"   per round, {key} (ms): {listed(column(key), 1000)}")
-    print(f"   Ray Client requests per remote empty cell: {json.dumps(requests)} (workers=2), "
-          f"{json.dumps(requests3)} (workers=3)")
-    print(f"   workers=3: remote empty cell {ms(cells3)}, round trip {ms(rtt3)}, cell − round trip "
-          f"{med([c - t for c, t in zip(cells3, rtt3, strict=True)]) * 1000:.2f} ms")
-    actor, by_line = [med(h["actor"]) for h in hops], [med(h["line"]) for h in hops]
-    print(f"C  rank 0 → a rank on another host and back, {args.cells * 2} × 3 interleaved: Ray actor call "
-          f"{ms(actor)} ({listed(actor, 1000)}), cell line {med(by_line) * 1000:.3f} ms "
-          f"({', '.join(f'{v * 1000:.3f}' for v in by_line)}) → line/actor {med(by_line) / med(actor):.3f}")
-    print(f"B  3-host DDP steps/s ({args.steps} steps, MLP 256→1024→256, batch 64): gg.run {med(ours):.1f} "
+    print(f"   Ray Client requests per remote empty cell: {json.dumps(a['requests'])} (workers=2), "
+          f"{json.dumps(a['requests3'])} (workers=3)")
+    if three and three["cells"]:
+        print(f"   workers=3: remote empty cell {ms(three['cells'])}, round trip {ms(three['rtt'])}, cell − "
+              f"round trip {med([c - t for c, t in zip(three['cells'], three['rtt'], strict=True)]) * 1000:.2f} ms")
+
+
+def report_b(args, n: int, got: dict) -> None:
+    def column(side, key):
+        return [g[key] for g in got[side]]
+
+    ours, plain = column("ours", "steps_per_s"), column("plain", "steps_per_s")
+    cpu_ours, cpu_plain = column("ours", "cpu_ms_per_step"), column("plain", "cpu_ms_per_step")
+    print(f"B  {n}-host DDP steps/s ({args.steps} steps, MLP 256→1024→256, batch 64): gg.run {med(ours):.1f} "
           f"({listed(ours)}) vs plain torch.distributed {med(plain):.1f} ({listed(plain)}) "
           f"→ {med(ours) / med(plain):.3f} (goal ≥ 0.95); "
           f"per-round ratios median {med([o / p for o, p in zip(ours, plain, strict=True)]):.3f}")
+    print(f"   CPU ms a step costs a rank's process (the most of any rank): gg.run {med(cpu_ours):.2f} "
+          f"({listed(cpu_ours)}) vs plain {med(cpu_plain):.2f} ({listed(cpu_plain)}); per-round ratios median "
+          f"{med([o / p for o, p in zip(cpu_ours, cpu_plain, strict=True)]):.3f}")
 
 
 if __name__ == "__main__":

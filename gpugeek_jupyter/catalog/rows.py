@@ -13,7 +13,6 @@ from pathlib import Path
 from ..errors import GpugeekError
 
 REQUIRED_COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "region", "price_hour")
-OPTIONAL_COLUMNS = ("gpu_mem_gib", "vcpus", "mem_gib", "zone", "spot_price_hour")
 
 
 def read_rows(path: Path, bundled: bool) -> list[dict]:

@@ -55,7 +55,7 @@ def main() -> None:
               ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0)
         import ray
 
-        from gpugeek_jupyter.cluster.session import current
+        from gpugeek_jupyter.kernel.session import current
 
         default = group.DRAIN_WAIT_S, group.DRAIN_GAP_S, group.SAMPLE_EVERY_S
         variants = {"as is": default, "held 1 s": (1.0, *default[1:]), "held 2 s": (2.0, *default[1:]),

@@ -24,7 +24,7 @@ HEAVY = ("pandas", "plotly", "ipywidgets", "IPython", "torch", "numpy", "yaml")
 ENTRIES = {
     "import gpugeek_jupyter": "import gpugeek_jupyter",
     "a Ray worker": "import gpugeek_jupyter.{workers}.worker",
-    "the watchdog": "import gpugeek_jupyter.cluster.watchdog",
+    "the watchdog": "import gpugeek_jupyter.guard.watchdog",
     "the Jupyter server": ("import gpugeek_jupyter.server.handlers\n"
                            "from gpugeek_jupyter.cluster import board\nboard.overview()"),
 }

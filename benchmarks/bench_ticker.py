@@ -72,7 +72,7 @@ def main() -> None:
     os.environ["GPUGEEK_HOME"] = str(base / "home")
     populate(args.clusters, stopped=20)
 
-    from gpugeek_jupyter.cluster import board as clusters
+    from gpugeek_jupyter.guard import board as clusters
     from gpugeek_jupyter.server.metrics import scrape
 
     token, port = secrets.token_hex(16), free_port()

@@ -10,19 +10,19 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import display
+from .backends.interface import LaunchConfig
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers as offers
-from .cluster.actions import Cluster, down, limits, preempt, scale
-from .cluster.backends import LaunchConfig
-from .cluster.lifecycle import sync_ledger
-from .cluster.session import any_cluster, current
-from .cluster.status import ClusterStatus, clusters, status
-from .cluster.up import up
+from .guard.lifecycle import sync_ledger
 from .health.checkup import doctor
 from .health.findings import DoctorReport
+from .kernel.session import any_cluster, current
 from .meter import ledger
 from .meter.telemetry import node_samples_frame
+from .provision.actions import Cluster, down, limits, preempt, scale
+from .provision.status import ClusterStatus, clusters, status
+from .provision.up import up
 from .sizing import planner
 from .sizing.advise import Advice, advise_job
 from .sizing.planner import Plan
@@ -173,7 +173,7 @@ def log(name: str | None = None, since: str | float | None = None) -> pd.DataFra
     """The audit log, oldest first: every action on every cluster (or on clusters named ``name``)
     — who (OS user and process), from where (host), what (its exact options) and the cluster's $
     at that moment. ``since``: seconds, or a span like ``"2h"``."""
-    from .cluster import board
+    from .guard import board
     from .units import parse_duration
 
     if since is not None:

@@ -2,7 +2,7 @@
 
 When JupyterLab is gone (a crashed server, a closed laptop, a colleague's shell), the clusters it
 started may still be billing. This reads the same registry and ledger as the Lab sidebar
-(``cluster/board.py``: SQLite; no pandas, Ray, IPython or Jupyter on its path) and stops a
+(``guard/board.py``: SQLite; no pandas, Ray, IPython or Jupyter on its path) and stops a
 cluster the way the sidebar does, by the processes we started. ``gpugeek clusters`` answers in
 a fraction of a second (``benchmarks/bench_cli.py``).
 
@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from .cluster import board
+    from .guard import board
     from .meter import ledger
 
     ledger.acting_as("terminal")

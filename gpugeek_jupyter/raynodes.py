@@ -191,7 +191,7 @@ def send_notice(address: str, node_id: str, deadline: float) -> None:
                                                True, NOTICE_NAMESPACE)
 
 
-# -- what the notebook's machine and the head's watchdog tell each other (cluster/headguard.py)
+# -- what the notebook's machine and the head's watchdog tell each other (remote/headguard.py)
 
 def kv_put(address: str, key: str, value: dict, timeout: float = 5.0) -> None:
     """``value`` (JSON) under ``key`` in the cluster's KV store."""

@@ -107,7 +107,7 @@ def test_without_a_job_rays_clock_counts_carried_forward_and_a_notebooks_cell_re
 
 
 def test_a_notebook_running_cells_notes_them_for_every_cluster_it_is_attached_to(cluster, ipython):
-    from gpugeek_jupyter.cluster import session
+    from gpugeek_jupyter.kernel import session
 
     registry.attach(cluster)
     attached_at = registry.last_cell(cluster)

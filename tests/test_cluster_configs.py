@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import hosts, launcher, onhost
+from gpugeek_jupyter.backends import hosts, launcher
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.onhost import script as onhost
 
 
 @pytest.mark.parametrize("backend, gpu, count, pricing", [
@@ -308,7 +309,7 @@ def test_a_ray_client_whose_server_failed_to_start_tries_again(monkeypatch):
     gets a new one; any other refusal is not retried."""
     import ray
 
-    from gpugeek_jupyter.cluster import connection
+    from gpugeek_jupyter.kernel import connection
 
     calls = []
 

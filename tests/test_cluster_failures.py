@@ -19,12 +19,13 @@ import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import board as server
-from gpugeek_jupyter.cluster import onhost, processes, registry
-from gpugeek_jupyter.cluster.backends import LocalBackend
-from gpugeek_jupyter.cluster.lifecycle import phase_of
-from gpugeek_jupyter.cluster.watchdog import UNREACHABLE_LIMIT, Watch
+from gpugeek_jupyter.backends.interface import LocalBackend
+from gpugeek_jupyter.cluster import processes, registry
+from gpugeek_jupyter.guard import board as server
+from gpugeek_jupyter.guard.lifecycle import phase_of
+from gpugeek_jupyter.guard.watchdog import UNREACHABLE_LIMIT, Watch
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.onhost import script as onhost
 from gpugeek_jupyter.raynodes import read_nodes
 from gpugeek_jupyter.vocab import ClusterPhase
 
@@ -161,7 +162,7 @@ def test_stopping_a_hosts_processes_also_stops_one_started_meanwhile():
 def test_a_head_that_misses_rays_own_startup_wait_is_started_once_more(gpugeek_home, monkeypatch, capsys):
     """Ray gives a raylet 30 s to register (fixed); a busy machine can miss that once: the head is
     started again, and only a second miss is the error — in one line."""
-    from gpugeek_jupyter.cluster import head
+    from gpugeek_jupyter.backends import local as head
 
     real, starts = processes.start_detached, []
 

@@ -99,7 +99,7 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     waits for the node to go and resumes from that checkpoint — every step taken once, none
     lost, with ``--max-failures 0`` — and an on-demand node replaces the spot one."""
 
-    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.kernel.session import current
 
     gg.up("p1", backend="sim", gpu="A100", count=8, workers=2, pricing="spot", spot_fallback=True)
     record = registry.live("p1")

@@ -1,4 +1,4 @@
-"""The kernel's packages on remote workers (``cluster/environment.py``): which modules a cell
+"""The kernel's packages on remote workers (``kernel/environment.py``): which modules a cell
 needs, how the kernel has each, the job's ``runtime_env`` they make, and ``up --env`` files.
 The lab test (``tests/lab/test_ssh_cluster.py``) runs them on three hosts."""
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import environment
+from gpugeek_jupyter import versions
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.kernel import environment
 
 
 def installed(folder: Path, name: str, version: str, compiled: bool = False) -> Path:
@@ -43,14 +44,14 @@ def test_pushed_values_bring_their_modules():
 
 
 def test_the_standard_library_and_what_is_not_there_are_not_looked_up():
-    assert environment.locate("json") is None and environment.locate("sys") is None
-    assert environment.locate("no_such_module_here") is None
+    assert versions.locate("json") is None and versions.locate("sys") is None
+    assert versions.locate("no_such_module_here") is None
 
 
 def test_an_installed_package_is_its_distribution_and_version(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(installed(tmp_path, "pkg_pure", "1.3")))
     monkeypatch.syspath_prepend(str(installed(tmp_path, "pkg_fast", "2.0", compiled=True)))
-    pure, fast = environment.locate("pkg_pure"), environment.locate("pkg_fast")
+    pure, fast = versions.locate("pkg_pure"), versions.locate("pkg_fast")
     assert (pure.dist, pure.version, pure.compiled) == ("pkg_pure", "1.3", False)
     assert Path(pure.dist_info).name == "pkg_pure-1.3.dist-info" and Path(pure.path) == tmp_path / "pkg_pure"
     assert (fast.dist, fast.version, fast.compiled) == ("pkg_fast", "2.0", True)
@@ -65,10 +66,10 @@ def test_an_installed_package_is_its_distribution_and_version(tmp_path, monkeypa
 def test_a_local_module_is_versioned_by_its_files(tmp_path, monkeypatch):
     (tmp_path / "mymodel.py").write_text("WIDTH = 8\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    first = environment.locate("mymodel")
+    first = versions.locate("mymodel")
     assert first.dist is None and first.version.startswith("local:") and first.path == str(tmp_path / "mymodel.py")
     (tmp_path / "mymodel.py").write_text("WIDTH = 16\n")
-    assert environment.locate("mymodel").version != first.version, "an edit here is not seen"
+    assert versions.locate("mymodel").version != first.version, "an edit here is not seen"
     assert environment.runtime_env([], [first], package=False)["py_modules"] == [first.path]
 
 
@@ -77,7 +78,7 @@ def test_a_local_module_with_compiled_parts_cannot_travel(tmp_path, monkeypatch)
     (tmp_path / "native" / "__init__.py").write_text("")
     (tmp_path / "native" / "core.so").write_bytes(b"\x7fELF")
     monkeypatch.syspath_prepend(str(tmp_path))
-    module = environment.locate("native")
+    module = versions.locate("native")
     assert module.compiled and module.dist is None
     with pytest.raises(GpugeekError, match="has compiled parts and is not installed from a package"):
         environment.runtime_env([], [module])
@@ -100,7 +101,7 @@ def test_modules_are_asked_of_the_workers_once_and_again_after_an_edit(tmp_path,
         (tmp_path / "helper.py").write_text("A = 2\n")
         assert [m.name for m in environment.needed(-1, {"helper"}, nowhere)] == ["helper"], "an edit not sent"
         (tmp_path / "helper.py").write_text("A = 3\n")
-        same = lambda names: [{n: environment.version_of(n) for n in names}]  # noqa: E731
+        same = lambda names: [{n: versions.version_of(n) for n in names}]  # noqa: E731
         assert environment.needed(-1, {"helper"}, same) == [], "a worker with the same files was sent them again"
     finally:
         shipment.for_cluster(None)

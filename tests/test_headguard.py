@@ -15,26 +15,45 @@ import pytest
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import store
-from gpugeek_jupyter.cluster import headguard, launcher, onhost, registry
+from gpugeek_jupyter.backends import launcher
+from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.onhost import script as onhost
 from gpugeek_jupyter.raynodes import RayNode
+from gpugeek_jupyter.remote import headguard
 from gpugeek_jupyter.vocab import NodePrice
+
+
+def test_the_heads_package_is_exactly_what_its_watchdog_imports():
+    """``HEAD_PACKAGE`` names what the head needs: every module the head's watchdog reaches (in any
+    function, too) is in it, and every entry holds one of them — no stale name, nothing extra."""
+    from test_layers import ROOT, graph, reachable
+
+    needed = reachable(f"{ROOT}.onhost.headwatch", graph())
+    shipped = {".".join([ROOT, *file.with_suffix("").parts]).removesuffix(".__init__")
+               for file in headguard.head_files()}
+    missing = needed - shipped
+    assert not missing, f"the head's watchdog imports what HEAD_PACKAGE leaves out: {sorted(missing)}"
+    packages = {m for m in shipped if (headguard.PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
+    extra = shipped - needed - packages
+    assert not extra, f"HEAD_PACKAGE ships what the head never imports: {sorted(extra)}"
 
 
 def test_the_package_sent_to_the_head_runs_the_watchdog_from_itself(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(headguard.package_archive()), mode="r:gz") as tar:
         tar.extractall(tmp_path)
-    assert not (tmp_path / "gpugeek_jupyter" / "widgets").exists(), "the notebook's part was sent too"
+    sent = {p.relative_to(tmp_path / "gpugeek_jupyter").parts[0] for p in tmp_path.rglob("*.py")}
+    assert not sent & {"widgets", "magics", "workers", "kernel", "provision", "api.py", "health", "server"}, sent
     done = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import ray\n"
-         "import gpugeek_jupyter.cluster.headwatch as h\n"
+         "import gpugeek_jupyter.onhost.headwatch as h\n"
          "print(h.__file__); print(sorted(m for m in sys.modules if m.startswith('gpugeek_jupyter.')))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     where, loaded = done.stdout.splitlines()
     assert where.startswith(str(tmp_path)), where
-    assert "gpugeek_jupyter.cluster.watchdog" in loaded and "workers" not in loaded
+    assert "gpugeek_jupyter.guard.watchdog" in loaded and "workers" not in loaded
 
 
 def _a_cluster(name="c", budget=None) -> registry.ClusterRecord:
@@ -104,7 +123,7 @@ def test_a_cloud_head_starts_its_watchdog_from_what_the_launcher_copies(gpugeek_
     folder = launcher.write_node_files("cloudy", guard)
     assert json.loads((folder / launcher.GUARD_ORDER).read_text())["budget"] == 40.0
     assert guard["gcs"] == "{head_ip}:6379" and guard["home"].startswith(launcher.node_dir("cloudy"))
-    assert (folder / "package" / "gpugeek_jupyter" / "cluster" / "headwatch.py").exists()
+    assert (folder / "package" / "gpugeek_jupyter" / "onhost" / "headwatch.py").exists()
     head_start, worker_start = launcher.start_commands("cloudy", record.marker)
     assert head_start.endswith(f"onhost.py guard @{launcher.node_dir('cloudy')}/{launcher.GUARD_ORDER}")
     assert "guard" not in worker_start
@@ -116,7 +135,7 @@ def test_a_tunnel_that_forwards_to_nothing_is_told_from_one_that_reaches_a_serve
     import socket
     import threading
 
-    from gpugeek_jupyter.cluster import tunnel
+    from gpugeek_jupyter.remote import tunnel
 
     def serve(close_at_once: bool):
         server = socket.create_server(("127.0.0.1", 0))

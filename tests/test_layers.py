@@ -1,13 +1,14 @@
 """The package's import graph, read from the source: arrows point down the layers, never in a
 circle, and nothing below the notebook layer imports ``widgets/`` or ``magics``.
 
-Every import statement counts, also one inside a function (it runs the first time the function
-does). Only ``if TYPE_CHECKING:`` blocks are left out: they never run.
+Every import statement counts: one inside a function (it runs the first time the function does)
+and one under ``if TYPE_CHECKING:`` (it never runs, but it is still an arrow in the design).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +23,15 @@ ROOT = "gpugeek_jupyter"
 LAYERS: list[set[str]] = [
     {"errors", "display"},
     {"units", "config", "vocab"},
-    {"store", "raynodes", "blocks"},
+    {"store", "raynodes", "blocks", "versions"},
     {"catalog"},
     {"meter", "views"},
     {"sizing"},
-    {"cluster"},
+    {"cluster"},                # the state every process shares: spec, registry, processes
+    {"remote"},                 # this machine reaching hosts: ssh, tunnel, head guard
+    {"backends"},               # how machines appear and disappear
+    {"guard", "kernel"},        # the watchdog, server and terminal | a kernel's own state
+    {"provision", "onhost"},    # what a kernel asks for | what runs on a host
     {"workers"},
     {"health"},
     {"api", "server", "cli"},
@@ -48,16 +53,8 @@ def modules() -> dict[str, Path]:
 
 
 def _runtime_nodes(tree: ast.AST):
-    """Every node, except what sits under ``if TYPE_CHECKING:``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
+    """Every node: an import under ``if TYPE_CHECKING:`` is an arrow too."""
+    return ast.walk(tree)
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
@@ -89,7 +86,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def unit(module: str) -> str:
-    """``gpugeek_jupyter.cluster.up`` → ``cluster``; the root package → ``""``."""
+    """``gpugeek_jupyter.provision.up`` → ``cluster``; the root package → ``""``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -172,20 +169,21 @@ def reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-@pytest.mark.parametrize("entry", [f"{ROOT}.cluster.watchdog", f"{ROOT}.server.handlers", f"{ROOT}.cluster.board"])
-def test_the_server_and_the_watchdog_never_reach_a_kernels_connection(entry):
+@pytest.mark.parametrize("entry", [f"{ROOT}.guard.watchdog", f"{ROOT}.server.handlers", f"{ROOT}.guard.board",
+                                   f"{ROOT}.onhost.headwatch", f"{ROOT}.cli"])
+def test_the_server_and_the_watchdogs_never_reach_a_kernels_connection(entry):
     """They stop clusters too, but a kernel's Ray connection and session are not theirs to touch."""
-    kernel_only = {f"{ROOT}.cluster.connection", f"{ROOT}.cluster.session", f"{ROOT}.api"}
-    assert not reachable(entry, graph()) & kernel_only
+    reached = reachable(entry, graph())
+    assert not {m for m in reached if unit(m) in ("kernel", "provision", "api")}, sorted(reached)
 
 
-def test_the_walk_sees_imports_inside_functions_and_skips_type_checking(tmp_path):
-    """The walker itself: an import in a function counts, one under TYPE_CHECKING does not."""
+def test_the_walk_sees_imports_inside_functions_and_under_type_checking(tmp_path):
+    """The walker itself: an import in a function counts, and so does one under TYPE_CHECKING."""
     source = tmp_path / "probe.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .widgets import x\n"
                       "def f():\n    from .magics import y\n")
     found = imports_of(f"{ROOT}.probe", source, {f"{ROOT}.magics", f"{ROOT}.widgets"})
-    assert found == {f"{ROOT}.magics"}
+    assert found == {f"{ROOT}.magics", f"{ROOT}.widgets"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -195,9 +193,11 @@ LIGHT_ENTRIES = {
     # a Ray worker unpickles the worker actor: torch yes, but no tables, charts or widgets
     "a Ray worker": (f"import {ROOT}.workers.worker", {"torch"}),
     # the watchdog meters and stops; it draws nothing
-    "the watchdog": (f"import {ROOT}.cluster.watchdog", set()),
+    "the watchdog": (f"import {ROOT}.guard.watchdog", set()),
+    # a remote head's watchdog runs from the part of the package shipped to the head
+    "the head's watchdog": (f"import {ROOT}.onhost.headwatch", set()),
     # the Jupyter server answers the status bar every few seconds from every open tab
-    "the Jupyter server": (f"import {ROOT}.server.handlers; from {ROOT}.cluster import board;"
+    "the Jupyter server": (f"import {ROOT}.server.handlers; from {ROOT}.guard import board;"
                            f" board.overview()", set()),
     # the terminal command starts at once, with no Jupyter, kernel or Ray
     "the gpugeek command": (f"import contextlib, io\nfrom {ROOT}.cli import main\n"
@@ -223,3 +223,88 @@ MAX_MODULE_LINES = 420   # "about 400": a module holds one idea
 def test_no_module_is_much_over_400_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"split these along their seams: {long}"
+
+
+def test_a_ray_worker_loads_no_kernel_state_registry_or_sqlite(gpugeek_home):
+    """A worker imports its actor and answers which versions of a cell's modules it has
+    (``versions.version_of``): neither needs the kernel's session, the registry or SQLite."""
+    probe = (f"import {ROOT}.workers.worker\nfrom {ROOT}.versions import version_of\nversion_of('json')\n"
+             "import sys\nprint(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    wrong = {m for m in loaded if m.startswith((f"{ROOT}.kernel", f"{ROOT}.cluster.registry", f"{ROOT}.store"))
+             or m in ("sqlite3", "_sqlite3")}
+    assert not wrong, f"a Ray worker loads {sorted(wrong)}"
+
+
+# -- the rooms: where each folder's code runs, and what it may import ---------------------------
+
+GROUND = {unit for layer in LAYERS[:3] for unit in layer}       # "the ground floor" in docstrings
+
+
+def folders() -> list[Path]:
+    return sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+
+
+def room_lines(folder: Path) -> tuple[str, str]:
+    """The two lines a folder's ``__init__`` docstring ends with: ``Runs on:`` and ``May import:``."""
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    runs, _, may = doc.partition("\nMay import:")
+    runs = runs.rpartition("Runs on:")[2] if "Runs on:" in runs else ""
+    return " ".join(runs.split()), " ".join(may.split())
+
+
+@pytest.mark.parametrize("folder", folders(), ids=lambda p: p.name)
+def test_each_folder_says_where_it_runs_and_imports_only_what_it_says(folder):
+    runs, may = room_lines(folder)
+    assert runs and may, f"{folder.name}/__init__.py: its docstring must end with 'Runs on:' and 'May import:' lines"
+    allowed = set(re.findall(r"`(\w+)/`", may)) | set(re.findall(r"`(\w+)\.py`", may))
+    allowed |= GROUND if "the ground floor" in may else set()
+    never = set(re.findall(r"never `(\w+)/`", may))
+    used = {unit(t) for m, targets in graph().items() if unit(m) == folder.name for t in targets} - {folder.name}
+    wrong = sorted(used - (allowed - never))
+    assert not wrong, f"{folder.name}/ imports {wrong}, which its 'May import:' line leaves out"
+
+
+def test_the_script_that_runs_on_a_host_needs_only_the_standard_library():
+    """``onhost/script.py`` runs with whatever Python a host has, before anything is installed."""
+    tree = ast.parse((PACKAGE / "onhost" / "script.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "a relative import"
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, sorted(names - set(sys.stdlib_module_names))
+
+
+MAX_FOLDER_SHARE = 0.20     # no room holds more than a fifth of the house
+
+
+def test_no_folder_holds_more_than_a_fifth_of_the_package():
+    lines = {path: len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")
+             if "labextension" not in path.parts}
+    total = sum(lines.values())
+    shares = {folder.name: sum(n for p, n in lines.items() if folder in p.parents) / total for folder in folders()}
+    big = {name: f"{share:.0%}" for name, share in shares.items() if share > MAX_FOLDER_SHARE}
+    assert not big, f"split these rooms: {big}"
+
+
+def architecture_rows() -> dict[int, set[str]]:
+    """docs/ARCHITECTURE.md's picture of the layers: its rank number → the units on that row."""
+    text = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    picture = text.split("## Layers", 1)[1].split("```", 2)[1]
+    rows = {}
+    for line in picture.splitlines():
+        match = re.match(r"\s*(\d+)  (.*?)(?:\s{3,}|$)", line)     # units 2 spaces apart, then 3+
+        if match:
+            names = re.findall(r"(\w+)(?:/|\.py)", match.group(2))
+            rows[int(match.group(1))] = {"" if n in (ROOT, "__init__") else n for n in names}
+    return rows
+
+
+def test_the_architecture_picture_is_the_layer_tests_own():
+    """The docs' table of rooms and this test's LAYERS cannot drift apart."""
+    rows = architecture_rows()
+    assert rows == dict(enumerate(LAYERS)), (
+        "docs/ARCHITECTURE.md's layer picture differs from LAYERS: "
+        + "; ".join(f"{i}: docs {sorted(rows.get(i, set()))} vs test {sorted(layer)}"
+                    for i, layer in enumerate(LAYERS) if rows.get(i) != layer))

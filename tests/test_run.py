@@ -62,7 +62,7 @@ def cluster(home):
     yield
     import ray
 
-    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.kernel.session import current
     from gpugeek_jupyter.workers import jobs
 
     try:
@@ -207,7 +207,7 @@ dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
 def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way(ipython, capsys):
     """A Ray Client sends the cell to rank 0 alone, which hands it on (``execute_all``); here the
     local group is told to work that way, and fails, gets stuck and is interrupted as above."""
-    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.kernel.session import current
 
     gg.run("pass", workers=2)
     current().group.led = True
@@ -262,7 +262,7 @@ def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_t
     cell that prints nothing for 5.5 s costs the notebook a drain every 2 s, not ten a second."""
     import sys
 
-    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.kernel.session import current
 
     gg.run("import time", workers=2)
     group = current().group

@@ -10,8 +10,8 @@ import pytest
 
 import gpugeek_jupyter.api as api
 from gpugeek_jupyter.cluster import processes, registry
-from gpugeek_jupyter.cluster.session import current
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.kernel.session import current
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.widgets import ClusterPanel, OfferPicker
 from gpugeek_jupyter.widgets.job import JobMonitor
@@ -229,7 +229,7 @@ def _wait_for(check, timeout=5.0) -> bool:
 
 def test_every_panel_of_a_stopped_cluster_says_stopped_and_offers_no_shut_down():
     """The panel of ``up`` is superseded by the one of ``status``; both end disabled once it stops."""
-    from gpugeek_jupyter.cluster.nodetypes import spec_for
+    from gpugeek_jupyter.provision.nodetypes import spec_for
 
     record = registry.create("p", "local", spec_for("local").to_json(), simulated=False, budget_usd=None,
                              idle_minutes=None)
@@ -251,7 +251,7 @@ def test_every_panel_of_a_stopped_cluster_says_stopped_and_offers_no_shut_down()
 def test_three_panels_and_the_shut_down_button_leave_every_panel_stopped(monkeypatch):
     """``up``, then ``status`` twice: the oldest panel is handed on, not dropped; and when the
     newest panel's own button stops the cluster, the older ones say stopped too."""
-    from gpugeek_jupyter.cluster.nodetypes import spec_for
+    from gpugeek_jupyter.provision.nodetypes import spec_for
 
     record = registry.create("q", "local", spec_for("local").to_json(), simulated=False, budget_usd=None,
                              idle_minutes=None)

@@ -3,4 +3,7 @@ interface each node talks on, GPUs, ports, clocks, and all_reduce between every 
 
 ``probe`` runs on the nodes, ``checkup`` drives it from the kernel, ``findings`` judges. (The
 package is not called ``doctor``: that name is the API function's, ``gg.doctor``.)
+
+Runs on: a kernel (``checkup``, ``findings``); ``probe`` on every node, shipped by value.
+May import: `kernel/`, `cluster/`, the ground floor.
 """

@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 
-from ..cluster import connection, environment, session
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..kernel import connection, environment, session
 from . import probe as probe_module
 from .findings import DEFAULT_PACKAGES, DoctorReport, NodeFacts, judge
 

@@ -2,6 +2,9 @@
 
 Thin on purpose: each subcommand parses its flags with IPython's ``magic_arguments`` and calls
 the same function the Python API exposes, so the two can never disagree.
+
+Runs on: a notebook's kernel.
+May import: `api.py`, `widgets/`, `sizing/`, the ground floor.
 """
 
 from __future__ import annotations

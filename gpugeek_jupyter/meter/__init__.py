@@ -1,1 +1,6 @@
-"""meter: what a cluster has cost, from stored node and job events (the ledger's arithmetic)."""
+"""meter: what a cluster has cost, from stored node and job events (the ledger's arithmetic).
+
+Runs on: every process of ours (kernel, watchdogs, Jupyter server, terminal); ``telemetry``'s
+sampler on every node.
+May import: the ground floor.
+"""

@@ -81,7 +81,7 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
 
 def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) -> None:
     """Another ledger's account of the cluster made this one's — the head watchdog's
-    (``cluster/headguard.py``): its node rows replace these (the same nodes, read from the same
+    (``remote/headguard.py``): its node rows replace these (the same nodes, read from the same
     Ray, but closed where the head closed them) and its events not yet here are added, unshown
     (a budget warning only if none was given here: both watchdogs warn)."""
     columns = ("node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "on_demand_usd_per_hour", "gpus",

@@ -2,6 +2,9 @@
 
 Enabled by the wheel's ``jupyter_server_config.d/gpugeek_jupyter.json``; JupyterLab's status bar
 and sidebar (``labextension/``) read it. See ``handlers`` for the routes.
+
+Runs on: the Jupyter server.
+May import: `guard/`, `cluster/`, `meter/`, `catalog/`, the ground floor — never `kernel/`.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..cluster import board
 from ..cluster.registry import NAME
 from ..errors import GpugeekError
+from ..guard import board
 
 # the catalog's columns, named for the front end
 OFFER_FIELDS = {"id": "offer_id", "provider": "provider", "instance_type": "instance_type", "gpu": "gpu",

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import store
-from ..cluster import board
+from ..guard import board
 from ..meter import ledger
 from ..vocab import ClusterPhase
 

@@ -1,4 +1,8 @@
-"""View: pure functions from records to plotly figures and pandas tables (no widgets here)."""
+"""View: pure functions from records to plotly figures and pandas tables (no widgets here).
+
+Runs on: a kernel (and whatever draws a ledger's figures).
+May import: the ground floor.
+"""
 
 from .pricing import frontier, price_performance
 

@@ -4,13 +4,17 @@ and text where widgets cannot show (nbconvert, plain IPython, a saved notebook).
 
 ``register()`` plugs them in: from then on, in a notebook, a cluster's status shows as its live
 panel, a cost report as its dashboard, and every ``%%gpugeek run`` gets a job monitor.
+
+Runs on: a notebook's kernel.
+May import: `api.py`, `views/`, `catalog/`, `sizing/`, `meter/`, the types `provision/` and
+`workers/` show, the ground floor.
 """
 
 from __future__ import annotations
 
 from .. import display
 from ..api import CostReport
-from ..cluster.status import ClusterStatus
+from ..provision.status import ClusterStatus
 from ..workers.options import JobWatch
 from ._base import widget_view
 from .cluster import ClusterPanel

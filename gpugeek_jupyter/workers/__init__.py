@@ -1,1 +1,6 @@
-"""run: notebook cells as distributed PyTorch jobs on a warm Ray worker group."""
+"""run: notebook cells as distributed PyTorch jobs on a warm Ray worker group.
+
+Runs on: a kernel (``group``, ``jobs``, ``sending``) and every Ray worker (``worker``, ``helper``,
+``progress``, ``line``, ``notice``, ``cell``).
+May import: `provision/`, `kernel/`, `remote/`, `cluster/`, `meter/`, the ground floor.
+"""

@@ -23,8 +23,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..cluster import connection
 from ..errors import GpugeekError
+from ..kernel import connection
 from ..meter import telemetry
 from . import progress
 from .options import RunOptions
@@ -164,7 +164,7 @@ class WorkerGroup:
             ray.get(lead.keep_samplers.remote(self.samplers, SAMPLE_EVERY_S), timeout=READY_TIMEOUT_S)
 
     def versions(self, names: list[str]) -> list[dict]:
-        """Each rank's version of each module (``cluster/environment.py``), asked in parallel."""
+        """Each rank's version of each module (``kernel/environment.py``), asked in parallel."""
         import ray
 
         return ray.get([w.versions.remote(names) for w in self.workers], timeout=READY_TIMEOUT_S)

@@ -14,17 +14,18 @@ import time
 import uuid
 from dataclasses import asdict, replace
 
-from ..cluster import connection, environment, registry
-from ..cluster.actions import Cluster
-from ..cluster.headguard import guarded
+from ..cluster import registry
 from ..cluster.registry import ClusterRecord
-from ..cluster.session import current
-from ..cluster.tunnel import BACKENDS as TUNNELLED
-from ..cluster.up import up
 from ..config import home
 from ..errors import GpugeekError
+from ..kernel import connection, environment
+from ..kernel.session import current
 from ..meter import ledger, telemetry
+from ..provision.actions import Cluster
+from ..provision.up import up
 from ..raynodes import DIED_BEFORE_NOTICED_S
+from ..remote.headguard import guarded
+from ..remote.tunnel import BACKENDS as TUNNELLED
 from . import notice
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
@@ -184,7 +185,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
 
 def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push: dict | None) -> bool:
     """The kernel's modules this cell imports, on every worker of a remote cluster at the kernel's
-    versions (``cluster/environment.py``): those some worker lacks go with the job, connected anew
+    versions (``kernel/environment.py``): those some worker lacks go with the job, connected anew
     (True: the group went with the old connection)."""
     session = current()
     if session.connection is None or not session.connection.client:

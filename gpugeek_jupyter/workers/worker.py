@@ -193,8 +193,8 @@ class Worker:
             return True
 
     def versions(self, names: list[str]) -> dict:
-        """The version of each module this worker imports (``cluster/environment.py``)."""
-        from ..cluster.environment import version_of
+        """The version of each module this worker imports (``kernel/environment.py``)."""
+        from ..versions import version_of
 
         return {name: version_of(name) for name in names}
 

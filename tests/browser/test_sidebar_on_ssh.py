@@ -29,7 +29,7 @@ def hosts():
 
 def _ours(hosts, record) -> dict[str, list[int]]:
     """Our processes on each host, read from /proc by process, never by Ray's word."""
-    from gpugeek_jupyter.cluster import onhost
+    from gpugeek_jupyter.onhost import script as onhost
 
     return {h.name: h.pids_with(onhost.MARKER, record.marker) for h in hosts.hosts}
 

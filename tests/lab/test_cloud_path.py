@@ -27,8 +27,11 @@ import yaml
 from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import headguard, launcher, onhost, processes, registry
+from gpugeek_jupyter.backends import launcher
+from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.onhost import script as onhost
+from gpugeek_jupyter.remote import headguard
 
 pytestmark = pytest.mark.slow
 

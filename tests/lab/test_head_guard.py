@@ -18,9 +18,11 @@ import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cluster import headguard, onhost, processes, registry
+from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.onhost import script as onhost
+from gpugeek_jupyter.remote import headguard
 
 pytestmark = pytest.mark.slow
 

@@ -28,12 +28,15 @@ from models import logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
-from gpugeek_jupyter.cluster import board as server_clusters
-from gpugeek_jupyter.cluster import environment, hosts, onhost, processes, registry
+from gpugeek_jupyter.backends import hosts
+from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
+from gpugeek_jupyter.guard import board as server_clusters
+from gpugeek_jupyter.kernel import environment
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
+from gpugeek_jupyter.onhost import script as onhost
 
 pytestmark = pytest.mark.slow
 
@@ -326,7 +329,7 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
     host's node when it died; then the host comes back and `scale` starts its Ray again."""
     import ray
 
-    from gpugeek_jupyter.cluster.session import current
+    from gpugeek_jupyter.kernel.session import current
 
     record = registry.live("lab3")
     figures = []

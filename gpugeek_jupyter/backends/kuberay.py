@@ -8,8 +8,8 @@ min and max replicas. Applied with ``kubectl`` only when the user says ``--yes``
 
 from __future__ import annotations
 
+from ..cluster.spec import ClusterSpec, NodeType
 from ..raynodes import NODE_ENV
-from .spec import ClusterSpec, NodeType
 
 IDLE_TIMEOUT_S = 300
 # what each managed Kubernetes calls its spot capacity (node label → value)

@@ -15,31 +15,23 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 from .. import store
+from ..backends.interface import CLIENT_SCHEME
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..raynodes import NODE_ENV, use_token_auth
-from . import environment, registry, tunnel
-from .backends import CLIENT_SCHEME
-from .registry import ClusterRecord
+from ..remote import tunnel
+from . import environment
+from .session import Connection, current
 from .session import attach as session_attach
-from .session import current
-from .spec import ClusterSpec
 
 WATCH_INTERVAL_S = registry.KERNELS_LOOK_EVERY_S
 CLIENT_TRIES = 3
 CLIENT_SETTLE_S = 40.0      # Ray's reconnect grace period (30 s) and a margin
 DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
 CLIENT_BACKENDS = tunnel.BACKENDS   # … and these as a Ray Client, through the tunnel
-
-
-@dataclass(frozen=True)
-class Connection:
-    address: str      # as ``ray.init`` was given it (Ray rewrites 127.0.0.1 to the host's IP)
-    db: Path          # the registry it was made from (the watcher reads it from its own thread)
-    cluster_id: int
-    client: bool = False   # a Ray Client (through the tunnel), not a driver
 
 
 _watcher: threading.Thread | None = None

@@ -30,12 +30,12 @@ from pathlib import Path
 
 import yaml
 
+from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
-from . import headguard
+from ..remote import headguard, ssh
 from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
-from .spec import ClusterSpec, NodeType
 
 NODE_IDLE_MINUTES = 5
 # The head runs Ray's control plane, not training: a small CPU machine. The catalog holds GPU
@@ -88,7 +88,7 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
     run = f"ulimit -n 65536; {NODE_PYTHON} {node_dir(name)}/onhost.py start"
-    # then the head's watchdog (cluster/headwatch.py), on the package and order file_mounts copied
+    # then the head's watchdog (onhost/headwatch.py), on the package and order file_mounts copied
     guard = f"{NODE_PYTHON} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
@@ -122,7 +122,7 @@ def write_node_files(name: str, guard: dict | None = None) -> Path:
     folder = node_files(name)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    shutil.copyfile(Path(__file__).with_name("onhost.py"), folder / "onhost.py")
+    shutil.copyfile(ssh.ONHOST, folder / "onhost.py")
     if guard is not None:
         (folder / GUARD_ORDER).write_text(json.dumps(guard))
         headguard.copy_package(folder / "package")

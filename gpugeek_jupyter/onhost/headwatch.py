@@ -19,7 +19,7 @@ It writes a heartbeat there too (spend, the limits it enforces, a stop under way
 laptop knows the cluster is guarded. The laptop's ledger copies this one whenever it reaches the
 head (``headguard.pull``).
 
-    python -m gpugeek_jupyter.cluster.headwatch ORDER.json
+    python -m gpugeek_jupyter.onhost.headwatch ORDER.json
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..backends.launcher import BOOTSTRAP
+from ..cluster import registry
+from ..guard.watchdog import UNREACHABLE_LIMIT, Watch, run
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
-from . import registry
-from .headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
-from .launcher import BOOTSTRAP
-from .onhost import MARKER
-from .watchdog import UNREACHABLE_LIMIT, Watch, run
+from ..remote.headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
+from .script import MARKER
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
@@ -153,7 +153,7 @@ class HeadWatch(Watch):
         from ray import cloudpickle
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        source = Path(__file__).with_name("onhost.py").read_text()
+        source = Path(__file__).with_name("script.py").read_text()
         cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the nodes need not have this package
         stop_here = ray.remote(num_cpus=0, max_retries=0)(_stop_here)
         ray.init(address=self.gcs, logging_level="ERROR", log_to_driver=False)
@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
     if order["backend"] in CLOUDS:       # the head is an instance: it ends itself
         end_cloud_head(cluster_id, order["backend"])
-    stop_detached(Path(__file__).with_name("onhost.py").read_text(), order["marker"], 2.0,
+    stop_detached(Path(__file__).with_name("script.py").read_text(), order["marker"], 2.0,
                   temp_dir_of(order["temp_dirs"], order["ip"]))
     return 0
 

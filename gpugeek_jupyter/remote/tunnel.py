@@ -15,10 +15,11 @@ import socket
 import time
 from dataclasses import dataclass
 
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
-from . import processes, registry, ssh
-from .registry import ClusterRecord
-from .spec import ClusterSpec
+from . import ssh
 
 OPEN_TIMEOUT_S = 20
 BACKENDS = ("ssh", "aws", "gcp", "azure")   # the clusters this machine reaches through a tunnel

@@ -18,18 +18,24 @@ import tarfile
 import time
 from pathlib import Path
 
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put
-from . import processes, registry, ssh
-from .registry import ClusterRecord
-from .spec import ClusterSpec
+from . import ssh
 
 BACKENDS = ("ssh", "aws", "gcp", "azure")    # the clusters whose head runs a watchdog of its own
 CLOUDS = ("aws", "gcp", "azure")
 PACKAGE = Path(__file__).resolve().parent.parent
-LEFT_OUT = {"__pycache__", "labextension", "catalog", "sizing", "workers", "health", "widgets", "views", "server",
-            "api.py", "magics.py"}    # what the watchdog never imports (tests/test_headguard.py checks)
+# What the head's watchdog (onhost/headwatch.py) imports, and nothing else: named, not guessed.
+# tests/test_headguard.py holds this list against the imports it reaches and runs the watchdog
+# from the archive alone.
+HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py",
+                "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
+                "guard/__init__.py", "guard/lifecycle.py", "guard/watchdog.py",
+                "cluster/", "remote/", "backends/", "onhost/")
 ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
 LIMITS = "limits"            # budget and idle limits set here after `up`
 HEARTBEAT = "guard"          # the head watchdog's heartbeat
@@ -45,15 +51,21 @@ def guarded(record: ClusterRecord) -> bool:
     return record.backend in BACKENDS and bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
 
 
-def _left_out(name: str) -> bool:
-    return name in LEFT_OUT or name.endswith(".pyc")
+def head_files() -> list[Path]:
+    """The files of ``HEAD_PACKAGE``, relative to the package: its Python sources, no caches."""
+    files = []
+    for entry in HEAD_PACKAGE:
+        found = sorted((PACKAGE / entry).glob("*.py")) if entry.endswith("/") else [PACKAGE / entry]
+        files += [path.relative_to(PACKAGE) for path in found]
+    return files
 
 
 def package_archive() -> bytes:
-    """This package as a gzipped tar, for the head: the watchdog's part of it (about 75 kB)."""
+    """The head's part of this package as a gzipped tar (``HEAD_PACKAGE``, about 70 kB)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(PACKAGE, arcname=PACKAGE.name, filter=lambda info: None if _left_out(Path(info.name).name) else info)
+        for file in head_files():
+            tar.add(PACKAGE / file, arcname=f"{PACKAGE.name}/{file}")
     return buffer.getvalue()
 
 
@@ -63,8 +75,10 @@ def copy_package(folder: Path) -> None:
     import shutil
 
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(PACKAGE, folder / PACKAGE.name,
-                    ignore=lambda _, names: [n for n in names if _left_out(n)])
+    for file in head_files():
+        target = folder / PACKAGE.name / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PACKAGE / file, target)
 
 
 def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str, gcs_port: int,

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import display
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
+from ..guard.lifecycle import state_of, sync_ledger
+from ..kernel.session import any_cluster
 from ..meter import ledger
 from ..units import duration
 from ..vocab import ClusterPhase
-from . import registry
-from .lifecycle import state_of, sync_ledger
-from .registry import ClusterRecord
-from .session import any_cluster
-from .spec import ClusterSpec
 
 
 @dataclass

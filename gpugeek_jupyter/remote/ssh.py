@@ -20,7 +20,8 @@ from ..errors import GpugeekError
 
 HOST = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252})"
                   r"(?::(?P<port>\d{1,5}))?")
-ONHOST = Path(__file__).with_name("onhost.py")
+# the script that runs on a host (standard library only), read as text and sent, never imported
+ONHOST = Path(__file__).resolve().parent.parent / "onhost" / "script.py"
 CONNECT_TIMEOUT_S = 10
 
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cluster import processes
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, use_token_auth
-from . import processes
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 
+from ..cluster import processes
+from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import RayNode, read_nodes
-from . import processes
-from .spec import ClusterSpec
 
 NODE_IDLE_MINUTES = 1.0      # a node above min_workers is removed after this long idle
 ENV = {

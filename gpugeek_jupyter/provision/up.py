@@ -14,20 +14,21 @@ import sys
 import time
 from pathlib import Path
 
+from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
+from ..cluster import processes, registry
+from ..cluster.registry import NAME, ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..config import home, settings
 from ..errors import GpugeekError
+from ..guard.lifecycle import sync_ledger
+from ..kernel.environment import read_env_file
+from ..kernel.session import current
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
+from ..remote import headguard
 from ..vocab import Pricing
-from . import headguard, processes, registry
 from .actions import Cluster, check_numbers, stop
-from .backends import BACKENDS, CLIENT_SCHEME, LaunchConfig
-from .environment import read_env_file
-from .lifecycle import sync_ledger
 from .nodetypes import spec_for, ssh_spec
-from .registry import NAME, ClusterRecord
-from .session import current
-from .spec import ClusterSpec
 
 
 def up(name: str | None = None, *, backend: str | None = None, address: str | None = None,
@@ -245,6 +246,6 @@ def start_watchdog(record: ClusterRecord) -> None:
     log_dir = Path(record.temp_dir) if record.temp_dir and Path(record.temp_dir).is_dir() else home()
     env = {**os.environ, "GPUGEEK_HOME": str(home()), processes.MARKER: record.marker}
     proc = processes.start_detached(
-        [sys.executable, "-m", "gpugeek_jupyter.cluster.watchdog", str(record.id)], env,
+        [sys.executable, "-m", "gpugeek_jupyter.guard.watchdog", str(record.id)], env,
         log_dir / "gpugeek-watchdog.log")
     registry.update(record.id, watchdog_pid=proc.pid)

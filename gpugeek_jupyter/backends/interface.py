@@ -20,12 +20,15 @@ from pathlib import Path
 
 import yaml
 
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import read_nodes
-from . import head, hosts, kuberay, launcher, processes, registry, sim, ssh, tunnel
-from .registry import ClusterRecord
-from .spec import ClusterSpec
+from ..remote import ssh, tunnel
+from . import hosts, kuberay, launcher, sim
+from . import local as head
 
 READY_TIMEOUT_S = 180
 CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs

@@ -7,15 +7,18 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..backends import sim
+from ..backends.interface import BACKENDS
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..guard.lifecycle import shutdown
+from ..kernel import connection
+from ..kernel.session import current, live_cluster
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, send_notice
-from . import connection, headguard, registry, sim
-from .backends import BACKENDS
-from .lifecycle import shutdown
-from .registry import ClusterRecord
-from .session import current, live_cluster
-from .spec import ClusterSpec
+from ..remote import headguard
 from .status import ClusterStatus, status
 
 

@@ -13,11 +13,12 @@ import hashlib
 import ipaddress
 import json
 
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
-from . import processes, registry, ssh, tunnel
-from .registry import ClusterRecord
-from .spec import ClusterSpec
+from ..remote import ssh, tunnel
 
 GCS_PORT = 6379
 CLIENT_PORT = 10001

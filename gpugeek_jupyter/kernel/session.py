@@ -10,16 +10,34 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
 from ..errors import GpugeekError
-from . import registry
-from .registry import ClusterRecord
 
 if TYPE_CHECKING:
     from ..sizing.planner import Plan
-    from ..workers.group import WorkerGroup
-    from .connection import Connection
+
+
+@dataclass(frozen=True)
+class Connection:
+    """The cluster this kernel is a Ray driver or Ray Client of (made by ``connection.connect``)."""
+
+    address: str      # as ``ray.init`` was given it (Ray rewrites 127.0.0.1 to the host's IP)
+    db: Path          # the registry it was made from (the watcher reads it from its own thread)
+    cluster_id: int
+    client: bool = False   # a Ray Client (through the tunnel), not a driver
+
+
+class WarmGroup(Protocol):
+    """What the session needs of a warm worker group (``workers/group.py``'s ``WorkerGroup``):
+    to mark it lost with its connection, and to stop it."""
+
+    broken: bool
+
+    def stop(self) -> None: ...
 
 
 @dataclass
@@ -29,7 +47,7 @@ class Shipment:
 
     cluster_id: int | None = None
     checked: dict[str, str] = field(default_factory=dict)       # module → the version checked
-    shipped: dict = field(default_factory=dict)                 # module → environment.KernelModule
+    shipped: dict = field(default_factory=dict)                 # module → versions.KernelModule
 
     def for_cluster(self, cluster_id: int | None) -> Shipment:
         if cluster_id != self.cluster_id:
@@ -41,7 +59,7 @@ class Shipment:
 class KernelSession:
     active: str | None = None                 # the cluster commands mean by default
     connection: Connection | None = None      # the cluster this process is a Ray driver of
-    group: WorkerGroup | None = None          # the warm workers `%%gpugeek run` uses
+    group: WarmGroup | None = None            # the warm workers `%%gpugeek run` uses
     last_plan: Plan | None = None             # an out-of-memory diagnosis compares against it
     cells_running: int = 0                    # a cell's Ray calls under way in the main thread
     stop_seen: bool = False                   # a stop began elsewhere while one ran: it lets go

@@ -10,13 +10,14 @@ import sys
 
 import pandas as pd
 
+from ..backends import sim
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
+from ..cluster.spec import ClusterSpec, NodeType
 from ..config import settings
 from ..errors import GpugeekError, NoMatchingOffers
+from ..remote import ssh
 from ..vocab import NodePrice, Pricing
-from . import sim, ssh
-from .spec import ClusterSpec, NodeType
 
 CLOUD_PROVIDERS = ("aws", "gcp", "azure")
 

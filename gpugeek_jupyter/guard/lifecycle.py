@@ -13,14 +13,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..backends.interface import BACKENDS
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
+from ..remote import headguard, tunnel
 from ..units import duration
 from ..vocab import ClusterPhase
-from . import headguard, processes, registry, tunnel
-from .backends import BACKENDS
-from .registry import ClusterRecord
-from .spec import ClusterSpec
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 WATCHDOG_GRACE_S = 2.0

@@ -1,6 +1,6 @@
 """The cluster's watchdog: meters it, and stops it at the budget cap or after the idle timeout.
 
-``python -m gpugeek_jupyter.cluster.watchdog CLUSTER_ID`` runs in a session of its own, started by
+``python -m gpugeek_jupyter.guard.watchdog CLUSTER_ID`` runs in a session of its own, started by
 ``up``; it does not depend on the kernel, so a killed or closed notebook cannot leave a cluster
 billing past its budget. Every interval it copies Ray's node table into the ledger, prices it,
 and acts:
@@ -27,13 +27,14 @@ import sys
 import time
 import traceback
 
+from ..cluster import processes, registry
+from ..cluster.spec import ClusterSpec
 from ..config import BUDGET_WARN_AT, settings
 from ..errors import GpugeekError
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
-from . import headguard, processes, registry, tunnel
+from ..remote import headguard, tunnel
 from .lifecycle import shutdown
-from .spec import ClusterSpec
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
 STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)

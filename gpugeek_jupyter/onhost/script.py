@@ -277,7 +277,7 @@ def guard(args):
     env.pop("RAY_AUTH_TOKEN", None)
     # Ray first, as in every Ray process: it puts the packages it ships (psutil) on the path
     boot = ("import sys, runpy, ray\nsys.argv[0] = 'headwatch'\n"
-            "runpy.run_module('gpugeek_jupyter.cluster.headwatch', run_name='__main__')")
+            "runpy.run_module('gpugeek_jupyter.onhost.headwatch', run_name='__main__')")
     with open(os.path.join(home, "watchdog.log"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-c", boot, path], env=env, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 
 from .. import store
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
 from ..vocab import ClusterPhase
-from . import lifecycle, registry
-from .registry import ClusterRecord
+from . import lifecycle
 
 STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
 UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation

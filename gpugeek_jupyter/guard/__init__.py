@@ -1,0 +1,7 @@
+"""What guards a cluster's money and stops it, without a kernel: the stop protocol
+(``lifecycle``), the watchdog (``watchdog``), and the board the Jupyter server and the terminal read
+and stop clusters through (``board``).
+
+Runs on: the watchdog, the Jupyter server, the ``gpugeek`` terminal command (and a kernel's stop).
+May import: `backends/`, `remote/`, `cluster/`, `meter/`, the ground floor — never `kernel/`.
+"""

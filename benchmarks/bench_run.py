@@ -88,7 +88,7 @@ def _spawned(rank: int, world: int, port: int, steps: int, out) -> None:
 def plain_torch_distributed(steps: int) -> float:
     import torch.multiprocessing as mp
 
-    from gpugeek_jupyter.cluster.processes import free_port
+    from gpugeek_jupyter.ports import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()

@@ -19,13 +19,14 @@ import http.client
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gpugeek_jupyter.ports import free_port
 
 
 def populate(clusters: int, stopped: int) -> None:
@@ -55,12 +56,6 @@ def populate(clusters: int, stopped: int) -> None:
 
 
 METRICS = "/gpugeek/metrics"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

@@ -35,26 +35,37 @@ def human_count(value: float) -> str:
     return f"{value:.3g}"
 
 
-def positive_number(value: object, flag: str) -> float | None:
-    """``None`` stays ``None``; anything else must be a positive finite number (``'3'`` is fine)."""
+def number(value: object, flag: str, *, whole: bool = False, least: float | None = None,
+           above: float | None = None, hint: str = "") -> float | None:
+    """The one check of a number someone typed, with one wording: ``None`` stays ``None``;
+    anything else must be a finite number (``'3'`` is fine; a whole one with ``whole``), at least
+    ``least`` or more than ``above``. Otherwise one line: ``FLAG VALUE is not a (whole) number`` or
+    ``FLAG VALUE must be a (whole) number ≥ N`` (``> N``), then ``hint``."""
     if value is None:
         return None
+    noun = "whole number" if whole else "number"
     try:
-        number = float(value)  # type: ignore[arg-type]
+        if isinstance(value, bool):
+            raise ValueError
+        parsed = float(value)  # type: ignore[arg-type]
+        if whole and not parsed.is_integer():
+            raise ValueError
     except (TypeError, ValueError):
-        raise GpugeekError(f"{flag} {value!r} is not a number") from None
-    if not math.isfinite(number) or number <= 0:
-        raise GpugeekError(f"{flag} {value!r} must be a positive number")
-    return number
+        raise GpugeekError(f"{flag} {value!r} is not a {noun}{hint}") from None
+    if not (math.isfinite(parsed) and (least is None or parsed >= least) and (above is None or parsed > above)):
+        bound = f" ≥ {least:g}" if least is not None else f" > {above:g}" if above is not None else ""
+        raise GpugeekError(f"{flag} {value!r} must be a{' finite' if not bound else ''} {noun}{bound}{hint}")
+    return int(parsed) if whole else parsed
+
+
+def positive_number(value: object, flag: str) -> float | None:
+    """``None`` stays ``None``; anything else must be a number > 0 (``number``'s wording)."""
+    return number(value, flag, above=0)
 
 
 def whole_number(value: object, flag: str) -> int | None:
-    """``None`` stays ``None``; anything else must be a whole number ≥ 1."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value)) < 1:
-        raise GpugeekError(f"{flag} {value!r} must be a whole number ≥ 1")
-    return int(str(value))
+    """``None`` stays ``None``; anything else must be a whole number ≥ 1 (``number``'s wording)."""
+    return number(value, flag, whole=True, least=1)
 
 
 _SPAN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([smhd])\s*$")

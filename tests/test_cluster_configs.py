@@ -228,10 +228,10 @@ def _one_line(ipython, capsys, line):
     ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, gcp, azure, kuberay"),
     ("up --backend sim --offer aws/p5.48xlarge/us-east-9",
      "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
-    ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0: must be at least 1"),
-    ("up --backend sim --gpu A100 --count 8 --budget -5", "--budget -5.0: must be a positive number"),
+    ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0 must be a whole number ≥ 1"),
+    ("up --backend sim --gpu A100 --count 8 --budget -5", "--budget -5.0 must be a number > 0"),
     ("up --backend sim --gpu A100 --count 8 --budget lots", "--budget 'lots' is not a number"),
-    ("up --backend sim --gpu A100 --count 8 --idle 0", "--idle 0.0: must be a positive number"),
+    ("up --backend sim --gpu A100 --count 8 --idle 0", "--idle 0.0 must be a number > 0"),
     ("up --backend aws --offer gcp/a2-highgpu-8g/asia-northeast1/asia-northeast1-a",
      "is a gcp offer — the aws backend needs a aws offer"),
     ("up --backend local --gpu A100", "--gpu: the local backend runs on this machine"),
@@ -253,12 +253,12 @@ def _one_line(ipython, capsys, line):
     ("down nosuch", "no cluster named 'nosuch'"),
     ("cost nosuch", "no cluster named 'nosuch'"),
     ("preempt abc nosuch", "no cluster named 'nosuch'"),
-    ("scale 0 nosuch", "workers 0: must be at least 1"),
+    ("scale 0 nosuch", "workers 0 must be a whole number ≥ 1"),
     ("up --backend local --env nothing.txt", "--env nothing.txt: no such file"),
     ("up --address nohost", "--address 'nohost': give host:port"),
     ("up --address 127.0.0.1:1", "nothing answers at 127.0.0.1:1"),
     ("up --backend kuberay --gpu A100 --count 8 --budget 5 --yes", "not enforced on KubeRay yet"),
-    ("up --backend sim --gpu A100 --count 8 --budget inf", "--budget inf: must be a positive number"),
+    ("up --backend sim --gpu A100 --count 8 --budget inf", "--budget 'inf' must be a finite number"),
 ])
 def test_bad_input_is_one_line(ipython, capsys, line, expected):
     assert expected in _one_line(ipython, capsys, line)

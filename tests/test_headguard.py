@@ -108,7 +108,7 @@ def test_limits_change_a_live_cluster_and_bad_ones_are_one_line(ipython):
     assert "budget $12.50, idle stop 30 min" in ledger.events(record.id, "limits")[-1]["message"]
     with pytest.raises(gg.GpugeekError, match="give --budget USD, --idle MINUTES or both"):
         gg.limits("mine")
-    with pytest.raises(gg.GpugeekError, match=r"--budget -1: must be a positive number"):
+    with pytest.raises(gg.GpugeekError, match=r"--budget -1 must be a number > 0"):
         gg.limits("mine", budget=-1)
     from IPython.core.error import UsageError
 

@@ -23,7 +23,7 @@ ROOT = "gpugeek_jupyter"
 LAYERS: list[set[str]] = [
     {"errors", "display"},
     {"units", "config", "vocab"},
-    {"store", "raynodes", "blocks", "versions"},
+    {"store", "raynodes", "blocks", "versions", "ports"},
     {"catalog"},
     {"meter", "views"},
     {"sizing"},

@@ -64,7 +64,7 @@ def _error_lines(ipython, line, capsys):
     ("plan --params 7Q", "--params '7Q' is not a number"),
     ("plan --model nothing_here", "no variable 'nothing_here'"),
     ("plan --model not_a_module", "expected a torch.nn.Module, got str"),
-    ("plan --params 7B --gpus 0", "--gpus '0' must be at least 1"),
+    ("plan --params 7B --gpus 0", "--gpus '0' must be a whole number ≥ 1"),
     ("frobnicate", "unknown subcommand 'frobnicate'"),
     ("doctor nosuch", "no cluster named 'nosuch'"),
     ("doctor --bogus", "unrecognized arguments: --bogus"),
@@ -94,13 +94,13 @@ def test_help_lists_subcommands(ipython, capsys):
 
 
 @pytest.mark.parametrize("cell, expected", [
-    ("%%gpugeek run --workers 0\nx = 1", "--workers 0: must be at least 1"),
+    ("%%gpugeek run --workers 0\nx = 1", "--workers 0 must be a whole number ≥ 1"),
     ("%%gpugeek run --amp fp8\nx = 1", "--amp 'fp8': use one of bf16, fp16, off"),
     ("%%gpugeek run --accumulate two\nx = 1", "--accumulate 'two' is not a whole number"),
     ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
-    ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0: a worker is one rank on at most one GPU"),
+    ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0 must be a number > 0"),
     ("%%gpugeek run --gpus-per-worker 2\nx = 1", "for more GPUs use more --workers"),
-    ("%%gpugeek run --collective-timeout 1\nx = 1", "--collective-timeout 1.0: seconds, at least 5"),
+    ("%%gpugeek run --collective-timeout 1\nx = 1", "--collective-timeout 1.0 must be a number ≥ 5 (seconds)"),
     ("%gpugeek run", "run is used as %%gpugeek run at the top of a cell"),
     ("%%gpugeek status\nx = 1", "status is used as %gpugeek status"),
 ])

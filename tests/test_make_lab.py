@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,18 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from gpugeek_jupyter.ports import free_port
+
 ROOT = Path(__file__).parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_make_lab_serves_jupyterlab(tmp_path):
-    port, token = _free_port(), "gpugeek-test-token"
+    port, token = free_port(), "gpugeek-test-token"
     env = dict(os.environ)
     for name in ("HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
                  "IPYTHONDIR"):

@@ -9,7 +9,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from cluster_processes import settings, wait_until
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 RULES = Path(gg.__file__).parent / "server" / "prometheus-rules.yml"
@@ -32,12 +32,6 @@ SCRAPE_S = 1.0
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary: `make test` installs Debian's "
                                                             "as root (apt-get install prometheus)")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, headers: dict | None = None) -> tuple[int, str]:

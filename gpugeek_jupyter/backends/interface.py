@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import ports
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -132,7 +133,7 @@ class SimBackend(LocalBackend):
 
     def start(self, record, spec):
         temp_dir = head.new_temp_dir()
-        port = processes.free_port()
+        port = ports.free_port()
         config = sim.config_path(temp_dir)
         # the autoscaler's config names the GCS address, so we choose the port before starting
         address = f"{head.HOST}:{port}"

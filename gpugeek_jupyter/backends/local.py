@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import ports
 from ..cluster import processes
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, use_token_auth
@@ -63,12 +64,12 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
                 autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
                 port: int | None = None, dashboard: bool = False) -> Head:
     """``dashboard``: Ray's dashboard on a free port of 127.0.0.1 (token-protected like the rest)."""
-    port = port or processes.free_port()
-    dashboard_port = processes.free_port() if dashboard else None
+    port = port or ports.free_port()
+    dashboard_port = ports.free_port() if dashboard else None
     cmd = [
         sys.executable, "-c", "from ray.scripts.scripts import main; main()",
         "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
-        f"--ray-client-server-port={processes.free_port()}", "--dashboard-agent-listen-port=0",
+        f"--ray-client-server-port={ports.free_port()}", "--dashboard-agent-listen-port=0",
         "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]
     if dashboard_port:

@@ -19,7 +19,6 @@ import csv
 import html
 import io
 import json
-import math
 import os
 import tempfile
 from collections.abc import Iterable
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from .. import config
 from ..errors import GpugeekError
+from ..units import number
 from . import fetch, skypilot
 from .rows import parse_row
 
@@ -270,9 +270,7 @@ def update(source: str | None = None, providers: str | list[str] | None = None,
     ``timeout``: seconds to wait for each answer. When no provider could be updated this raises
     :class:`GpugeekError` in one line and the last good catalog stays in use.
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-            math.isfinite(timeout) and timeout > 0):
-        raise GpugeekError(f"timeout {timeout!r} must be a positive number of seconds")
+    number(timeout, "timeout", above=0, hint=" (seconds)")
     base, local = fetch.source_of(source)
     names = _providers(providers) or (_found(base) if local else list(skypilot.PROVIDERS))
     previous = current()

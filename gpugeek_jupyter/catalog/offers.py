@@ -172,7 +172,7 @@ def parse_count_filter(count: int | str | None) -> tuple[int, bool] | None:
     except ValueError:
         raise GpugeekError(f"--count {text!r} is not a whole number (8, or 8+ for at least 8)") from None
     if value < 1:
-        raise GpugeekError(f"--count {text!r} must be at least 1")
+        raise GpugeekError(f"--count {text!r} must be a whole number ≥ 1 (8, or 8+ for at least 8)")
     return value, at_least
 
 

@@ -13,19 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_detached(cmd: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -63,15 +56,17 @@ def session_processes(session_id: int, since: float, marker: str | None = None) 
 
 
 def stop_processes(procs: Sequence[psutil.Process], grace: float = 3.0) -> int:
-    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds. Returns how many stopped."""
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    """The one stop-with-grace: SIGTERM, then SIGKILL whatever still runs after ``grace`` seconds,
+    and wait as long again for those to go. Returns how many there were."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [proc for proc in procs if alive(proc)]
+        for proc in left:
+            with contextlib.suppress(psutil.Error):     # gone meanwhile (psutil checks it is the same)
+                proc.send_signal(sig)
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            psutil.wait_procs(left, timeout=0.05)       # reaps our own children as they end
+            left = [proc for proc in left if alive(proc)]
     return len(procs)
 
 
@@ -92,31 +87,15 @@ def preempt_tree(proc: psutil.Process, grace: float = 2.0) -> int:
         family = [proc, *proc.children(recursive=True)]
     except psutil.Error:
         return 0
-    for member in family:
-        with contextlib.suppress(psutil.Error):
-            member.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_running(m) for m in family):
-        time.sleep(0.05)
-    for member in family:
-        if _running(member):
-            with contextlib.suppress(psutil.Error):
-                member.send_signal(signal.SIGKILL)
-    return len(family)
+    return stop_processes(family, grace)
 
 
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def alive(pid: int | None) -> bool:
-    if not pid:
+def alive(proc: psutil.Process | int | None) -> bool:
+    """The one liveness test: the process runs (a zombie has ended; it only waits for its parent)."""
+    if not proc:
         return False
     try:
-        proc = psutil.Process(pid)
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

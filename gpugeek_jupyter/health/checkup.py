@@ -11,9 +11,11 @@ from __future__ import annotations
 import itertools
 import time
 
+from .. import ports
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..kernel import connection, environment, session
+from ..workers import rendezvous
 from . import probe as probe_module
 from .findings import DEFAULT_PACKAGES, DoctorReport, NodeFacts, judge
 
@@ -99,6 +101,8 @@ def _probe_on(node_id: str):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cloudpickle.register_pickle_by_value(probe_module)
+    cloudpickle.register_pickle_by_value(rendezvous)
+    cloudpickle.register_pickle_by_value(ports)
     actor = ray.remote(probe_module.Probe)
     return actor.options(num_cpus=0, max_restarts=0,
                          scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()

@@ -3,7 +3,8 @@ tries the ports the cluster needs, and measures all_reduce with every other node
 
 This module is shipped to the nodes by value (cloudpickle), not imported there: the doctor has
 to work exactly when a node is broken — without this package, or with another version of it —
-so it needs only the standard library, Ray, psutil and (for all_reduce) torch.
+so it needs only the standard library, Ray, psutil and (for all_reduce) torch, and the
+process-group setup the workers use (``workers/rendezvous.py``), shipped by value with it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from .. import ports
+from ..workers import rendezvous
 
 PORT_TIMEOUT_S = 1.0
 LATENCY_ROUNDS = 20              # small all_reduces per pair: their median is the latency
@@ -33,25 +37,6 @@ def versions(packages: list[str]) -> dict:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-def interface_of(ip: str) -> tuple[str | None, bool]:
-    """The network interface that carries ``ip`` here, and whether it is a loopback one."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addresses):
-            return name, name == "lo" or ip.startswith("127.")
-    return None, False
-
-
-def _try_port(host: str, port: int) -> str | None:
-    """None if a TCP connection to host:port opens within the timeout, else why not."""
-    try:
-        with socket.create_connection((host, port), timeout=PORT_TIMEOUT_S):
-            return None
-    except OSError as exc:
-        return "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
 
 
 def _gpus() -> dict:
@@ -96,9 +81,9 @@ class Probe:
         import ray
 
         ip = ray.util.get_node_ip_address()
-        interface, loopback = interface_of(ip)
+        interface, loopback = rendezvous.interface_of(ip)
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(ports)))) as pool:
-            tried = list(pool.map(lambda p: _try_port(p[1], p[2]), ports))
+            tried = list(pool.map(lambda p: ports.why_closed(p[1], p[2]), ports))
         return {"ip": ip, "hostname": socket.gethostname(), "versions": versions(packages),
                 "interface": interface, "loopback": loopback, "gpus": _gpus(), "pid": os.getpid(),
                 "ports": {label: why for (label, _, _), why in zip(ports, tried, strict=True)}, "time": time.time()}
@@ -110,33 +95,15 @@ class Probe:
         """This node's address and a free port on it (the rank 0 probe hosts the rendezvous)."""
         import ray
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), ports.free_port("")
 
     def join(self, rank: int, world_size: int, master: str, port: int, timeout_s: float) -> dict:
         """A gloo process group over the interface of this node's Ray address; what torch says
         of CUDA and NCCL here."""
-        from datetime import timedelta
-
-        import ray
-
         self._torch.join()
         import torch
-        import torch.distributed as dist
 
-        interface, _ = interface_of(ray.util.get_node_ip_address())
-        if interface:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
-        if rank != 0:
-            deadline = time.monotonic() + timeout_s
-            while (why := _try_port(master, port)) is not None:
-                if time.monotonic() > deadline:
-                    raise ConnectionError(f"{ray.util.get_node_ip_address()} cannot reach {master}:{port} "
-                                          f"({why}) within {timeout_s:.0f} s")
-                time.sleep(0.1)
-        dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        interface = rendezvous.join("gloo", rank, world_size, master, port, timeout_s)
         self.rank = rank
         cuda = torch.cuda.is_available()
         nccl = None
@@ -147,7 +114,7 @@ class Probe:
                 nccl = None
         return {"cuda": cuda, "cuda_version": torch.version.cuda, "nccl": nccl,
                 "devices": torch.cuda.device_count() if cuda else 0,
-                "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
+                "gloo_interface": interface}
 
     def measure(self, pairs: list[tuple[int, int]]) -> dict:
         """all_reduce between every pair, one pair at a time (the others wait at a barrier), so

@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
 from ..errors import GpugeekError
+from ..units import number as checked
 from ..units import parse_duration
 from ..vocab import Choice, Pricing
 
@@ -67,19 +68,13 @@ cluster_name = argument("name", nargs="?", help="cluster name (default: the acti
 
 def number(flag: str, kind: type = float, above: float | None = None,
            at_least: float | None = None) -> Callable[[str], float]:
-    """A number flag's form (``kind``) and, where given, its floor; the API checks the rest, in
-    one line like these."""
+    """A number flag's form (``kind``) and, where given, its floor, in ``units.number``'s words;
+    the API checks the rest the same way."""
     def parse(text: str) -> float:
         try:
-            value = kind(text)
-        except ValueError:
-            noun = "a whole number" if kind is int else "a number"
-            raise UsageError(f"{flag} {text!r} is not {noun}") from None
-        if above is not None and not value > above:
-            raise UsageError(f"{flag} {text!r} must be positive")
-        if at_least is not None and value < at_least:
-            raise UsageError(f"{flag} {text!r} must be at least {at_least:g}")
-        return value
+            return checked(text, flag, whole=kind is int, least=at_least, above=above)
+        except GpugeekError as exc:
+            raise UsageError(str(exc)) from None
     return parse
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..backends.launcher import BOOTSTRAP
 from ..cluster import registry
+from ..guard.lifecycle import LET_GO_S
 from ..guard.watchdog import UNREACHABLE_LIMIT, Watch, run
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
@@ -41,7 +42,6 @@ from .script import MARKER
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
-LET_GO_S = 3.5                 # a laptop still watching is told of the stop this long before it
 
 # how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the
 # head: AWS terminates an instance whose InstanceInitiatedShutdownBehavior is terminate (set by
@@ -130,7 +130,7 @@ class HeadWatch(Watch):
         except ClusterUnreachable:
             return
         if fresh(self.report, time.time()):
-            time.sleep(LET_GO_S)
+            time.sleep(LET_GO_S)    # a laptop still watching hears of the stop first, as its kernels do
 
     def _stop_cloud_workers(self, record, grace: float) -> None:
         """A cloud's workers are instances: Ray's autoscaler terminates them (``ray down

@@ -19,25 +19,20 @@ from ..kernel.session import current, live_cluster
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, send_notice
 from ..remote import headguard
+from ..units import number
 from .status import ClusterStatus, status
 
 
 def check_numbers(**values) -> None:
-    """Worker counts, budgets and idle minutes as flags: one line for anything that is not a
-    positive number (a whole one for workers; ``min_workers`` may be 0)."""
-    for flag, value in values.items():
-        if value is None:
-            continue
-        flag = "--" + flag.replace("_", "-")
-        if flag == "--min-workers" and value == 0:
-            continue
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value <= 0
-                or value == float("inf")):
-            what = "at least 1" if "workers" in flag else "a positive number"
-            extra = " (`%gpugeek down` stops a cluster)" if "workers" in flag else ""
-            raise GpugeekError(f"{flag} {value!r}: must be {what}{extra}")
-        if "workers" in flag and int(value) != value:
-            raise GpugeekError(f"{flag} {value!r}: must be a whole number")
+    """Worker counts, budgets and idle minutes as flags (``units.number``): workers whole and at
+    least 1 (``min_workers`` may be 0), budget and idle minutes above 0."""
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if "workers" in name:
+            hint = " (`%gpugeek down` stops a cluster)" if name == "workers" else ""
+            number(value, flag, whole=True, least=0 if name == "min_workers" else 1, hint=hint)
+        else:
+            number(value, flag, above=0)
 
 
 def stop(record: ClusterRecord, reason: str, **kwargs) -> bool:

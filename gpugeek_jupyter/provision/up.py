@@ -9,11 +9,11 @@ idle autostop, so both hold after the kernel dies.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
 
+from .. import ports
 from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from ..cluster import processes, registry
 from ..cluster.registry import NAME, ClusterRecord
@@ -196,13 +196,11 @@ def _check_listening(address: str | None) -> None:
     if not host or not port.isdigit():
         raise GpugeekError(f"--address {address!r}: give host:port of the cluster's GCS (like 10.0.0.5:6379), "
                            f"or ray://host:port of its Ray Client server")
-    try:
-        with socket.create_connection((host, int(port)), timeout=3):
-            pass
-    except OSError as exc:
+    why = ports.why_closed(host, int(port), timeout=3)
+    if why is not None:
         port_kind = "client server" if address.startswith(CLIENT_SCHEME) else "GCS"
-        raise GpugeekError(f"nothing answers at {address} ({exc.strerror or exc}) — is the Ray head "
-                           f"running, and is this its {port_kind} port?") from None
+        raise GpugeekError(f"nothing answers at {address} ({why}) — is the Ray head "
+                           f"running, and is this its {port_kind} port?")
 
 
 def _reattach(record: ClusterRecord) -> Cluster:

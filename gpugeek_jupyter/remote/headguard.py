@@ -32,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # What the head's watchdog (onhost/headwatch.py) imports, and nothing else: named, not guessed.
 # tests/test_headguard.py holds this list against the imports it reaches and runs the watchdog
 # from the archive alone.
-HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py",
+HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py", "ports.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "cluster/", "remote/", "backends/", "onhost/")

@@ -15,6 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from .. import ports
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -33,12 +34,13 @@ class Tunnel:
     client: str       # ray://127.0.0.1:PORT here → the head's Ray client server
 
 
-def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int] | None = None) -> Tunnel:
-    """Start the tunnel (on ``ports`` here when given and free) and wait until both ends answer."""
+def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int] | None = None) -> Tunnel:
+    """Start the tunnel (on the ``wanted`` ports here when given and free) and wait until both ends
+    answer."""
     remote = spec.remote
     head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    gcs_port, client_port = ports if ports and all(_free(p) for p in ports) else (
-        processes.free_port(), processes.free_port())
+    gcs_port, client_port = wanted if wanted and all(ports.is_free(p) for p in wanted) else (
+        ports.free_port(), ports.free_port())
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
                f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
@@ -49,7 +51,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, ports: tuple[int, int]
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)
     deadline = time.monotonic() + OPEN_TIMEOUT_S
-    while not (_answers(gcs_port) and _answers(client_port)):
+    while not (ports.answers("127.0.0.1", gcs_port, 0.5) and ports.answers("127.0.0.1", client_port, 0.5)):
         if proc.poll() is not None or time.monotonic() > deadline:
             processes.stop_session(proc.pid, record.created, record.marker, grace=1)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
@@ -71,15 +73,15 @@ def ensure(record: ClusterRecord) -> ClusterRecord:
 
 def _ensure(record: ClusterRecord) -> ClusterRecord:
     spec = ClusterSpec.from_json(record.spec)
-    if record.session_id and processes.alive(record.session_id) and record.address and _answers(
-            int(record.address.rpartition(":")[2])):
+    if record.session_id and processes.alive(record.session_id) and record.address and ports.answers(
+            "127.0.0.1", int(record.address.rpartition(":")[2]), 0.5):
         return record
     if record.session_id and processes.alive(record.session_id):
         processes.stop_session(record.session_id, record.created, record.marker, grace=1)
-    ports = None
+    wanted = None
     if record.address and spec.remote.get("client_address"):
-        ports = (int(record.address.rpartition(":")[2]), int(spec.remote["client_address"].rpartition(":")[2]))
-    tunnel = open_tunnel(record, spec, ports)
+        wanted = (int(record.address.rpartition(":")[2]), int(spec.remote["client_address"].rpartition(":")[2]))
+    tunnel = open_tunnel(record, spec, wanted)
     spec.remote["client_address"] = tunnel.client
     registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, spec=spec.to_json())
     return registry.get(record.id)
@@ -100,18 +102,3 @@ def forwards(address: str | None) -> bool:
         return False
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False

@@ -20,7 +20,7 @@ from .. import config
 from ..catalog import offers as catalog_offers
 from ..catalog.residency import residency_mask
 from ..errors import GpugeekError
-from ..units import human_count, parse_count, positive_number, whole_number
+from ..units import human_count, number, parse_count, positive_number, whole_number
 from ..vocab import Objective, Optimizer, Precision, Pricing, Strategy
 from . import memory, spot
 
@@ -163,7 +163,7 @@ def plan(
     hours = positive_number(hours, "--hours")
     checkpoint_every = positive_number(checkpoint_every, "--checkpoint-every")
     checkpoint_seconds = positive_number(checkpoint_seconds, "--checkpoint-seconds")
-    restart_minutes = _at_least_zero(restart_minutes, "--restart-minutes")
+    restart_minutes = number(restart_minutes, "--restart-minutes", least=0)
     if strategy == "fsdp" and gpus == 1:
         raise GpugeekError("--strategy fsdp needs more than one GPU — raise --gpus or use ddp")
 
@@ -197,16 +197,6 @@ def plan(
         + _spot_assumptions(table, checkpoint_note, restart_minutes, checkpoint_every)
         + _catalog_notes(catalog_offers.load_catalog(catalog), residency),
     )
-
-
-def _at_least_zero(value: float, flag: str) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise GpugeekError(f"{flag} {value!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise GpugeekError(f"{flag} {value!r} must be a number ≥ 0")
-    return value
 
 
 def candidates(est: memory.MemoryEstimate, *, gpus: int | None, pricing: str, precision: str,

@@ -1,6 +1,6 @@
 """run: notebook cells as distributed PyTorch jobs on a warm Ray worker group.
 
 Runs on: a kernel (``group``, ``jobs``, ``sending``) and every Ray worker (``worker``, ``helper``,
-``progress``, ``line``, ``notice``, ``cell``).
+``progress``, ``line``, ``notice``, ``cell``, ``rendezvous``).
 May import: `provision/`, `kernel/`, `remote/`, `cluster/`, `meter/`, the ground floor.
 """

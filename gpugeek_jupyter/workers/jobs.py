@@ -26,6 +26,7 @@ from ..provision.up import up
 from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
+from ..units import number
 from . import notice
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
@@ -108,8 +109,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     ``watch`` makes, per job, what watches it (the notebook's job monitor): it gets the workers'
     reports as they arrive and the end, and can never break the job."""
     opts = options(name=name, **flags)
-    if not isinstance(max_failures, int) or max_failures < 0:
-        raise GpugeekError(f"--max-failures {max_failures!r}: must be a whole number ≥ 0")
+    max_failures = number(max_failures, "--max-failures", whole=True, least=0)
     if opts.checkpoint_every and not opts.checkpoint_dir:
         # per job name, else per cell text: re-running the same cell resumes, another cell does not
         key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]

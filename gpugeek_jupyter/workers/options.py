@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
 from ..errors import GpugeekError
+from ..units import number
 from ..vocab import Amp, Strategy
 
 
@@ -35,21 +36,17 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
             checkpoint_dir: str | None = None, collective_timeout: float | None = None,
             name: str | None = None) -> RunOptions:
     """Check the flags in one place, one line per mistake."""
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise GpugeekError(f"--workers {workers!r}: must be at least 1")
-    if gpus_per_worker is not None and not (0 < gpus_per_worker <= 1):
+    workers = number(workers, "--workers", whole=True, least=1)
+    gpus_per_worker = number(gpus_per_worker, "--gpus-per-worker", above=0)
+    if gpus_per_worker is not None and gpus_per_worker > 1:
         raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: a worker is one rank on at most one GPU "
                            f"(a fraction shares one) — for more GPUs use more --workers")
     amp = Amp.parse(amp, "--amp").value
     strategy = Strategy.parse(strategy, "--strategy").value
-    if not isinstance(accumulate, int) or accumulate < 1:
-        raise GpugeekError(f"--accumulate {accumulate!r}: must be a whole number ≥ 1")
-    if clip is not None and not clip > 0:
-        raise GpugeekError(f"--clip {clip!r}: must be a positive gradient norm")
-    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-        raise GpugeekError(f"--checkpoint-every {checkpoint_every!r}: must be a whole number of steps ≥ 1")
-    if collective_timeout is not None and not (isinstance(collective_timeout, int | float) and collective_timeout >= 5):
-        raise GpugeekError(f"--collective-timeout {collective_timeout!r}: seconds, at least 5")
+    accumulate = number(accumulate, "--accumulate", whole=True, least=1)
+    clip = number(clip, "--clip", above=0, hint=" (a gradient norm)")
+    checkpoint_every = number(checkpoint_every, "--checkpoint-every", whole=True, least=1, hint=" (steps)")
+    collective_timeout = number(collective_timeout, "--collective-timeout", least=5, hint=" (seconds)")
     if amp == Amp.FP16 and strategy == Strategy.FSDP:
         raise GpugeekError("--amp fp16 with --strategy fsdp needs a sharded gradient scaler — use --amp bf16")
     return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,

@@ -24,9 +24,9 @@ import sys
 import threading
 import time
 from concurrent import futures
-from datetime import timedelta
 
-from . import line, notice, progress
+from .. import ports
+from . import line, notice, progress, rendezvous
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -54,14 +54,9 @@ class Worker:
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0 hosts the rendezvous."""
-        import socket
-
         import ray
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), ports.free_port("")
 
     def open_line(self) -> tuple[tuple[str, int], bytes]:
         """Rank 0: listen for the other ranks' cell lines (``line``); their address and key."""
@@ -74,7 +69,6 @@ class Worker:
               timeout_s: float = 300.0, cell_line: tuple | None = None, notices: str | None = None) -> dict:
         import ray
         import torch
-        import torch.distributed as dist
 
         gpu_ids = ray.get_gpu_ids()
         note = None
@@ -89,13 +83,8 @@ class Worker:
             device, backend = torch.device("cpu"), "gloo"
             if gpu_ids:
                 note = "the cluster's GPUs are declared, not real (simulated nodes): running on CPU with gloo"
-        _use_interface_of(ray.util.get_node_ip_address())
-        if rank != 0:
-            _reach(master, port, rank, min(timeout_s, REACH_TIMEOUT_S))
-            if cell_line is not None:
-                line.serve(*cell_line, rank, self.execute)
-        dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        serve_line = (lambda: line.serve(*cell_line, rank, self.execute)) if cell_line is not None else None
+        rendezvous.join(backend, rank, world_size, master, port, timeout_s, reached=serve_line)
         self.rank = rank
         helper = Helper(rank, world_size, device, options, self._outbox.report)
         node_id = ray.get_runtime_context().get_node_id()
@@ -321,48 +310,12 @@ class Worker:
         return self._nodes.collect(self._nodes.ask(now=True))
 
 
-REACH_TIMEOUT_S = 30.0
 
 
 def for_peers(call: tuple) -> bytes:
     """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
     source, filename, _pull, _want_value, options, cell_id = call
     return pickle.dumps((source, filename, [], False, options, cell_id))
-
-
-def _use_interface_of(ip: str) -> None:
-    """gloo and NCCL pick their interface from the host name, which on many machines resolves to
-    127.0.0.1 (then ranks on other hosts are told to connect to loopback): use the interface
-    that carries this node's Ray address instead, unless the user chose one."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addresses):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
-            return
-
-
-def _reach(master: str, port: int, rank: int, timeout: float) -> None:
-    """Fail in one line, naming both ends, when rank 0's rendezvous cannot be reached — rather
-    than wait out the collective timeout."""
-    import socket
-    import time
-
-    import ray
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((master, port), timeout=2):
-                return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise ConnectionError(
-                    f"rank {rank} on {ray.util.get_node_ip_address()} cannot reach rank 0 at {master}:{port} "
-                    f"({exc.strerror or exc}) after {timeout:.0f} s — can the hosts reach each other on "
-                    f"every port?") from None
-            time.sleep(0.2)
 
 
 def _cpu(value):

@@ -1,0 +1,49 @@
+"""TCP ports, one set of helpers for every process: a free port to listen on, whether a port is
+free, whether something answers at one (and why not). Standard library only, with no import of
+this package: the doctor ships it to the nodes by value, beside ``workers/rendezvous.py``.
+(``onhost/script.py`` keeps standard-library copies of its own: it runs before anything of ours
+is on a host.)
+"""
+
+from __future__ import annotations
+
+import socket
+
+ANSWER_TIMEOUT_S = 1.0      # one try at opening a connection
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` now ("" for every interface)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` can be listened on at ``host``."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def why_closed(host: str, port: int, timeout: float = ANSWER_TIMEOUT_S) -> str | None:
+    """None if a TCP connection to host:port opens within ``timeout``, else why not, in words."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+
+
+def answers(host: str, port: int, timeout: float = ANSWER_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to host:port opens within ``timeout``."""
+    return why_closed(host, port, timeout) is None
+
+
+def split(address: str | None) -> tuple[str, int] | None:
+    """``host:port`` as a pair; None when it is not one."""
+    host, _, port = (address or "").rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None

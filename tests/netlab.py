@@ -29,8 +29,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 SSHD = "/usr/sbin/sshd"
 PREFIX = "gglab"
+LEFT_WITHIN_S = 10.0    # after a cluster's down, its hosts' namespaces are empty within this
 
 
 def why_not() -> str | None:
@@ -75,6 +78,24 @@ class Host:
         """Every process living in this host's network namespace."""
         out = _run("ip", "netns", "pids", self.netns, check=False).stdout
         return [int(p) for p in out.split()]
+
+    def strays(self, *, ssh_sessions: bool = True) -> list[int]:
+        """Every process in this host's namespace except the host's own sshd (the listener, and the
+        ``unshare`` that holds its PID namespace): what anything run on the host left behind,
+        counted by namespace, whatever marker or environment it carries. ``ssh_sessions=False``
+        leaves out what still runs inside an SSH connection too (a laptop cut off cannot close
+        its connections; the host's sshd ends them when their keepalives fail)."""
+        keep = set()
+        if self.sshd is not None and self.sshd.poll() is None:
+            try:
+                unshare = psutil.Process(self.sshd.pid)
+                listeners = unshare.children()
+                keep = {unshare.pid, *(p.pid for p in listeners)}
+                if not ssh_sessions:
+                    keep |= {p.pid for listener in listeners for p in listener.children(recursive=True)}
+            except psutil.Error:
+                pass
+        return [pid for pid in self.pids() if pid not in keep]
 
     def pids_with(self, key: str, value: str) -> list[int]:
         """This host's processes whose environment has ``key=value`` (read from /proc here, so it
@@ -238,6 +259,24 @@ class Lab:
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+
+def left_on_hosts(lab: Lab, within: float = LEFT_WITHIN_S) -> list[int]:
+    """Every process in the hosts' namespaces but their own sshd, once it is empty or ``within``
+    seconds have passed: counted by namespace, never by our marker (Ray's agents do not carry it)."""
+    deadline = time.monotonic() + within
+    while (left := [pid for host in lab.hosts for pid in host.strays()]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def described(pids: list[int]) -> list[str]:
+    """PID and command line, so a failure says which process outlived ``down``."""
+    def line(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            return "(gone)"
+    return [f"{pid}: {line(pid)}" for pid in pids]
 
 @contextlib.contextmanager
 def fixture(n_hosts: int):

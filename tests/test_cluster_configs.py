@@ -97,7 +97,7 @@ def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     token.write_text("secret\n")
     token.chmod(0o644)
     monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
-    monkeypatch.setattr(onhost, "_listening", lambda ip, port: True)
+    monkeypatch.setattr(onhost, "_listening", lambda ip, port, within=0.0: True)
     monkeypatch.setattr(onhost, "node_ip", lambda peer=None: "10.0.0.5" if peer is None else "10.0.0.6")
     for key in ("RAY_HEAD_IP", "RAY_NODE_TYPE_NAME"):
         monkeypatch.delenv(key, raising=False)
@@ -290,7 +290,7 @@ def test_an_ssh_head_takes_other_ports_when_the_usual_ones_are_held(tmp_path, mo
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
-    monkeypatch.setattr(onhost, "_listening", lambda ip, port: True)
+    monkeypatch.setattr(onhost, "_listening", lambda ip, port, within=0.0: True)
     monkeypatch.setattr(onhost, "TOKEN", "secret")
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

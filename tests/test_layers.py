@@ -308,3 +308,21 @@ def test_the_architecture_picture_is_the_layer_tests_own():
         "docs/ARCHITECTURE.md's layer picture differs from LAYERS: "
         + "; ".join(f"{i}: docs {sorted(rows.get(i, set()))} vs test {sorted(layer)}"
                     for i, layer in enumerate(LAYERS) if rows.get(i) != layer))
+
+
+LONG_FUNCTION_LINES = 60
+STORY_ROOMS = ("provision", "kernel", "guard", "backends", "remote", "onhost", "cluster", "workers")
+
+
+def test_no_function_in_the_cluster_rooms_or_workers_is_over_60_lines_without_saying_why():
+    """A long function there says why in its docstring (``Long because …``)."""
+    long = []
+    for room in STORY_ROOMS:
+        for path in sorted((PACKAGE / room).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    why = " ".join((ast.get_docstring(node) or "").split())
+                    if lines > LONG_FUNCTION_LINES and "Long because" not in why:
+                        long.append(f"{room}/{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split these, or say why in the docstring ('Long because …'): " + ", ".join(long)

@@ -9,7 +9,7 @@ left on them but Ray's own temp dir and the cluster's token file.
                               ``ray start`` in a session of its own, marked with the cluster's
                               marker (ORDER: JSON); FLAGs are added to Ray's command line
     node-ip                   the address Ray advertises on this node when ORDER names none
-    ps MARKER                 our processes on this host: those whose environment carries MARKER
+    ps MARKER                 our processes on this host: those in a session MARKER proves ours
     stop MARKER GRACE [DIR]   SIGTERM, then SIGKILL after GRACE seconds, every process of ours;
                               then remove Ray's temp dir DIR
     guard ORDER               the head's watchdog (``headwatch.py``), marked like Ray: this
@@ -17,8 +17,10 @@ left on them but Ray's own temp dir and the cluster's token file.
                               is unpacked beside the token, or the launcher copied it there
     ledger HOME NAME          the head watchdog's ledger for cluster NAME, as JSON
 
-Ownership is checked here, by process, on the host itself: a process is ours only if its
-environment carries the cluster's marker. Ray's word ("No nodes remaining") is never taken for it.
+Ownership is checked here, by process, on the host itself, as on the laptop
+(``cluster/processes.py``): a process is ours when it is in a session we began, and a session is
+ours when a process in it carries the cluster's marker. Ray's word ("No nodes remaining") is never
+taken for it.
 The token arrives in the script's text (``TOKEN = …`` prepended) over SSH, or in the token file
 itself where the cluster launcher copied it; never on a command line. Either way the file is made
 0600. The exit status is 1 when the answer says ``ok: false`` (``ray up`` reads it).
@@ -87,20 +89,35 @@ def _gpus():
 
 
 def ours(marker):
-    """PIDs of the processes on this host whose environment carries ``marker``."""
+    """PIDs of our processes on this host: every process in a session that a process carrying
+    ``marker`` is in. ``ray start`` and the head's watchdog each begin a session of their own, and
+    everything they start stays in it, whatever its environment (Ray's dashboard and runtime-env
+    agents do not keep the marker); the marker proves the session is ours, as a stranger's never
+    carries it. This script's own session is never one of them."""
     needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
+    me = os.getsid(0)
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != os.getpid()]
+    sessions = set()
+    for pid in pids:
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                marked = needle in f.read().split(b"\0")
         except OSError:
             continue
-        if needle in env:
-            found.append(int(entry))
-    return sorted(found)
+        state = _state(pid)
+        if marked and state is not None and state[1] != me:
+            sessions.add(state[1])
+    return sorted(pid for pid in pids if (_state(pid) or (None, None))[1] in sessions)
+
+
+def _state(pid):
+    """A process's state letter and session id, from ``/proc/PID/stat``; None once it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[3])
 
 
 def start(args):
@@ -120,15 +137,8 @@ def start(args):
     ip = spec.get("ip") or node_ip(None if spec["role"] == "head" else head.rpartition(":")[0])
     temp_dir = spec["temp_dir"].replace("{ip}", ip)
     token_path = os.path.expanduser(spec["token_path"])
-    os.makedirs(os.path.dirname(token_path), mode=0o700, exist_ok=True)
-    os.chmod(os.path.dirname(token_path), 0o700)
-    if TOKEN is not None:
-        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(TOKEN)
-    elif not (os.path.exists(token_path) and os.path.getsize(token_path)):   # else the launcher copied it
+    if not _token_at(token_path):
         return {"ok": False, "error": f"no token: none sent and none at {spec['token_path']}"}
-    os.chmod(token_path, 0o600)   # an existing file keeps its mode on open: set it
     if spec.get("restart"):       # `ray up` on a running head starts it again: ours go first
         stop([marker, "5"])
     cmd = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
@@ -138,9 +148,7 @@ def start(args):
     if spec.get("cpus") is not None:
         cmd.append(f"--num-cpus={int(spec['cpus'])}")
     if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
-        for key in ("port", "client_port"):
-            if not _free(ip, spec[key]):
-                spec[key] = _any_free_port(ip)
+        spec.update({key: _any_free_port(ip) for key in ("port", "client_port") if not _free(ip, spec[key])})
     if spec["role"] == "head":
         cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
@@ -168,13 +176,24 @@ def start(args):
             tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
         if attempt == 2 or "timed out during startup" not in " ".join(tail):
             return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
-    if spec["role"] == "head":     # Ray's client server starts after `ray start` returns
-        deadline = time.time() + spec.get("timeout", 120)
-        while not _listening(ip, spec["client_port"]):
-            if time.time() > deadline:
-                return {"ok": False, "error": f"Ray's client server did not listen on port {spec['client_port']}"}
-            time.sleep(0.1)
+    if spec["role"] == "head" and not _listening(ip, spec["client_port"], spec.get("timeout", 120)):
+        return {"ok": False, "error": f"Ray's client server did not listen on port {spec['client_port']}"}
     return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "client_port": spec["client_port"]}
+
+
+def _token_at(path):
+    """The cluster's token at ``path``, 0600 in a 0700 folder: the one sent with this script, or
+    the one the cluster launcher copied there. False when there is neither."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
+    if TOKEN is not None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(TOKEN)
+    elif not (os.path.exists(path) and os.path.getsize(path)):
+        return False
+    os.chmod(path, 0o600)   # an existing file keeps its mode on open: set it
+    return True
 
 
 def node_ip(peer=None):
@@ -205,12 +224,18 @@ def _any_free_port(ip):
         return sock.getsockname()[1]
 
 
-def _listening(ip, port):
-    try:
-        socket.create_connection((ip, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+def _listening(ip, port, within=0.0):
+    """Whether something listens at ip:port, tried for up to ``within`` seconds (Ray's client
+    server starts after ``ray start`` returns)."""
+    deadline = time.time() + within
+    while True:
+        try:
+            socket.create_connection((ip, port), timeout=1).close()
+            return True
+        except OSError:
+            if time.time() > deadline:
+                return False
+        time.sleep(0.1)
 
 
 def stop(args):
@@ -310,11 +335,8 @@ def ledger(args):
 
 
 def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    state = _state(pid)
+    return state is not None and state[0] != "Z"
 
 
 def main(argv):

@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import ports
 from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from ..cluster import processes, registry
-from ..cluster.registry import NAME, ClusterRecord
+from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home, settings
 from ..errors import GpugeekError
@@ -27,8 +27,8 @@ from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard
 from ..vocab import Pricing
-from .actions import Cluster, check_numbers, stop
-from .nodetypes import spec_for, ssh_spec
+from .actions import Cluster, stop
+from .request import UpRequest, spec_of
 
 
 def up(name: str | None = None, *, backend: str | None = None, address: str | None = None,
@@ -49,79 +49,58 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
     """
     given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"}
-    backend = _backend_name(backend, address)
-    name = name or backend
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise GpugeekError(f"cluster name {name!r}: use letters, digits, '-', '_' or '.' (at most 40)")
-    check_numbers(workers=workers, min_workers=min_workers, max_workers=max_workers, budget=budget, idle=idle)
-
+    request = UpRequest.of(locals())
     pip = read_env_file(env) if env else []
-
-    existing = registry.live(name)
+    existing = registry.live(request.name)
     if existing is not None and not dry_run:
-        if backend != existing.backend and (address or backend != "local"):
-            raise GpugeekError(f"cluster {name!r} is a live {existing.backend} cluster — "
-                               f"`%gpugeek down {name}` first, or pick another name")
-        ignored = [flag for flag, value in (
-            ("--address", address), ("--offer", offer), ("--plan", plan), ("--gpu", gpu),
-            ("--workers", workers), ("--min-workers", min_workers), ("--max-workers", max_workers),
-            ("--budget", budget), ("--idle", idle), ("--dashboard", dashboard or None), ("--env", env))
-            if value is not None]
-        if ignored:
-            print(f"{', '.join(ignored)} ignored: {name!r} is already running with its own settings "
-                  f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
-        return _reattach(existing)
-
-    ssh_flags = [flag for flag, value in (
-        ("--hosts", hosts), ("--ssh-key", ssh_key), ("--gpus-per-host", gpus_per_host),
-        ("--cpus-per-host", cpus_per_host), ("--usd-per-hour", usd_per_hour)) if value is not None]
-    if backend == "ssh":
-        ignored = [f for f, v in (("--plan", plan), ("--gpu", gpu), ("--workers", workers),
-                                  ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
-        if ignored or spot_fallback:
-            raise GpugeekError(f"{', '.join(ignored) or '--spot-fallback'}: an ssh cluster is the --hosts you name")
-        if residency and offer is None:
-            raise GpugeekError("--residency checks a catalog offer's region; your own --hosts are "
-                               "where you put them (give --offer ID to check one)")
-        spec = ssh_spec(hosts, ssh_key=ssh_key, gpus_per_host=gpus_per_host, cpus_per_host=cpus_per_host,
-                        usd_per_hour=usd_per_hour, offer=offer, pricing=pricing, catalog=catalog,
-                        residency=residency)
-    elif ssh_flags:
-        raise GpugeekError(f"{', '.join(ssh_flags)}: only for --backend ssh (your own machines)")
-    else:
-        spec = spec_for(backend, offer=offer, plan=plan, gpu=gpu, count=count, workers=workers,
-                        min_workers=min_workers, max_workers=max_workers, pricing=pricing,
-                        spot_fallback=spot_fallback, catalog=catalog, residency=residency)
-    if dashboard and backend not in ("local", "sim"):
-        raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {backend} head's "
-                           f"dashboard is reached with `ray dashboard <its config>`")
-    spec.dashboard = bool(dashboard)
+        return _reattach(existing, request)
+    spec = spec_of(request)
     spec.env = pip
-    impl = BACKENDS[backend]
-    if backend == "attach" and (budget or idle):
-        raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "
-                           "stop — start one with --backend local/sim/aws/… instead")
-    if backend == "kuberay" and (budget or idle):
-        raise GpugeekError("--budget and --idle are not enforced on KubeRay yet (no route to meter its "
-                           "head) — use the autoscaler's idle timeout in the manifest, or a cloud backend")
+    impl = BACKENDS[request.backend]
     if dry_run or (impl.confirm and not yes):
-        return impl.show(name, spec)
+        return impl.show(request.name, spec)
     impl.preflight(spec)
-    if backend == "attach":
+    if request.backend == "attach":
         _check_listening(address)
+    record = _record(request, spec)
+    _start(record, spec)
+    record = registry.get(record.id)
+    sync_ledger(record)
+    offers = sorted({t.offer_id for t in spec.node_types if t.offer_id})
+    ledger.event(record.id, "up", f"{request.backend} cluster {record.name!r} up{_what(spec)} in "
+                 f"{record.ready - record.created:.1f} s",
+                 options={**given, "backend": request.backend, **({"offers": offers} if offers else {}),
+                          **({"plan": "given"} if plan is not None else {})})
+    return _connected(record.name)
 
+
+def _what(spec: ClusterSpec) -> str:
+    """`` (2 × A100x8)`` or `` on 3 hosts``: what is being started, for people."""
+    if spec.backend == "ssh":
+        hosts = len(spec.remote["hosts"])
+        return f" on {hosts} host{'s' if hosts > 1 else ''}"
+    return f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
+
+
+def _record(request: UpRequest, spec: ClusterSpec) -> ClusterRecord:
+    """The cluster in the registry before anything starts: a crash half-way leaves a row that
+    says what to stop."""
     try:
-        record = registry.create(name, backend, spec.to_json(), simulated=spec.simulated,
-                                 budget_usd=budget, idle_minutes=idle)
+        record = registry.create(request.name, request.backend, spec.to_json(), simulated=spec.simulated,
+                                 budget_usd=request.budget, idle_minutes=request.idle)
     except ValueError as exc:
         raise GpugeekError(f"{exc} — pick another name") from None
-    if address:
-        registry.update(record.id, address=address)
-        record.address = address
-    what = f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
-    if backend == "ssh":
-        what = f" on {len(spec.remote['hosts'])} host{'s' if len(spec.remote['hosts']) > 1 else ''}"
-    print(f"starting {backend} cluster {name!r}{what}…", flush=True)
+    if request.address:
+        registry.update(record.id, address=request.address)
+        record.address = request.address
+    return record
+
+
+def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
+    """Start the machines, the watchdog here and on the head, and wait until ready; on any failure
+    stop what did start (``_abandon``)."""
+    impl = BACKENDS[record.backend]
+    print(f"starting {record.backend} cluster {record.name!r}{_what(spec)}…", flush=True)
     try:
         started = impl.start(record, spec)
         spec.dashboard_url = started.dashboard_url
@@ -131,22 +110,20 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
         if record.stopping or record.stopped:  # shut down (from JupyterLab, say) while starting
             impl.stop(record)
             registry.mark_stopped(record.id, record.stop_reason or "stopped while starting")
-            raise GpugeekError(f"cluster {name!r} was shut down while it was starting")
+            raise GpugeekError(f"cluster {record.name!r} was shut down while it was starting")
         if impl.launches and record.address:
             start_watchdog(record)
         impl.wait_ready(record, spec)
-        if backend == "ssh":       # a cloud head starts its own (launcher.start_commands)
+        if record.backend == "ssh":       # a cloud head starts its own (launcher.start_commands)
             _guard_on_head(registry.get(record.id))
     except BaseException as exc:
         _abandon(record, exc)
         raise
     registry.update(record.id, ready=time.time())
-    record = registry.get(record.id)
-    sync_ledger(record)
-    offers = sorted({t.offer_id for t in spec.node_types if t.offer_id})
-    ledger.event(record.id, "up", f"{backend} cluster {name!r} up{what} in {record.ready - record.created:.1f} s",
-                 options={**given, "backend": backend, **({"offers": offers} if offers else {}),
-                          **({"plan": "given"} if plan is not None else {})})
+
+
+def _connected(name: str) -> Cluster:
+    """This kernel connected to the cluster that is up, and its commands meaning it from now on."""
     cluster = Cluster(name)
     try:
         cluster.connect()
@@ -155,18 +132,6 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
                            f"`%gpugeek up {name}` retries, `%gpugeek down {name}` stops it") from None
     current().active = name
     return cluster
-
-
-def _backend_name(backend: str | None, address: str | None) -> str:
-    if address:
-        if backend not in (None, "local", "attach"):
-            raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
-        return "attach"
-    backend = backend or "local"
-    if backend not in BACKENDS or backend == "attach":
-        choices = ", ".join(b for b in BACKENDS if b != "attach")
-        raise GpugeekError(f"unknown backend {backend!r} — use one of {choices} (or --address ADDR)")
-    return backend
 
 
 def _abandon(record: ClusterRecord, exc: BaseException) -> None:
@@ -203,7 +168,18 @@ def _check_listening(address: str | None) -> None:
                            f"running, and is this its {port_kind} port?")
 
 
-def _reattach(record: ClusterRecord) -> Cluster:
+def _reattach(record: ClusterRecord, request: UpRequest | None = None) -> Cluster:
+    """``up NAME`` on a live cluster: connect to it again; its own settings stay (said when the
+    request gave others)."""
+    if request is not None:
+        if request.backend != record.backend and (request.address or request.backend != "local"):
+            raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
+                               f"`%gpugeek down {record.name}` first, or pick another name")
+        ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
+                                "budget", "idle", "dashboard", "env")
+        if ignored:
+            print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
+                  f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
     if record.backend in ("local", "sim") and not _reachable(record):
         # only a head of ours on this machine is known gone when it does not answer; a cloud head
         # behind a dropped tunnel may still be running (and billing), so it is never closed here

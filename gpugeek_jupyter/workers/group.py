@@ -213,6 +213,9 @@ class WorkerGroup:
 
     def run(self, source: str, options: RunOptions, *, push: dict | None = None,
             pull: list[str] | None = None, all_ranks: bool = False, on_samples=None) -> Result:
+        """Run one cell on every rank and wait for it, showing what it prints as it prints. Long
+        because it is the hot path's one loop: the drain out, the cell's references and what was
+        shown live in its locals, and each turn of the loop is a Ray request saved."""
         import ray
         from ray import cloudpickle
 

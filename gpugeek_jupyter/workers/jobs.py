@@ -107,7 +107,8 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     """Run ``source`` on every worker; returns (rank 0's last value, pulled variables).
 
     ``watch`` makes, per job, what watches it (the notebook's job monitor): it gets the workers'
-    reports as they arrive and the end, and can never break the job."""
+    reports as they arrive and the end, and can never break the job. Long because it is the job's
+    one story — ledger row, group, retries after a dead worker, the end — told in order."""
     opts = options(name=name, **flags)
     max_failures = number(max_failures, "--max-failures", whole=True, least=0)
     if opts.checkpoint_every and not opts.checkpoint_dir:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_processes import new_kernel, wait_until
+from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.backends import launcher
@@ -197,8 +198,7 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
 
     record = registry.get(record.id)
     assert record.stopped
-    assert not (left := {h.name: _ours(h, record.marker) for h in lab.hosts if _ours(h, record.marker)}), \
-        f"processes left on the hosts: {left}"
+    assert not (left := left_on_hosts(lab)), f"processes left on the hosts: {described(left)}"
     assert not processes.alive(record.session_id), "the tunnel outlived down"
     assert not launcher.node_files("labcloud").exists(), "the token's local copy outlived down"
     assert not list(Path("/tmp").glob(f"gg-{head_order['temp_dir'].split('-')[1]}-*")), "Ray's temp dirs remain"

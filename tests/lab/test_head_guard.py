@@ -122,8 +122,8 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
             assert int(lost.split()[1]) <= LOST_WITHIN_S
             kernel.send_signal(signal.SIGKILL)
             assert _head_ledger(spec, "guarded")[0]["stopped"] is None, "the cap came before the laptop was gone"
-            wait_until(lambda: not any(h.pids_with(onhost.MARKER, record.marker) for h in lab.hosts),
-                       AHEAD_S + 30, "every host free of the cluster's processes")
+            wait_until(lambda: not any(h.strays(ssh_sessions=False) for h in lab.hosts),
+                       AHEAD_S + 30, "every host free of the cluster's processes (by namespace)")
             print(f"\nevery host stopped {time.monotonic() - gone:.1f} s after the laptop went "
                   f"(cap {AHEAD_S:.0f} s of burn ahead)")
             head, head_nodes = _head_ledger(spec, "guarded")

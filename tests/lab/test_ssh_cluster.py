@@ -25,6 +25,7 @@ import netlab
 import pytest
 from cluster_processes import new_kernel, wait_until
 from models import logged_steps
+from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
@@ -36,7 +37,6 @@ from gpugeek_jupyter.guard import board as server_clusters
 from gpugeek_jupyter.kernel import environment
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
-from gpugeek_jupyter.onhost import script as onhost
 
 pytestmark = pytest.mark.slow
 
@@ -432,19 +432,7 @@ def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):
           f" at ${RATE}/h per host")
     for host in lab.hosts:
         assert lab.ssh(host, "true").returncode == 0
-    assert not (left := _ours_on_hosts(lab, record)), f"processes left on the hosts: {_described(left)}"
+    assert not (left := left_on_hosts(lab)), f"processes left on the hosts: {described(left)}"
     assert not processes.alive(record.session_id), "the tunnel outlived down"
 
 
-def _ours_on_hosts(lab, record) -> list[int]:
-    return [pid for host in lab.hosts for pid in host.pids_with(onhost.MARKER, record.marker)]
-
-
-def _described(pids: list[int]) -> list[str]:
-    """PID and command line, so a failure says which process outlived ``down``."""
-    def line(pid):
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-        except OSError:
-            return "(gone)"
-    return [f"{pid}: {line(pid)}" for pid in pids]

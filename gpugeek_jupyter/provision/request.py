@@ -1,0 +1,128 @@
+"""What a user asked of ``up``, and each backend's check of the flags that are its own: an ssh
+cluster is the ``--hosts`` named, an attached one is someone else's to size and stop, KubeRay's
+limits are its autoscaler's, and the rest pick an offer from the catalog. One line for a flag
+that does not belong; the spec to start otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from ..backends.interface import BACKENDS
+from ..cluster.registry import NAME
+from ..cluster.spec import ClusterSpec
+from ..errors import GpugeekError
+from ..vocab import Pricing
+from .actions import check_numbers
+from .nodetypes import spec_for, ssh_spec
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """``up``'s flags as given (``None``: not given)."""
+
+    name: str
+    backend: str
+    address: str | None = None
+    offer: str | None = None
+    plan: object = None
+    gpu: str | None = None
+    count: int | None = None
+    workers: int | None = None
+    min_workers: int | None = None
+    max_workers: int | None = None
+    pricing: str = Pricing.ON_DEMAND
+    spot_fallback: bool = False
+    budget: float | None = None
+    idle: float | None = None
+    dashboard: bool = False
+    catalog: str | None = None
+    hosts: str | list[str] | None = None
+    ssh_key: str | None = None
+    gpus_per_host: int | None = None
+    cpus_per_host: int | None = None
+    usd_per_hour: float | None = None
+    env: str | None = None
+    residency: str | None = None
+
+    @classmethod
+    def of(cls, flags: dict) -> UpRequest:
+        """The request from ``up``'s arguments: the backend named (``attach`` for an address)."""
+        known = {f.name for f in fields(cls)}
+        backend = backend_name(flags.get("backend"), flags.get("address"))
+        request = cls(**{**{k: v for k, v in flags.items() if k in known}, "backend": backend,
+                         "name": flags.get("name") or backend})
+        if not isinstance(request.name, str) or not NAME.fullmatch(request.name):
+            raise GpugeekError(f"cluster name {request.name!r}: use letters, digits, '-', '_' or '.' (at most 40)")
+        check_numbers(workers=request.workers, min_workers=request.min_workers, max_workers=request.max_workers,
+                      budget=request.budget, idle=request.idle)
+        return request
+
+    def given(self, *names: str) -> list[str]:
+        """The flags among ``names`` that were given, as the user typed them (``--min-workers``)."""
+        return ["--" + n.replace("_", "-") for n in names if getattr(self, n) not in (None, False)]
+
+
+def backend_name(backend: str | None, address: str | None) -> str:
+    if address:
+        if backend not in (None, "local", "attach"):
+            raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
+        return "attach"
+    backend = backend or "local"
+    if backend not in BACKENDS or backend == "attach":
+        choices = ", ".join(b for b in BACKENDS if b != "attach")
+        raise GpugeekError(f"unknown backend {backend!r} — use one of {choices} (or --address ADDR)")
+    return backend
+
+
+SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour")
+SIZING_FLAGS = ("plan", "gpu", "workers", "min_workers", "max_workers")
+
+
+def spec_of(request: UpRequest) -> ClusterSpec:
+    """The spec to start, from the flags the request's backend checks."""
+    if request.backend != "ssh" and (ssh := request.given(*SSH_FLAGS)):
+        raise GpugeekError(f"{', '.join(ssh)}: only for --backend ssh (your own machines)")
+    if request.dashboard and request.backend not in ("local", "sim"):
+        raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {request.backend} "
+                           f"head's dashboard is reached with `ray dashboard <its config>`")
+    spec = SPEC_OF.get(request.backend, _from_offers)(request)
+    spec.dashboard = bool(request.dashboard)
+    return spec
+
+
+def _ssh(request: UpRequest) -> ClusterSpec:
+    if wrong := request.given(*SIZING_FLAGS, "spot_fallback"):
+        raise GpugeekError(f"{', '.join(wrong)}: an ssh cluster is the --hosts you name")
+    if request.residency and request.offer is None:
+        raise GpugeekError("--residency checks a catalog offer's region; your own --hosts are "
+                           "where you put them (give --offer ID to check one)")
+    return ssh_spec(request.hosts, ssh_key=request.ssh_key, gpus_per_host=request.gpus_per_host,
+                    cpus_per_host=request.cpus_per_host, usd_per_hour=request.usd_per_hour, offer=request.offer,
+                    pricing=request.pricing, catalog=request.catalog, residency=request.residency)
+
+
+def _attach(request: UpRequest) -> ClusterSpec:
+    if request.budget or request.idle:
+        raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "
+                           "stop — start one with --backend local/sim/aws/… instead")
+    return _from_offers(request)
+
+
+def _kuberay(request: UpRequest) -> ClusterSpec:
+    if request.budget or request.idle:
+        raise GpugeekError("--budget and --idle are not enforced on KubeRay yet (no route to meter its "
+                           "head) — use the autoscaler's idle timeout in the manifest, or a cloud backend")
+    return _from_offers(request)
+
+
+def _from_offers(request: UpRequest) -> ClusterSpec:
+    """local (this machine), sim and the clouds: an offer's node types (``nodetypes.spec_for``)."""
+    return spec_for(request.backend, offer=request.offer, plan=request.plan, gpu=request.gpu, count=request.count,
+                    workers=request.workers, min_workers=request.min_workers, max_workers=request.max_workers,
+                    pricing=request.pricing, spot_fallback=request.spot_fallback, catalog=request.catalog,
+                    residency=request.residency)
+
+
+SPEC_OF: dict[str, Callable[[UpRequest], ClusterSpec]] = {"ssh": _ssh, "attach": _attach, "kuberay": _kuberay}

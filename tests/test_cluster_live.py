@@ -64,7 +64,7 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     gg.scale(1)
     wait_until(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,
           "the autoscaler to remove a node")
-    time.sleep(2)
+    time.sleep(2)    # Ray's GCS closes the removed node's row a moment after the autoscaler lets it go
     record = registry.live("s1")
     table = {info.node_id.hex(): info for info in _ray_nodes(record.address)}
     t_down = time.time()
@@ -210,7 +210,7 @@ def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
 
     @ray.remote(num_cpus=1)
     def step():
-        time.sleep(1.0)
+        time.sleep(1.0)     # the task's work: a second of it
 
     until = time.monotonic() + 9                           # tasks beside it, with idle gaps < 6 s
     while time.monotonic() < until:

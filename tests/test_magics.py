@@ -108,7 +108,7 @@ def test_bad_run_input_is_one_line(ipython, capsys, cell, expected):
     result = ipython.run_cell(cell)
     out = capsys.readouterr()
     lines = (out.out + out.err).strip().splitlines()
-    assert result.error_in_exec is not None or result.error_before_exec is not None or lines
+    assert not result.success, "the bad input ran"
     assert len(lines) == 1 and expected in lines[0], lines
 
 

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cluster_processes import wait_until
 
 from gpugeek_jupyter.ports import free_port
 
@@ -61,6 +62,10 @@ def test_make_lab_serves_jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)  # nothing of that process group is left
+    def group_gone():
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    wait_until(group_gone, 10, "nothing of that process group left")

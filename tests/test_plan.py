@@ -227,18 +227,30 @@ def test_plan_filters_are_validated_like_offers():
 
 
 def test_grad_ckpt_class_names_the_blocks():
+    """Blocks that are attributes, not an ``nn.ModuleList``: ``--grad-ckpt`` alone cannot find them,
+    and naming their class checkpoints them — each keeps only its input for backward."""
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(32, 128), torch.nn.Linear(128, 32)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
     class Flat(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.emb = torch.nn.Embedding(100, 32)
-            self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+            self.a, self.b = Mlp(), Mlp()
 
         def forward(self, x):
-            return self.b(torch.relu(self.a(self.emb(x))))
+            return self.b(self.a(self.emb(x)))
 
     with pytest.raises(GpugeekError, match="--grad-ckpt-class"):
         plan(model=Flat(), seq=16, grad_ckpt=True)
-    assert plan(model=Flat(), seq=16, grad_ckpt=True, ckpt_class="Linear").memory is not None
+    kept = plan(model=Flat(), seq=16).memory.activations_gib
+    checkpointed = plan(model=Flat(), seq=16, grad_ckpt=True, ckpt_class="Mlp").memory.activations_gib
+    assert checkpointed < 0.75 * kept, f"checkpointing the Mlp blocks kept {checkpointed / kept:.0%} of the activations"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -34,6 +34,9 @@ pytestmark = [pytest.mark.slow,
                                                             "as root (apt-get install prometheus)")]
 
 
+TRANSIENT = (0, 502, 503, 504)     # refused, or busy: a wait asks again until its deadline
+
+
 def get(url: str, headers: dict | None = None) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
@@ -48,7 +51,7 @@ def started(cmd: list[str], env: dict, log: Path, ready_url: str) -> subprocess.
     proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
                             start_new_session=True)
     deadline = time.monotonic() + 90
-    while get(ready_url)[0] == 0:
+    while get(ready_url)[0] in TRANSIENT:      # refused, or 503 while it loads: ask again
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             raise AssertionError(f"{cmd[0]} did not start: {log.read_text()[-2000:]}")
@@ -66,8 +69,11 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def query(prom: str, promql: str) -> list[dict]:
+def query(prom: str, promql: str) -> list[dict] | None:
+    """The query's result; None for a transient answer (a wait asks again). A wrong query fails."""
     status, body = get(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    if status in TRANSIENT:
+        return None
     assert status == 200, body
     return json.loads(body)["data"]["result"]
 
@@ -110,14 +116,18 @@ def test_prometheus_scrapes_the_dollars_gpus_and_fires_the_budget_alert(gpugeek_
         one_interval = ledger.burn_rate(record.id) * SCRAPE_S / 3600
         for at, value in samples:
             assert abs(float(value) - ledger.spend(record.id, float(at))) <= one_interval, (at, value)
-        assert float(query(prom, 'gpugeek_cluster_gpus{cluster="prom"}')[0]["value"][1]) == 8.0
-        assert query(prom, 'gpugeek_cluster_simulated{cluster="prom"}')[0]["value"][1] == "1"
+        gpus = wait_until(lambda: query(prom, 'gpugeek_cluster_gpus{cluster="prom"}'), 20, "the GPUs")
+        assert float(gpus[0]["value"][1]) == 8.0
+        simulated = wait_until(lambda: query(prom, 'gpugeek_cluster_simulated{cluster="prom"}'), 20, "simulated")
+        assert simulated[0]["value"][1] == "1"
 
         # 82 % of a budget spent: the shipped rule fires (the watchdog stops it at 100 %)
         gg.limits("prom", budget=round(ledger.spend(record.id) / 0.82, 6))
 
         def firing():
-            _, body = get(f"{prom}/api/v1/alerts")
+            status, body = get(f"{prom}/api/v1/alerts")
+            if status in TRANSIENT:
+                return None
             return [a for a in json.loads(body)["data"]["alerts"] if a["labels"]["alertname"] ==
                     "GpugeekBudgetAlmostSpent" and a["labels"]["cluster"] == "prom" and a["state"] == "firing"]
         alert = wait_until(firing, 20, "the budget alert to fire")[0]

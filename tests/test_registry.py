@@ -7,7 +7,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
+
+from cluster_processes import wait_until
 
 from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
@@ -37,7 +38,11 @@ def test_a_writer_killed_mid_write_loses_nothing_committed(gpugeek_home):
     proc = subprocess.Popen([sys.executable, "-c", WRITER], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     cluster_id = int(proc.stdout.readline())
-    time.sleep(1.5)
+
+    def committed() -> int:
+        with sqlite3.connect(store.path()) as db:
+            return db.execute("SELECT COUNT(*) FROM jobs WHERE cluster_id=?", (cluster_id,)).fetchone()[0]
+    wait_until(lambda: committed() >= 50, 30, "the writer to commit 50 jobs")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     with sqlite3.connect(store.path()) as db:

@@ -14,6 +14,7 @@ from itertools import pairwise
 
 import psutil
 import pytest
+from cluster_processes import wait_until
 
 from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
@@ -30,7 +31,7 @@ def fresh_nvml(monkeypatch):
 
 def test_host_sample_is_sane():
     telemetry.host_sample()
-    time.sleep(0.2)
+    time.sleep(0.2)      # cpu_percent is measured between two calls
     row = telemetry.host_sample()
     assert set(row) == {"cpu_percent", "mem_used", "mem_total", "cpus"}
     assert 0 <= row["cpu_percent"] <= 100 and row["cpus"] == psutil.cpu_count()   # all CPUs' share, and how many
@@ -134,7 +135,7 @@ def test_sampler_thread_with_gpus_caps_at_1hz_and_reports_errors(monkeypatch, fr
     sampler = telemetry.NodeSampler(interval=0.1, node_id="node-a")
     try:
         assert sampler.info()["interval"] == 1.0 and sampler.info()["gpus_sampled"] is True
-        time.sleep(1.4)
+        time.sleep(1.4)      # a window of 1.4 s: at most 1 Hz, so exactly one sample
         samples = sampler.drain()
     finally:
         left = sampler.stop()
@@ -147,7 +148,7 @@ def test_sampler_thread_with_gpus_caps_at_1hz_and_reports_errors(monkeypatch, fr
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(broken_util=True))
     sampler = telemetry.NodeSampler(interval=1.0, node_id="node-a")
     try:
-        time.sleep(1.3)
+        time.sleep(1.3)      # a window of 1.3 s: one sample, the broken GPU left out of it
     finally:
         samples = sampler.stop()
     assert len(samples) == 1 and "gpus" not in samples[0] and "host" in samples[0]
@@ -250,8 +251,9 @@ def test_samplers_on_a_real_ray_node(monkeypatch):
         for info in infos:
             assert info["interval"] == 1.0 and info["gpus_sampled"] is False
             assert info["why_not"].startswith("NVML not available: ")
-        time.sleep(2.5)
-        samples = ray.get(handles[0].drain.remote(), timeout=30)
+        samples = []
+        wait_until(lambda: samples.extend(ray.get(handles[0].drain.remote(), timeout=30)) or len(samples) >= 2,
+                   30, "two samples from the first node")
         left = telemetry.stop_samplers(handles)
 
         assert len(samples) >= 2

@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+from cluster_processes import wait_until
 
 import gpugeek_jupyter.api as api
 from gpugeek_jupyter.cluster import processes, registry
@@ -190,13 +191,13 @@ def test_showing_a_panel_again_stops_the_older_refresher():
     first = Refresher(counter("a"), 0.05, notes.append, key=("cluster", "x"))
     first.on_superseded = notes.append
     first.start()
-    time.sleep(0.3)
+    wait_until(lambda: ticks["a"] >= 2, 10, "the first panel to tick")
     second = Refresher(counter("b"), 0.05, notes.append, key=("cluster", "x")).start()
     assert not first.running and second.running
     assert notes == ["a newer panel of this cluster is the live one"]
-    seen = ticks["a"]
-    time.sleep(0.3)
-    assert ticks["a"] == seen and ticks["b"] > 0
+    seen, begun = ticks["a"], ticks["b"]
+    wait_until(lambda: ticks["b"] >= begun + 4, 10, "the newer panel to tick four times")
+    assert ticks["a"] == seen, "the superseded panel went on ticking"
     second.stop()
     assert not second.thread.is_alive()
 

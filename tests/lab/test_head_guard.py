@@ -99,7 +99,7 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
         kernel.stdin.flush()
         _until(kernel, "working", 60)
         lab.cut_laptop()
-        time.sleep(BLINK_S)
+        time.sleep(BLINK_S)              # the blink itself: the link stays cut this long
         lab.reconnect_laptop()
         assert _until(kernel, "cell", 90) == "cell 42"
 

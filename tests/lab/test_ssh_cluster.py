@@ -393,7 +393,7 @@ def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, 
         lab.cut_off(victim)
         cut.append(time.monotonic())
         try:
-            time.sleep(5)
+            time.sleep(5)             # the cut itself: the host stays off this long
         finally:
             lab.reconnect(victim)
 

@@ -259,10 +259,10 @@ def test_a_stalled_loop_is_stopped_after_the_idle_window_and_a_training_one_is_n
     start = time.monotonic()
     with pytest.raises(gg.GpugeekError) as stopped:
         gg.run("import time\nwhile True:\n    time.sleep(0.2)", monitor=False)
-    # a node's CPUs are read for the whole host: while other work keeps this (shared) machine's
-    # cores busy, the stalled job cannot be told from a working one, and the stop waits for a lull
-    # (78 s once, with `make test`'s other stream at work beside it)
-    assert time.monotonic() - start < 150, str(stopped.value)
+    # the node's Ray workers' own CPU is read, not the host's: other work on this shared machine
+    # (`make test`'s other stream) cannot make the stalled job look busy, so the stop comes after
+    # the window, a look or two and the readings' lag
+    assert time.monotonic() - start < 40, str(stopped.value)
     wait_until(lambda: registry.get(record.id).stopped, 30, "the idle stop")
     assert registry.get(record.id).stop_reason == "idle 0.1 min", str(stopped.value)
     event = ledger.events(record.id, "idle-stop")[0]["message"]

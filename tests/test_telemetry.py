@@ -254,11 +254,26 @@ def test_samplers_on_a_real_ray_node(monkeypatch):
         samples = []
         wait_until(lambda: samples.extend(ray.get(handles[0].drain.remote(), timeout=30)) or len(samples) >= 2,
                    30, "two samples from the first node")
+        # the node's Ray workers' own CPU: a task spinning on this node is a core's worth, however
+        # busy the rest of this shared machine is or is not
+        @ray.remote(num_cpus=1)
+        def spin(seconds):
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                pass
+
+        spinning = spin.remote(3.5)
+        busy = []
+        wait_until(lambda: busy.extend(ray.get(handles[0].drain.remote(), timeout=30)) or any(
+            s["host"].get("work_cores", 0) >= 0.7 for s in busy), 30, "the spinning task's core in work_cores")
+        ray.get(spinning, timeout=60)
+        samples += busy
         left = telemetry.stop_samplers(handles)
 
         assert len(samples) >= 2
         assert all(s["node_id"] == node_ids[0] and "gpus" not in s for s in samples)
-        assert all(set(s["host"]) == {"cpu_percent", "mem_used", "mem_total", "cpus"} for s in samples)
+        assert all(set(s["host"]) == {"cpu_percent", "mem_used", "mem_total", "cpus", "work_cores"}
+                   for s in samples[1:])
         times = [s["t"] for s in samples + left]
         assert all(b - a >= 0.99 for a, b in pairwise(times)), times
 

@@ -1,10 +1,11 @@
 """Whether a cluster is doing work, for the idle autostop, and why — said in ``status``.
 
 A cluster is busy while a job runs and its devices work (a GPU at ``GPU_BUSY_PERCENT`` or more;
-on a node without GPUs, ``CPU_BUSY_CORES`` cores' worth of CPU), and while a notebook attached to
-it runs cells. A job whose devices sat below that for the whole idle window is a stalled loop
-(a ``time.sleep``, a dead data loader, a wait on a peer that is gone): it counts as idle, so a
-GPU at 0 % stops billing. Without a job, Ray's own idle clock says whether tasks ran.
+on a node without GPUs, ``CPU_BUSY_CORES`` cores' worth of its Ray workers' CPU — the host's
+where that was not read), and while a notebook attached to it runs cells. A job whose devices
+sat below that for the whole idle window is a stalled loop (a ``time.sleep``, a dead data
+loader, a wait on a peer that is gone): it counts as idle, so a GPU at 0 % stops billing.
+Without a job, Ray's own idle clock says whether tasks ran.
 
 The evidence is the node samplers' readings in the ledger (one a second per device, brought in
 by the notebook while its cells run). A job with no readings at all is taken as working while a
@@ -23,7 +24,7 @@ from ..raynodes import RayNode
 from . import ledger
 
 GPU_BUSY_PERCENT = 10.0      # NVML's utilisation: a kernel ran in this share of the last interval
-CPU_BUSY_CORES = 0.5         # a node's CPU time, in cores: a training loop keeps a core busy
+CPU_BUSY_CORES = 0.5         # a node's workers' CPU time, in cores: a training loop keeps a core busy
 READINGS_LAG_S = 15.0        # readings reach the ledger with the notebook's drains, a few seconds late
 RECENT_S = 5.0               # "working: GPUs at most …" says the readings of the last few seconds
 
@@ -97,7 +98,8 @@ class Readings:
     SQL = """
         SELECT rowid, node_id, device, at,
                CASE WHEN device = 'host'
-                    THEN json_extract(metrics, '$.cpu_percent') / 100.0 * COALESCE(json_extract(metrics, '$.cpus'), 1)
+                    THEN COALESCE(json_extract(metrics, '$.work_cores'), json_extract(metrics, '$.cpu_percent')
+                                  / 100.0 * COALESCE(json_extract(metrics, '$.cpus'), 1))
                     ELSE json_extract(metrics, '$.gpu_util') END AS level
         FROM node_samples WHERE rowid > ? AND +cluster_id = ? AND +at >= ? ORDER BY rowid
     """   # the "+"s keep SQLite on the rowid (the new rows only), off the index by time

@@ -8,11 +8,16 @@ slot from training). A daemon thread samples every ``interval`` seconds — neve
 GPU rows come from NVML and are sampled only on nodes where NVML initialises (decided once, when
 the sampler starts); elsewhere ``info()`` says why. A metric a GPU does not support is left out
 of its row — nothing is filled in — and reads back as NaN.
+
+Beside the host's CPU, a sampler on a Ray node reads the CPU its node's Ray workers use (with
+their children: data loaders), in cores (``work_cores``): the job's own work, which other work on
+a shared host — or the simulated nodes that share this machine — does not inflate.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -30,7 +35,7 @@ if TYPE_CHECKING:  # the samplers on the nodes never build a table
 MIN_INTERVAL_S = 1.0          # the cap: at most one sample per second per node
 BUFFER_SAMPLES = 3600         # an hour at 1 Hz; if undrained, the oldest are dropped (and counted)
 GPU_METRICS = ("gpu_util", "gpu_mem_used", "gpu_mem_total", "power_w")
-HOST_METRICS = ("cpu_percent", "mem_used", "mem_total", "cpus")
+HOST_METRICS = ("cpu_percent", "mem_used", "mem_total", "cpus", "work_cores")
 METRICS = GPU_METRICS + HOST_METRICS
 
 _nvml_lock = threading.Lock()
@@ -119,6 +124,54 @@ def host_sample() -> dict:
     return row
 
 
+class WorkCpu:
+    """CPU cores this node's Ray workers and their children used since the last reading: the
+    processes its raylet started (``ray::…``, not Ray's own agents, not this sampler), read from
+    their CPU times. Only in a process whose parent is a raylet; None elsewhere and at first."""
+
+    def __init__(self):
+        try:
+            parent = psutil.Process().parent()
+            self._raylet = parent if parent is not None and parent.name() == "raylet" else None
+        except psutil.Error:
+            self._raylet = None
+        self._last: dict[int, tuple[float, float]] = {}     # pid → (its start, CPU seconds)
+        self._at: float | None = None
+
+    def read(self) -> float | None:
+        if self._raylet is None:
+            return None
+        now, seen = time.monotonic(), {}
+        for proc in self._workers():
+            try:
+                times = proc.cpu_times()
+                seen[proc.pid] = (proc.create_time(), times.user + times.system)
+            except psutil.Error:
+                continue
+        cores = None
+        if self._at is not None and now > self._at:
+            used = sum(cpu - self._last[pid][1] for pid, (started, cpu) in seen.items()
+                       if pid in self._last and self._last[pid][0] == started)
+            cores = max(0.0, used) / (now - self._at)
+        self._last, self._at = seen, now
+        return cores
+
+    def _workers(self) -> list[psutil.Process]:
+        found = []
+        try:
+            children = self._raylet.children()
+        except psutil.Error:
+            return found
+        for child in children:
+            try:
+                name = child.name()
+                if child.pid != os.getpid() and name.startswith("ray::") and not name.endswith("Agent"):
+                    found += [child, *child.children(recursive=True)]
+            except psutil.Error:
+                continue
+        return found
+
+
 # -- the per-node actor -------------------------------------------------------------------------
 
 class NodeSampler:
@@ -140,10 +193,12 @@ class NodeSampler:
         self._gpus, self._why_not = _nvml_state() if gpus else (
             False, "simulated node: its GPUs are declared, not devices (the host's GPUs are not its own)")
         # decided once: a node without NVML never tries it again
-        self._sources: list[tuple[str, Callable]] = [("host", host_sample)]
+        self._work = WorkCpu()
+        self._sources: list[tuple[str, Callable]] = [("host", self._host)]
         if self._gpus:
             self._sources.append(("gpus", gpu_samples))
         host_sample()                 # primes cpu_percent so the first sample has a real one
+        self._work.read()             # and the workers' CPU times
         self._buffer: deque[dict] = deque(maxlen=buffer)
         self._lock = threading.Lock()
         self._dropped = 0
@@ -151,6 +206,13 @@ class NodeSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpugeek-node-sampler", daemon=True)
         self._thread.start()
+
+    def _host(self) -> dict:
+        row = host_sample()
+        cores = self._work.read()
+        if cores is not None:
+            row["work_cores"] = cores
+        return row
 
     def _run(self) -> None:
         next_at = time.monotonic() + self.interval

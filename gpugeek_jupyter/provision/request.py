@@ -103,18 +103,13 @@ def _ssh(request: UpRequest) -> ClusterSpec:
                     pricing=request.pricing, catalog=request.catalog, residency=request.residency)
 
 
-def _attach(request: UpRequest) -> ClusterSpec:
-    if request.budget or request.idle:
-        raise GpugeekError("--budget and --idle stop a cluster, and an attached cluster is not ours to "
-                           "stop — start one with --backend local/sim/aws/… instead")
-    return _from_offers(request)
-
-
-def _kuberay(request: UpRequest) -> ClusterSpec:
-    if request.budget or request.idle:
-        raise GpugeekError("--budget and --idle are not enforced on KubeRay yet (no route to meter its "
-                           "head) — use the autoscaler's idle timeout in the manifest, or a cloud backend")
-    return _from_offers(request)
+def _without_limits(why: str) -> Callable[[UpRequest], ClusterSpec]:
+    """A backend whose clusters we do not stop: ``--budget`` and ``--idle`` would promise a stop."""
+    def check(request: UpRequest) -> ClusterSpec:
+        if request.budget or request.idle:
+            raise GpugeekError(f"--budget and --idle {why}")
+        return _from_offers(request)
+    return check
 
 
 def _from_offers(request: UpRequest) -> ClusterSpec:
@@ -125,4 +120,10 @@ def _from_offers(request: UpRequest) -> ClusterSpec:
                     residency=request.residency)
 
 
-SPEC_OF: dict[str, Callable[[UpRequest], ClusterSpec]] = {"ssh": _ssh, "attach": _attach, "kuberay": _kuberay}
+SPEC_OF: dict[str, Callable[[UpRequest], ClusterSpec]] = {
+    "ssh": _ssh,
+    "attach": _without_limits("stop a cluster, and an attached cluster is not ours to stop — start one with "
+                              "--backend local/sim/aws/… instead"),
+    "kuberay": _without_limits("are not enforced on KubeRay yet (no route to meter its head) — use the "
+                               "autoscaler's idle timeout in the manifest, or a cloud backend"),
+}

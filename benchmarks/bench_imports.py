@@ -26,7 +26,7 @@ ENTRIES = {
     "a Ray worker": "import gpugeek_jupyter.{workers}.worker",
     "the watchdog": "import gpugeek_jupyter.guard.watchdog",
     "the Jupyter server": ("import gpugeek_jupyter.server.handlers\n"
-                           "from gpugeek_jupyter.cluster import board\nboard.overview()"),
+                           "from gpugeek_jupyter.guard import board\nboard.overview()"),
 }
 PROBE = """
 import time

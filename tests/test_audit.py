@@ -64,7 +64,7 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     ipython.run_line_magic("gpugeek", f"preempt {worker.node_id[-6:]}")
     # shut down from Lab: the Jupyter server's own call, in a process of its own
     lab = subprocess.run([sys.executable, "-c", "from gpugeek_jupyter.meter import ledger; "
-                          "ledger.acting_as('Jupyter server'); from gpugeek_jupyter.cluster import board; "
+                          "ledger.acting_as('Jupyter server'); from gpugeek_jupyter.guard import board; "
                           "print(board.stop('audit')['message'])"],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert lab.returncode == 0, lab.stderr[-2000:]

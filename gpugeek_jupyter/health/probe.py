@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import ports
+from ..ports import free_port, why_closed
 from ..workers import rendezvous
 
 PORT_TIMEOUT_S = 1.0
@@ -83,7 +83,7 @@ class Probe:
         ip = ray.util.get_node_ip_address()
         interface, loopback = rendezvous.interface_of(ip)
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(ports)))) as pool:
-            tried = list(pool.map(lambda p: ports.why_closed(p[1], p[2]), ports))
+            tried = list(pool.map(lambda p: why_closed(p[1], p[2]), ports))
         return {"ip": ip, "hostname": socket.gethostname(), "versions": versions(packages),
                 "interface": interface, "loopback": loopback, "gpus": _gpus(), "pid": os.getpid(),
                 "ports": {label: why for (label, _, _), why in zip(ports, tried, strict=True)}, "time": time.time()}
@@ -95,7 +95,7 @@ class Probe:
         """This node's address and a free port on it (the rank 0 probe hosts the rendezvous)."""
         import ray
 
-        return ray.util.get_node_ip_address(), ports.free_port("")
+        return ray.util.get_node_ip_address(), free_port("")
 
     def join(self, rank: int, world_size: int, master: str, port: int, timeout_s: float) -> dict:
         """A gloo process group over the interface of this node's Ray address; what torch says

@@ -84,15 +84,19 @@ class Host:
         ``unshare`` that holds its PID namespace): what anything run on the host left behind,
         counted by namespace, whatever marker or environment it carries. ``ssh_sessions=False``
         leaves out what still runs inside an SSH connection too (a laptop cut off cannot close
-        its connections; the host's sshd ends them when their keepalives fail)."""
+        its connections; the host's sshd ends them when their keepalives fail). The listener is
+        the PID namespace's init: it adopts what a detached start leaves, and those count."""
         keep = set()
         if self.sshd is not None and self.sshd.poll() is None:
             try:
                 unshare = psutil.Process(self.sshd.pid)
                 listeners = unshare.children()
                 keep = {unshare.pid, *(p.pid for p in listeners)}
-                if not ssh_sessions:
-                    keep |= {p.pid for listener in listeners for p in listener.children(recursive=True)}
+                if not ssh_sessions:      # a connection's own sshd and what runs under it; not the
+                    for listener in listeners:   # orphans the listener (the namespace's init) adopted
+                        for conn in listener.children():
+                            if conn.name() == "sshd":
+                                keep |= {conn.pid, *(p.pid for p in conn.children(recursive=True))}
             except psutil.Error:
                 pass
         return [pid for pid in self.pids() if pid not in keep]

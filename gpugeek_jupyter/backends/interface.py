@@ -28,8 +28,7 @@ from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import read_nodes
 from ..remote import ssh, tunnel
-from . import hosts, kuberay, launcher, sim
-from . import local as head
+from . import hosts, kuberay, launcher, local, sim
 
 READY_TIMEOUT_S = 180
 CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
@@ -112,8 +111,8 @@ class LocalBackend(Backend):
         return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
 
     def start(self, record, spec):
-        temp_dir = head.new_temp_dir()
-        started = head.start_head(temp_dir, record.marker, dashboard=spec.dashboard)
+        temp_dir = local.new_temp_dir()
+        started = local.start_head(temp_dir, record.marker, dashboard=spec.dashboard)
         return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 
     def stop(self, record, grace=3.0):
@@ -132,13 +131,13 @@ class SimBackend(LocalBackend):
                             f"{sim.cpu_note(spec)}. Run without --dry-run to start it.", config)
 
     def start(self, record, spec):
-        temp_dir = head.new_temp_dir()
+        temp_dir = local.new_temp_dir()
         port = ports.free_port()
         config = sim.config_path(temp_dir)
         # the autoscaler's config names the GCS address, so we choose the port before starting
-        address = f"{head.HOST}:{port}"
+        address = f"{local.HOST}:{port}"
         sim.write_config(config, record.name, spec, address)
-        started = head.start_head(temp_dir, record.marker, num_cpus=0, num_gpus=0, autoscaling_config=config,
+        started = local.start_head(temp_dir, record.marker, num_cpus=0, num_gpus=0, autoscaling_config=config,
                                   env=sim.ENV, port=port, dashboard=spec.dashboard)
         return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 

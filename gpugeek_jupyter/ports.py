@@ -42,8 +42,3 @@ def answers(host: str, port: int, timeout: float = ANSWER_TIMEOUT_S) -> bool:
     """Whether a TCP connection to host:port opens within ``timeout``."""
     return why_closed(host, port, timeout) is None
 
-
-def split(address: str | None) -> tuple[str, int] | None:
-    """``host:port`` as a pair; None when it is not one."""
-    host, _, port = (address or "").rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None

@@ -38,6 +38,7 @@ from ..guard.watchdog import UNREACHABLE_LIMIT, Watch, run
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
+from ..remote.ssh import ONHOST
 from .script import MARKER
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
@@ -153,7 +154,7 @@ class HeadWatch(Watch):
         from ray import cloudpickle
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        source = Path(__file__).with_name("script.py").read_text()
+        source = ONHOST.read_text()
         cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the nodes need not have this package
         stop_here = ray.remote(num_cpus=0, max_retries=0)(_stop_here)
         ray.init(address=self.gcs, logging_level="ERROR", log_to_driver=False)
@@ -216,7 +217,7 @@ def main(argv: list[str]) -> int:
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
     if order["backend"] in CLOUDS:       # the head is an instance: it ends itself
         end_cloud_head(cluster_id, order["backend"])
-    stop_detached(Path(__file__).with_name("script.py").read_text(), order["marker"], 2.0,
+    stop_detached(ONHOST.read_text(), order["marker"], 2.0,
                   temp_dir_of(order["temp_dirs"], order["ip"]))
     return 0
 

@@ -96,18 +96,19 @@ def ours(marker):
     carries it. This script's own session is never one of them."""
     needle = f"{MARKER}={marker}".encode()
     me = os.getsid(0)
-    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != os.getpid()]
+    states = {int(entry): _state(entry) for entry in os.listdir("/proc")
+              if entry.isdigit() and int(entry) != os.getpid()}
     sessions = set()
-    for pid in pids:
+    for pid, state in states.items():
+        if state is None or state[1] == me or state[1] in sessions:
+            continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                marked = needle in f.read().split(b"\0")
+                if needle in f.read().split(b"\0"):
+                    sessions.add(state[1])
         except OSError:
             continue
-        state = _state(pid)
-        if marked and state is not None and state[1] != me:
-            sessions.add(state[1])
-    return sorted(pid for pid in pids if (_state(pid) or (None, None))[1] in sessions)
+    return sorted(pid for pid, state in states.items() if state is not None and state[1] in sessions)
 
 
 def _state(pid):

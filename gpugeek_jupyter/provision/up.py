@@ -168,18 +168,17 @@ def _check_listening(address: str | None) -> None:
                            f"running, and is this its {port_kind} port?")
 
 
-def _reattach(record: ClusterRecord, request: UpRequest | None = None) -> Cluster:
+def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
     """``up NAME`` on a live cluster: connect to it again; its own settings stay (said when the
     request gave others)."""
-    if request is not None:
-        if request.backend != record.backend and (request.address or request.backend != "local"):
-            raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
-                               f"`%gpugeek down {record.name}` first, or pick another name")
-        ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
-                                "budget", "idle", "dashboard", "env")
-        if ignored:
-            print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
-                  f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
+    if request.backend != record.backend and (request.address or request.backend != "local"):
+        raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
+                           f"`%gpugeek down {record.name}` first, or pick another name")
+    ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
+                            "budget", "idle", "dashboard", "env")
+    if ignored:
+        print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
+              f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
     if record.backend in ("local", "sim") and not _reachable(record):
         # only a head of ours on this machine is known gone when it does not answer; a cloud head
         # behind a dropped tunnel may still be running (and billing), so it is never closed here

@@ -5,6 +5,7 @@ Ray's agents do — and nothing of a session without the marker."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ def test_a_process_without_the_marker_in_a_marked_session_is_ours_and_a_stranger
         assert stranger.pid not in found
         done = script.stop([marker, "2"])
         assert done == {"ok": True, "left": []}
-        assert ours.wait(timeout=10) is not None
+        assert ours.wait(timeout=10) == -signal.SIGTERM, "the marked session's leader was not ended by the stop"
         wait_until(lambda: not processes.alive(child), 10, "the child without the marker stopped too")
         assert stranger.poll() is None, "a stranger's session was stopped"
     finally:

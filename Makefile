@@ -68,7 +68,7 @@ lint: $(VENV)/.installed-test
 # when they end), beside the rest of the main suite. Much of each stream's time is waiting — idle
 # windows, budgets, SSH, page loads — so on two cores they overlap (MAKE_TEST_SERIAL=1: one after
 # another, as `test-fast` and friends always run).
-test: lint $(VENV)/.installed-test chromium sshd prometheus
+test: lint $(VENV)/.installed-test chromium sshd prometheus lab-files
 	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
@@ -134,6 +134,14 @@ prometheus:
 	    echo "no prometheus and not root: tests/test_prometheus.py will skip" >&2; \
 	  fi; \
 	fi
+
+# What the multi-host lab's hosts install from and start with (tests/lab_files.py): a wheel index of
+# this kernel's Ray, torch and numpy, served to the hosts on the lab's bridge, and a machine image (a
+# Python with torch, no Ray). Made once per set of versions, into .cache/.
+.PHONY: lab-files lab-image
+lab-files lab-image: $(VENV)/.installed-test
+	$(PY) tests/lab_files.py index .cache/lab-index
+	$(PY) tests/lab_files.py image .cache/lab-image .cache/lab-index
 
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py

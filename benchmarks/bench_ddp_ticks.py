@@ -47,12 +47,13 @@ def main() -> None:
         raise SystemExit(f"bench_ddp_ticks: {reason}")
     os.environ["GPUGEEK_HOME"] = tempfile.mkdtemp(prefix="gpugeek-bench-ticks-")
     lab = netlab.up(3)
+    lab.serve_index()
     try:
         import gpugeek_jupyter as gg
         from gpugeek_jupyter.workers import group
 
         gg.up("ticks", backend="ssh", hosts=",".join(f"root@{h.address}" for h in lab.hosts),
-              ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0)
+              ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0, pip_index_url=lab.index_url)
         import ray
 
         from gpugeek_jupyter.kernel.session import current

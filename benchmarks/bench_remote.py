@@ -92,7 +92,7 @@ def side(kind: str) -> None:
     name = spec["name"]
     if kind == "remote":
         gg.up(name, backend="ssh", hosts=spec["hosts"], ssh_key=spec["key"], cpus_per_host=1,
-              usd_per_hour=1.0)
+              usd_per_hour=1.0, pip_index_url=spec["index"])
     else:
         gg.up(name, backend="local")
     answer({"ready": True})
@@ -389,11 +389,13 @@ def main() -> None:
     before_tree = export(args.against) if args.against and "A" in parts else None
     print(f"load average before: {os.getloadavg()[0]:.2f} (logs in {home})", flush=True)
     lab = netlab.up(3)
+    lab.serve_index()
     sides: dict[str, Side] = {}
     a = hops = None
     ddp: dict[int, dict] = {}
     try:
-        spec = {"hosts": ",".join(f"root@{h.address}" for h in lab.hosts), "key": str(lab.key)}
+        spec = {"hosts": ",".join(f"root@{h.address}" for h in lab.hosts), "key": str(lab.key),
+                "index": lab.index_url}
         began = time.monotonic()
         sides["remote"] = Side("remote", {**spec, "name": REMOTE}, logs / "remote.log")
         sides["remote"].read()

@@ -13,6 +13,9 @@ from ``$GPUGEEK_HOME/config.toml``::
     [cluster]
     local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
     meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
+
+    [hosts]                                    # your own machines (up --backend ssh)
+    pip_index_url = "https://pypi.example.com/simple"   # where they install their runtime from
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Settings:
     local_usd_per_hour: float = 0.0
     meter_interval_s: float = DEFAULT_METER_INTERVAL_S
     spot_rates: tuple[tuple[str, float], ...] = ()     # "provider[/GPU]" → preemptions per node-hour
+    pip_index_url: str | None = None
 
 
 def settings() -> Settings:
@@ -87,7 +91,12 @@ def settings() -> Settings:
         raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0")
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.1 <= interval <= 600:
         raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds")
+    hosts = data.get("hosts", {})
+    index_url = hosts.get("pip_index_url") if isinstance(hosts, dict) else None
+    if not isinstance(hosts, dict) or not (index_url is None or (isinstance(index_url, str) and "://" in index_url)):
+        raise GpugeekError(f"{path}: hosts.pip_index_url must be the URL of a package index")
     return Settings(
+        pip_index_url=index_url,
         spot_rates=_spot_rates(path, data.get("spot", {})),
         catalog_paths=tuple(Path(p).expanduser() for p in paths),
         reserved_discount=float(discount),

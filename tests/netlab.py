@@ -5,10 +5,18 @@ machine's root namespace plays the user's laptop; the bridge is its network to t
     sudo .venv/bin/python tests/netlab.py up [--hosts 3]   # prints the hosts and how to ssh in
     sudo .venv/bin/python tests/netlab.py down DIR         # DIR as `up` printed it
 
-Every host sees the same filesystem (the same venv, the same /tmp), but only its own processes
-(``ps`` over SSH lists that host's) and only its own network. Traffic stays on the bridge: nothing
-is routed out of it. Helpers cut a host off, make its link slow or lossy (``tc netem``) and kill
-every process of a host. ``down`` removes every namespace, link and process it made.
+A host shares nothing with the laptop that a rented machine would not: it has its own hostname,
+its own processes (``ps`` over SSH lists that host's), its own network, and its own disk — its
+``/root``, ``/tmp`` and the folder that holds this checkout are folders of its own (under the
+lab's ``disks/``, kept across a host's restart, as a disk is across a reboot), and the laptop's
+venv, wheels and pip settings are out of its sight. What it still sees is the OS (Debian's
+``python3``) and, unless it is bare, a machine image: a Python with torch and no Ray at
+``/opt/image`` (``make lab-image``), first on its PATH. One folder, ``shared/``, is mounted at the
+same path on every host and the laptop: a shared filesystem (NFS, say) for the tests that need one.
+
+Traffic stays on the bridge: a host has no route beyond it. Helpers cut a host off, make its link
+slow or lossy (``tc netem``) and kill every process of a host. ``down`` removes every namespace,
+link and process it made.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ import psutil
 
 SSHD = "/usr/sbin/sshd"
 PREFIX = "gglab"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = ROOT / ".cache" / "lab-image"       # made by `make lab-image`: a Python with torch, no Ray
+IMAGE_AT = "/opt/image"                    # where a host sees it
+INDEX = ROOT / ".cache" / "lab-index"       # made by `make lab-files`: the wheels the hosts install
+HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
 LEFT_WITHIN_S = 10.0    # after a cluster's down, its hosts' namespaces are empty within this
 
 
@@ -69,7 +82,16 @@ class Host:
     netns: str         # the network namespace
     address: str       # its address on the bridge
     link: str          # the bridge's end of its veth pair (the laptop's side of its cable)
+    disk: str = ""     # the folder that holds its /root, /tmp and project folder
+    bare: bool = False  # only the OS's python3: no machine image
     sshd: subprocess.Popen | None = None
+
+    def file(self, path: str) -> Path:
+        """Where the laptop finds a file of this host's disk (``/root/x`` → ``DISK/root/x``)."""
+        for top in ("root", "tmp"):
+            if path == f"/{top}" or path.startswith(f"/{top}/"):
+                return Path(self.disk) / top / path[len(top) + 2:]
+        raise ValueError(f"{path} is not on {self.name}'s own disk (/root or /tmp)")
 
     def ns(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return _run("ip", "netns", "exec", self.netns, *cmd, check=check)
@@ -121,6 +143,8 @@ class Lab:
     bridge: str
     gateway: str                   # the laptop's address on the bridge
     hosts: list[Host] = field(default_factory=list)
+    index_url: str | None = None   # the wheel index the laptop serves to the hosts (``serve_index``)
+    index_server: subprocess.Popen | None = None
 
     @property
     def key(self) -> Path:
@@ -130,6 +154,11 @@ class Lab:
     @property
     def known_hosts(self) -> Path:
         return self.dir / "known_hosts"
+
+    @property
+    def shared(self) -> Path:
+        """A folder every host and the laptop see at this same path: a shared filesystem."""
+        return self.dir / "shared"
 
     def host(self, name_or_address: str) -> Host:
         for host in self.hosts:
@@ -200,20 +229,53 @@ class Lab:
         session (sshd's ``SetEnv``): a host whose environment differs, like a PYTHONPATH that
         brings another version of a package."""
         config = self.dir / f"sshd-{host.name}.conf"
+        env = {"PATH": (f"{IMAGE_AT}/bin:" if not host.bare else "") + HOST_PATH, **(env or {})}
         config.write_text("\n".join([
-            "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / 'host_key'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
+            "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / f'host_key-{host.name}'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", "PidFile none",
             "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "MaxStartups 64", "MaxSessions 64",
-            "LogLevel ERROR", *(f"SetEnv {k}={v}" for k, v in (env or {}).items()), "",
-        ]))
+            "LogLevel ERROR", "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()), "",   # one line: sshd
+        ]))                                                                        # takes the first SetEnv only
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         log = open(self.dir / f"sshd-{host.name}.log", "ab")  # noqa: SIM115 - the child keeps it
         host.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--mount-proc",
-             SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log, start_new_session=True)
+            ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--mount-proc", "--mount",
+             "--propagation", "private", "--uts", "sh", "-ec", self._own_disk(host) + f"exec {SSHD} -D -e -f {config}"],
+            stdout=log, stderr=log, start_new_session=True)
         log.close()
         _wait_listening(host, 22)
+
+    def _own_disk(self, host: Host) -> str:
+        """The shell lines, run in the host's new mount namespace, that give it a disk of its own:
+        its folders over /root, /tmp and the checkout's parent; /opt emptied but for the image;
+        the laptop's pip settings hidden; the other hosts' disks out of sight."""
+        disk = Path(host.disk)
+        for top in ("root", "tmp"):
+            (disk / top).mkdir(parents=True, exist_ok=True)
+        (disk / "tmp").chmod(0o1777)
+        ssh_dir = disk / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        lines = [f"hostname {host.name}",
+                 f"mount --bind {disk}/root /root", f"mount --bind {disk}/tmp /tmp",
+                 "mount -t tmpfs tmpfs /opt"]
+        if not host.bare:
+            lines += [f"mkdir {IMAGE_AT}", f"mount --bind -o ro {IMAGE} {IMAGE_AT}"]
+        lines += [f"mount -t tmpfs tmpfs {ROOT.parent}"]
+        lines += [f"[ ! -e {p} ] || mount --bind /dev/null {p}" for p in ("/etc/pip.conf",)]
+        lines += [f"[ ! -d {p} ] || mount -t tmpfs tmpfs {p}" for p in ("/etc/xdg/pip", "/root/.config/pip")]
+        lines += [f"mount -t tmpfs tmpfs {self.dir / 'disks'}"]
+        return "".join(f"{line}\n" for line in lines)
+
+    def new_host_key(self, host: Host) -> None:
+        """The host gets a new host key (reinstalled, or another machine at its address), from its
+        sshd's next start."""
+        key = self.dir / f"host_key-{host.name}"
+        key.unlink()
+        Path(f"{key}.pub").unlink(missing_ok=True)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpugeek-lab-{host.name}", "-f", str(key))
+        if self.known_hosts.exists():     # the lab's own ssh (``Lab.ssh``) expects the change
+            _run("ssh-keygen", "-R", host.address, "-f", str(self.known_hosts), check=False)
 
     def restart_host(self, host: Host, env: dict[str, str] | None = None) -> None:
         """Every process of the host ended, and its sshd started again (with ``env``)."""
@@ -224,8 +286,8 @@ class Lab:
 
     def save(self) -> None:
         state = {"bridge": self.bridge, "gateway": self.gateway,
-                 "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "link": h.link}
-                           for h in self.hosts]}
+                 "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "link": h.link,
+                            "disk": h.disk, "bare": h.bare} for h in self.hosts]}
         (self.dir / "lab.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
@@ -252,9 +314,35 @@ class Lab:
         routes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout
         left += [f"route blackhole {h.address}" for h in self.hosts if h.address in routes.split()]
         left += [f"sshd {h.sshd.pid}" for h in self.hosts if h.sshd is not None and h.sshd.poll() is None]
+        if self.index_server is not None and self.index_server.poll() is None:
+            left.append(f"index server {self.index_server.pid}")
         return left
 
+    def serve_index(self, folder: Path = INDEX) -> str:
+        """Serve ``folder`` (a PEP 503 index, ``make lab-files``) to the hosts on the laptop's bridge
+        address: what a package mirror is to a user's machines, and all the hosts can reach."""
+        if not (folder / "simple").is_dir():
+            raise RuntimeError(f"no wheel index for the lab's hosts at {folder} — make lab-files")
+        with socket.socket() as probe:
+            probe.bind((self.gateway, 0))
+            port = probe.getsockname()[1]
+        self.index_server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(port), "--bind", self.gateway, "--directory", str(folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((self.gateway, port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        self.index_url = f"http://{self.gateway}:{port}/simple"
+        return self.index_url
+
     def down(self) -> None:
+        if self.index_server is not None:
+            self.index_server.kill()
+            self.index_server.wait(timeout=10)
         self.reconnect_laptop()
         for host in self.hosts:
             self.kill_host(host)
@@ -283,7 +371,7 @@ def described(pids: list[int]) -> list[str]:
     return [f"{pid}: {line(pid)}" for pid in pids]
 
 @contextlib.contextmanager
-def fixture(n_hosts: int):
+def fixture(n_hosts: int, bare: tuple[str, ...] = ()):
     """A lab for a pytest fixture: skipped (with the reason) where namespaces can't be made, torn
     down after, and asserted to leave nothing behind."""
     import pytest
@@ -291,8 +379,9 @@ def fixture(n_hosts: int):
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    made = up(n_hosts)
+    made = up(n_hosts, bare)
     try:
+        made.serve_index()
         yield made
     finally:
         made.down()
@@ -300,33 +389,40 @@ def fixture(n_hosts: int):
         assert not left, f"the lab left {', '.join(left)}"
 
 
-def up(n_hosts: int = 3) -> Lab:
-    """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd."""
+def up(n_hosts: int = 3, bare: tuple[str, ...] = ()) -> Lab:
+    """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd; the hosts
+    named in ``bare`` have no machine image."""
     lab_id = f"{os.getpid() % 100000:05d}"
-    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-"))
+    # not under /tmp: every host has a /tmp of its own, and its sshd reads the lab's keys from here
+    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    (folder / "shared").mkdir()
     subnet = _free_subnet()
     gateway = str(subnet.network_address + 1)
     lab = Lab(folder, bridge=f"gl{lab_id}br", gateway=gateway)
     try:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab", "-f", str(lab.key))
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab-host", "-f", str(folder / "host_key"))
         shutil.copy(f"{lab.key}.pub", folder / "authorized_keys")
         _run("ip", "link", "add", lab.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{gateway}/24", "dev", lab.bridge)
         _run("ip", "link", "set", lab.bridge, "up")
         for i in range(1, n_hosts + 1):
             host = Host(name=f"h{i}", netns=f"{PREFIX}{lab_id}-h{i}",
-                        address=str(subnet.network_address + 10 + i), link=f"gl{lab_id}h{i}")
+                        address=str(subnet.network_address + 10 + i), link=f"gl{lab_id}h{i}",
+                        disk=str(folder / "disks" / f"h{i}"), bare=f"h{i}" in bare)
             lab.hosts.append(host)
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpugeek-lab-{host.name}", "-f",
+                 str(folder / f"host_key-{host.name}"))
             _run("ip", "netns", "add", host.netns)
             _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
             _run("ip", "link", "set", host.link, "master", lab.bridge)
             _run("ip", "link", "set", host.link, "up")
             host.ns("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
             host.ns("ip", "link", "set", "eth0", "up")
-            host.ns("ip", "link", "set", "lo", "up")
-            host.ns("ip", "route", "add", "default", "via", gateway)
+            host.ns("ip", "link", "set", "lo", "up")      # no default route: the bridge is all it reaches
         lab.save()
+        if not all(h.bare for h in lab.hosts) and not (IMAGE / "bin" / "python").exists():
+            raise RuntimeError(f"no machine image for the lab's hosts at {IMAGE} — make lab-image")
         for host in lab.hosts:
             lab.start_sshd(host)
     except BaseException:
@@ -365,6 +461,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("up", help="make the lab and leave it running")
     start.add_argument("--hosts", type=int, default=3)
+    start.add_argument("--bare", default="", help="hosts without the machine image, like h3")
     stop = sub.add_parser("down", help="remove a lab made by `up`")
     stop.add_argument("dir", type=Path)
     args = parser.parse_args()
@@ -372,10 +469,11 @@ def main() -> None:
     if reason:
         raise SystemExit(reason)
     if args.command == "up":
-        lab = up(args.hosts)
+        lab = up(args.hosts, tuple(b for b in args.bare.split(",") if b))
         for host in lab.hosts:
             host.sshd = None   # leave them running after this process ends
-        print(f"lab in {lab.dir} (the laptop is {lab.gateway} on {lab.bridge})")
+        print(f"lab in {lab.dir} (the laptop is {lab.gateway} on {lab.bridge}); serve the hosts a wheel index "
+              f"with: {sys.executable} -m http.server --bind {lab.gateway} --directory {INDEX} PORT")
         for host in lab.hosts:
             print(f"  {host.name}  {host.address}   ssh {' '.join(lab.ssh_options())} root@{host.address}")
         print(f"take it down: {sys.executable} {__file__} down {lab.dir}")

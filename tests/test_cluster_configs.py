@@ -6,6 +6,7 @@ import copy
 import json
 import shlex
 import stat
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import gpugeek_jupyter as gg
 from gpugeek_jupyter.backends import hosts, launcher
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.onhost import script as onhost
+from gpugeek_jupyter.remote import runtime
 
 
 @pytest.mark.parametrize("backend, gpu, count, pricing", [
@@ -55,7 +57,13 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     node_dir = launcher.node_dir(backend)
     assert prepared["file_mounts"] == {node_dir: str(launcher.node_files(backend))}
     [head], [worker] = prepared["head_start_ray_commands"], prepared["worker_start_ray_commands"]
-    assert f"python3 {node_dir}/onhost.py start " in head and f"python3 {node_dir}/onhost.py start " in worker
+    python = runtime.python_on_host()       # the runtime the setup command makes on every node
+    assert f"{python} {node_dir}/onhost.py start " in head and f"{python} {node_dir}/onhost.py start " in worker
+    [setup] = prepared["setup_commands"]
+    assert setup.startswith(f"python3 {node_dir}/runtime.py install ")
+    wanted = json.loads(shlex.split(setup)[-1])
+    assert (wanted["ray"], wanted["torch"], wanted["install"]) == (metadata.version("ray"), metadata.version("torch"),
+                                                                  True)
     assert "ray start" in head and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head  # else Ray warns
     head_order, worker_order = _order(head), _order(worker)
     for order in (head_order, worker_order):
@@ -70,6 +78,7 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((folder / "auth_token").stat().st_mode) == 0o600
     assert (folder / "onhost.py").read_text() == Path(onhost.__file__).read_text()
+    assert (folder / "runtime.py").read_text() == Path(runtime.SCRIPT).read_text()
 
 
 def _order(command: str) -> dict:

@@ -135,3 +135,22 @@ def test_up_env_with_a_missing_file_is_one_line_before_anything_starts(tmp_path,
     with pytest.raises(GpugeekError, match=r"--env nope\.txt: no such file"):
         gg.up("envless", backend="sim", env="nope.txt")
     assert registry.latest("envless") is None, "a cluster was recorded for a bad --env"
+
+
+def test_a_working_dir_goes_to_the_job_without_what_never_should_or_is_one_line(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "train.csv").write_bytes(b"1" * 3000)
+    (project / ".venv" / "lib").mkdir(parents=True)
+    (project / ".venv" / "lib" / "big.so").write_bytes(b"\0" * 50_000)       # never sent, never counted
+    folder = environment.working_dir(str(project))
+    assert folder == str(project.resolve())
+    env = environment.runtime_env(folder=folder, package=False)
+    assert env["working_dir"] == folder and ".venv" in env["excludes"] and ".git" in env["excludes"]
+
+    monkeypatch.setattr(environment, "WORKING_DIR_MAX_MIB", 2000 / 2**20)     # 2,000 bytes
+    with pytest.raises(GpugeekError) as failed:
+        environment.working_dir(str(project))
+    assert str(failed.value).startswith(f"--working-dir {project} holds 0 MiB to send, over the ")
+    with pytest.raises(GpugeekError, match="no such folder here"):
+        environment.working_dir(str(tmp_path / "nowhere"))

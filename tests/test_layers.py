@@ -267,9 +267,11 @@ def test_each_folder_says_where_it_runs_and_imports_only_what_it_says(folder):
     assert not wrong, f"{folder.name}/ imports {wrong}, which its 'May import:' line leaves out"
 
 
-def test_the_script_that_runs_on_a_host_needs_only_the_standard_library():
-    """``onhost/script.py`` runs with whatever Python a host has, before anything is installed."""
-    tree = ast.parse((PACKAGE / "onhost" / "script.py").read_text())
+@pytest.mark.parametrize("script", ["script.py", "runtime.py"])
+def test_the_scripts_that_run_on_a_host_need_only_the_standard_library(script):
+    """``onhost/script.py`` and ``onhost/runtime.py`` run with whatever Python a host has, before
+    anything is installed."""
+    tree = ast.parse((PACKAGE / "onhost" / script).read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "a relative import"

@@ -18,7 +18,7 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
-from ..remote import ssh, tunnel
+from ..remote import runtime, ssh, tunnel
 
 GCS_PORT = 6379
 CLIENT_PORT = 10001
@@ -29,29 +29,29 @@ def targets(spec: ClusterSpec) -> list[ssh.Target]:
     return ssh.parse_hosts(spec.remote["hosts"])
 
 
-def find_pythons(spec: ClusterSpec) -> list[str]:
-    """The Python to run Ray with on each host (asked over SSH, so an unreachable host or a wrong
-    key is one line before anything starts)."""
-    remote = spec.remote
+def prepare(spec: ClusterSpec) -> None:
+    """Each host made ready and asked what it is, before anything is recorded or started: the
+    Python that runs Ray there (its runtime made first where needed, ``remote.runtime``) and the
+    address the other hosts reach it at. An unreachable host, a wrong key or a host that cannot be
+    made ready is one line, and nothing is left to list or stop."""
+    remote, key = spec.remote, spec.remote.get("ssh_key")
+    hosts = targets(spec)
     if not remote.get("pythons"):
-        remote["pythons"] = ssh.on_hosts(targets(spec), ssh.python_on, remote.get("ssh_key"), remote["python"])
-    return remote["pythons"]
+        remote["pythons"] = runtime.ready(spec)
+    pythons = remote["pythons"]
+    facts = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(hosts[i], key, pythons[i], "facts"))
+    remote["ips"] = [_node_ip(t, f) for t, f in zip(hosts, facts, strict=True)]
 
 
 def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     """Ray on every host (the head first), then the tunnel to the head. ``spec.remote`` gains what
     a stop needs — recorded before anything starts, so a failure half-way can be cleaned up."""
-    remote, key = spec.remote, spec.remote.get("ssh_key")
+    remote = spec.remote
     hosts = targets(spec)
-    pythons = find_pythons(spec)
-    facts = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(hosts[i], key, pythons[i], "facts"))
-    for target, python, found in zip(hosts, pythons, facts, strict=True):
-        if not found["packages"].get("ray"):
-            raise GpugeekError(f"{target}: Ray is not installed for {python} — pip install 'ray[default]' there "
-                               f"(the same version as this kernel's)")
+    if not remote.get("ips"):
+        prepare(spec)
     tag = hashlib.sha1(record.marker.encode()).hexdigest()[:8]
     remote.update(
-        ips=[_node_ip(t, f) for t, f in zip(hosts, facts, strict=True)],
         temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
         token_path=f"~/.gpugeek/clusters/{tag}/auth_token",
         gcs_port=GCS_PORT, client_port=CLIENT_PORT)
@@ -103,7 +103,7 @@ def stop(record: ClusterRecord, grace: float = 5.0) -> None:
     spec = ClusterSpec.from_json(record.spec)
     remote = spec.remote
     hosts, pythons = targets(spec), remote.get("pythons")
-    if pythons:      # else nothing was started on them
+    if pythons and remote.get("temp_dirs"):      # else nothing was started on them
         def stop_one(i: int) -> str | None:
             try:
                 answer = ssh.on_host(hosts[i], remote.get("ssh_key"), pythons[i], "stop", record.marker,

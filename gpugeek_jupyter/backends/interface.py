@@ -161,8 +161,8 @@ class SshBackend(Backend):
         return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
 
     def preflight(self, spec):
-        """Every host answers over SSH and has a Python, before anything is recorded or started."""
-        hosts.find_pythons(spec)
+        """Every host answers over SSH and is ready to run Ray, before anything is recorded or started."""
+        hosts.prepare(spec)
 
     def start(self, record, spec):
         opened = hosts.start(record, spec)

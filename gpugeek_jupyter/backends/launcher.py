@@ -34,7 +34,7 @@ from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
-from ..remote import headguard, ssh
+from ..remote import headguard, runtime, ssh
 from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 
 NODE_IDLE_MINUTES = 5
@@ -46,9 +46,9 @@ GCP_ACCELERATOR = {  # machine families that take attached GPUs (a2/a3/g2 carry 
     "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80",
 }
 GCP_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
-# On the nodes: Ray's default setup commands put the Python that has Ray first on the PATH of the
-# login shell its start commands run in; `ray up` leaves the autoscaler's config at BOOTSTRAP.
-NODE_PYTHON = "python3"
+# On the nodes: the setup command makes the runtime (remote/runtime.py: Ray at this kernel's version,
+# in a venv of its own), whose Python (runtime.python_on_host) runs the start commands; `ray up`
+# leaves the autoscaler's config at BOOTSTRAP.
 GUARD_ORDER = "guard.json"
 BOOTSTRAP = "~/ray_bootstrap_config.yaml"
 SHOWN_MARKER = "<marker, set by up>"
@@ -74,6 +74,7 @@ def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> d
         "available_node_types": {"head": head, **workers},
         "head_node_type": "head",
         "file_mounts": {node_dir(name): str(node_files(name))},
+        "setup_commands": [setup_command(name)],
         "head_start_ray_commands": [head_start],
         "worker_start_ray_commands": [worker_start],
     }
@@ -87,11 +88,18 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
     order = {"marker": marker, "temp_dir": f"/tmp/gg-{_tag(name)}-{{ip}}", "token_path": f"{node_dir(name)}/auth_token",
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
-    run = f"ulimit -n 65536; {NODE_PYTHON} {node_dir(name)}/onhost.py start"
+    run = f"ulimit -n 65536; {runtime.python_on_host()} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (onhost/headwatch.py), on the package and order file_mounts copied
-    guard = f"{NODE_PYTHON} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
+    guard = f"{runtime.python_on_host()} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
+
+
+def setup_command(name: str) -> str:
+    """Run on every node before its start command: the runtime made there (or found made), by the
+    image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI."""
+    order = runtime.order_for({"pip_index_url": settings().pip_index_url})
+    return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 
 def guard_order(record, spec: ClusterSpec) -> dict:
@@ -103,7 +111,7 @@ def guard_order(record, spec: ClusterSpec) -> dict:
 
 def node_ip_command(name: str) -> str:
     """Run on the head, says the address its Ray listens on."""
-    return f"{NODE_PYTHON} {node_dir(name)}/onhost.py node-ip"
+    return f"{runtime.python_on_host()} {node_dir(name)}/onhost.py node-ip"
 
 
 def node_dir(name: str) -> str:
@@ -123,6 +131,7 @@ def write_node_files(name: str, guard: dict | None = None) -> Path:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     shutil.copyfile(ssh.ONHOST, folder / "onhost.py")
+    shutil.copyfile(runtime.SCRIPT, folder / "runtime.py")
     if guard is not None:
         (folder / GUARD_ORDER).write_text(json.dumps(guard))
         headguard.copy_package(folder / "package")

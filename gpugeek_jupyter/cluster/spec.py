@@ -51,6 +51,7 @@ class ClusterSpec:
     dashboard_url: str | None = None  # where it answers, once started
     remote: dict = field(default_factory=dict)   # ssh, clouds: hosts, key, head address and ports, tunnel
     env: list[str] = field(default_factory=list)  # pip requirements every job gets (``up --env``)
+    working_dir: str | None = None    # the folder every cell starts in, sent to the nodes (``up --working-dir``)
 
     @property
     def simulated(self) -> bool:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 from .. import display
 
-# what a cell pickled here must load there; not psutil: a Ray worker imports Ray's own copy
-DEFAULT_PACKAGES = ("ray", "torch", "numpy", "gpugeek-jupyter")
+# what a cell pickled here must load there; not psutil: a Ray worker imports Ray's own copy; not
+# this package: it travels with every job (Ray's py_modules), so every node runs the kernel's copy
+DEFAULT_PACKAGES = ("ray", "torch", "numpy")
 CLOCK_LIMIT_S = 1.0              # ledger times come from several clocks: more skew than this shows
 LATENCY_LIMIT_MS = 5.0           # a small all_reduce inside one network is well under a millisecond
 BANDWIDTH_FLOOR_GBS = 0.1        # under ~1 Gbit/s, gradient sync dominates data-parallel training

@@ -149,12 +149,12 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
     """The job's ``runtime_env``: on a remote cluster this package (so the workers run the
     kernel's own version of it, and a host needs only Python, Ray and torch) and the kernel's
     modules its cells needed (``environment``); everywhere, the cluster's ``up --env`` packages."""
-    pip = ClusterSpec.from_json(record.spec).env
+    spec = ClusterSpec.from_json(record.spec)
     if not remote:
-        return environment.runtime_env(pip, package=False)
+        return environment.runtime_env(spec.env, package=False, folder=spec.working_dir)
     modules = list(environment.shipment().for_cluster(record.id).shipped.values())
     # the workers' priority too, for a cluster whose nodes someone else started (ours have it)
-    return {**environment.runtime_env(pip, modules), "env_vars": dict(NODE_ENV)}
+    return {**environment.runtime_env(spec.env, modules, folder=spec.working_dir), "env_vars": dict(NODE_ENV)}
 
 
 def reconnect(record: ClusterRecord) -> None:

@@ -72,9 +72,10 @@ def pushed_modules(push: dict | None) -> set[str]:
 # -- the job's runtime_env --------------------------------------------------------------------------
 
 def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None = None,
-                package: bool = True) -> dict:
+                package: bool = True, folder: str | None = None) -> dict:
     """The job's ``runtime_env``: this package (for a remote cluster), the kernel's modules the
-    nodes lack, and pip packages (``up --env``, and modules with compiled parts)."""
+    nodes lack, pip packages (``up --env``, and modules with compiled parts) and the folder the
+    cells start in (``up --working-dir``)."""
     paths = [str(Path(__file__).resolve().parent.parent)] if package else []
     wheels = list(pip or [])
     for module in modules or []:
@@ -89,6 +90,9 @@ def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None
     if paths:
         env["py_modules"] = paths
         env["excludes"] = ["__pycache__", "labextension", "*.pyc"]
+    if folder:
+        env["working_dir"] = folder
+        env["excludes"] = sorted({*env.get("excludes", []), *WORKING_DIR_EXCLUDES})
     if wheels:
         env["pip"] = wheels
     return env
@@ -121,6 +125,41 @@ def read_env_file(path: str) -> list[str]:
         raise GpugeekError(f"--env {path}: {local[0]!r} names a path on this machine, which the hosts do not have — "
                            f"list the packages themselves")
     return wanted
+
+
+WORKING_DIR_MAX_MIB = 500     # Ray sends a job's folder through its GCS, at most 512 MiB
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "checkpoints", "*.pyc"]
+
+
+def working_dir(path: str) -> str:
+    """``up --working-dir``: the folder every worker starts a cell in (a copy, sent once per
+    connection by Ray, without ``.gitignore``'d files and ``WORKING_DIR_EXCLUDES``), so
+    ``open("data/train.csv")`` in a cell reads the copy of the notebook's file on every host.
+    One line when it is missing or too large to send."""
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise GpugeekError(f"--working-dir {path}: no such folder here — name the folder beside your notebook "
+                           f"whose files the cells open")
+    size = sum(f.stat().st_size for f in _files(folder))
+    if size > WORKING_DIR_MAX_MIB * 2**20:
+        raise GpugeekError(f"--working-dir {path} holds {size / 2**20:.0f} MiB to send, over the "
+                           f"{WORKING_DIR_MAX_MIB} MiB a job's folder may be — put large data in object storage "
+                           f"(s3://…) and read it from there, or list it in the folder's .gitignore")
+    return str(folder)
+
+
+def _files(folder: Path):
+    """The files Ray would send: ``WORKING_DIR_EXCLUDES`` left out (``.gitignore``'d ones are
+    counted: an upper bound)."""
+    import fnmatch
+
+    for entry in folder.iterdir():
+        if any(fnmatch.fnmatch(entry.name, pattern) for pattern in WORKING_DIR_EXCLUDES) or entry.is_symlink():
+            continue
+        if entry.is_dir():
+            yield from _files(entry)
+        elif entry.is_file():
+            yield entry
 
 
 # -- before a cell ------------------------------------------------------------------------------------

@@ -124,7 +124,12 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @argument("--gpus-per-host", type=number("--gpus-per-host", int), help="ssh: GPUs each host has")
 @argument("--cpus-per-host", type=number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
 @argument("--usd-per-hour", type=number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
+@argument("--python", help="ssh: a Python on every host whose environment has Ray at this kernel's version, used "
+                           "as it is (default: a runtime made on each host)")
+@argument("--no-install", action="store_true", help="ssh: never install on the hosts; say what is missing")
+@argument("--pip-index-url", help="ssh: the package index the hosts install from (a mirror of PyPI)")
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
+@argument("--working-dir", help="a folder sent to every node: each cell starts in its copy (data beside the notebook)")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
@@ -153,7 +158,8 @@ def up(self: GpugeekMagics, line: str):
         budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
         catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
         cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour, env=args.env,
-        residency=args.residency,
+        residency=args.residency, python=args.python, install=not args.no_install,
+        pip_index_url=args.pip_index_url, working_dir=args.working_dir,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import sys
 
 import pandas as pd
 
@@ -58,8 +57,9 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
 def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = None,
              cpus_per_host: int | None = None, usd_per_hour: float | None = None, offer: str | None = None,
              pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None,
-             residency: str | None = None) -> ClusterSpec:
-    """The user's own machines, each priced at the rate given or as the offer given (per host)."""
+             residency: str | None = None, install: bool = True, pip_index_url: str | None = None) -> ClusterSpec:
+    """The user's own machines, each priced at the rate given or as the offer given (per host).
+    ``python``, ``install`` and ``pip_index_url``: how each host gets its runtime (``remote.runtime``)."""
     targets = ssh.parse_hosts(hosts)
     if (usd_per_hour is None) == (offer is None):
         raise GpugeekError("say what each host costs: --usd-per-hour X (0 if they cost you nothing) "
@@ -86,8 +86,12 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
         if not usd_per_hour:
             spec.notes.append("priced at $0/h: these machines cost nothing here")
     spec.head_price = host.price()
+    if pip_index_url is not None and not re.match(r"(https?|file)://\S+$", pip_index_url):
+        raise GpugeekError(f"--pip-index-url {pip_index_url!r}: give the URL of a package index, like "
+                           f"https://pypi.example.com/simple")
     spec.remote = {"hosts": [str(t) for t in targets], "ssh_key": ssh_key, "gpus_per_host": gpus,
-                   "cpus_per_host": cpus_per_host, "python": python or sys.executable}
+                   "cpus_per_host": cpus_per_host, "python": python, "install": bool(install),
+                   "pip_index_url": pip_index_url or settings().pip_index_url}
     return spec
 
 

@@ -45,6 +45,10 @@ class UpRequest:
     usd_per_hour: float | None = None
     env: str | None = None
     residency: str | None = None
+    python: str | None = None
+    install: bool = True
+    pip_index_url: str | None = None
+    working_dir: str | None = None
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:
@@ -76,14 +80,15 @@ def backend_name(backend: str | None, address: str | None) -> str:
     return backend
 
 
-SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour")
+SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour", "python", "pip_index_url")
 SIZING_FLAGS = ("plan", "gpu", "workers", "min_workers", "max_workers")
 
 
 def spec_of(request: UpRequest) -> ClusterSpec:
     """The spec to start, from the flags the request's backend checks."""
-    if request.backend != "ssh" and (ssh := request.given(*SSH_FLAGS)):
-        raise GpugeekError(f"{', '.join(ssh)}: only for --backend ssh (your own machines)")
+    ssh_only = request.given(*SSH_FLAGS) + (["--no-install"] if not request.install else [])
+    if request.backend != "ssh" and ssh_only:
+        raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend ssh (your own machines)")
     if request.dashboard and request.backend not in ("local", "sim"):
         raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {request.backend} "
                            f"head's dashboard is reached with `ray dashboard <its config>`")
@@ -100,7 +105,8 @@ def _ssh(request: UpRequest) -> ClusterSpec:
                            "where you put them (give --offer ID to check one)")
     return ssh_spec(request.hosts, ssh_key=request.ssh_key, gpus_per_host=request.gpus_per_host,
                     cpus_per_host=request.cpus_per_host, usd_per_hour=request.usd_per_hour, offer=request.offer,
-                    pricing=request.pricing, catalog=request.catalog, residency=request.residency)
+                    pricing=request.pricing, catalog=request.catalog, residency=request.residency,
+                    python=request.python, install=request.install, pip_index_url=request.pip_index_url)
 
 
 def _without_limits(why: str) -> Callable[[UpRequest], ClusterSpec]:

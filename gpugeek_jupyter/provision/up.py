@@ -21,6 +21,7 @@ from ..cluster.spec import ClusterSpec
 from ..config import home, settings
 from ..errors import GpugeekError
 from ..guard.lifecycle import sync_ledger
+from ..kernel import environment
 from ..kernel.environment import read_env_file
 from ..kernel.session import current
 from ..meter import ledger
@@ -39,7 +40,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        catalog: str | None = None, hosts: str | list[str] | None = None, ssh_key: str | None = None,
        gpus_per_host: int | None = None, cpus_per_host: int | None = None,
        usd_per_hour: float | None = None, env: str | None = None,
-       residency: str | None = None) -> Cluster | LaunchConfig:
+       residency: str | None = None, python: str | None = None, install: bool = True,
+       pip_index_url: str | None = None, working_dir: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -47,15 +49,22 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
     ``residency`` (``EU``, ``US``, ``DE`` …) refuses an offer outside that jurisdiction.
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
+    ``working_dir`` is sent to every node; each cell starts in its copy there.
+    On ``hosts``, Ray runs in a runtime made there at this kernel's versions unless ``python``
+    names an environment to use as it is; ``install=False`` refuses to make one, and
+    ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from.
     """
-    given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"}
+    given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"
+             and not (k == "install" and v is True)}
     request = UpRequest.of(locals())
     pip = read_env_file(env) if env else []
+    folder = environment.working_dir(working_dir) if working_dir else None
     existing = registry.live(request.name)
     if existing is not None and not dry_run:
         return _reattach(existing, request)
     spec = spec_of(request)
     spec.env = pip
+    spec.working_dir = folder
     impl = BACKENDS[request.backend]
     if dry_run or (impl.confirm and not yes):
         return impl.show(request.name, spec)
@@ -118,6 +127,8 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
             _guard_on_head(registry.get(record.id))
     except BaseException as exc:
         _abandon(record, exc)
+        if isinstance(exc, GpugeekError):      # the stop worked: say so, or the user checks by hand
+            raise GpugeekError(f"{exc} — what had started was stopped, nothing of {record.name!r} runs") from exc
         raise
     registry.update(record.id, ready=time.time())
 
@@ -175,7 +186,7 @@ def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
         raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
                            f"`%gpugeek down {record.name}` first, or pick another name")
     ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
-                            "budget", "idle", "dashboard", "env")
+                            "budget", "idle", "dashboard", "env", "working_dir")
     if ignored:
         print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
               f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")

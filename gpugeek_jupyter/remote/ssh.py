@@ -90,8 +90,12 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
         script = f"TOKEN = {token!r}\n{script}"
     if package is not None:     # base64 text: the head's watchdog (``guard``)
         script = f"PACKAGE = {package!r}\n{script}"
-    quoted = " ".join(_quote(a) for a in (python, "-", command, *args))
-    done = _ssh(target, key, quoted, script, timeout)
+    quoted = " ".join(quote(a) for a in (python, "-", command, *args))
+    return answer(target, command, _ssh(target, key, quoted, script, timeout))
+
+
+def answer(target: Target, command: str, done: subprocess.CompletedProcess) -> dict:
+    """A host script's JSON answer (its last line), or one line naming the host."""
     try:   # a script that answers ``ok: false`` exits 1: its answer says why
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -106,29 +110,39 @@ def on_hosts(items: list, call, *args, **kwargs) -> list:
         return list(pool.map(lambda item: call(item, *args, **kwargs), items))
 
 
-def python_on(target: Target, key: str | None, wanted: str) -> str:
-    """The Python to run Ray with on the host: ``wanted`` if the host has it, else ``python3``."""
-    probe = f"if [ -x {_quote(wanted)} ]; then echo {_quote(wanted)}; else command -v python3; fi"
-    found = _ssh(target, key, probe, None, 30).stdout.strip()
-    if not found:
-        raise GpugeekError(f"{target}: no python3 on the host — install Python and Ray there")
-    return found
+def run(target: Target, key: str | None, remote: str, stdin: str | bytes | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    """``remote`` (a shell command line) run on the host; one line naming the host when SSH itself
+    fails or hangs. ``stdin`` as bytes gives bytes back."""
+    return _ssh(target, key, remote, stdin, timeout)
 
 
-def _ssh(target: Target, key: str | None, remote: str, stdin: str | None, timeout: float):
-    """``remote`` run on the host; one line naming the host when SSH itself fails or hangs."""
+def _ssh(target: Target, key: str | None, remote: str, stdin: str | bytes | None, timeout: float):
     try:
-        done = subprocess.run(argv(target, key, remote), input=stdin, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(argv(target, key, remote), input=stdin, capture_output=True,
+                              text=not isinstance(stdin, bytes), timeout=timeout)
     except subprocess.TimeoutExpired:
         raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s") from None
     if done.returncode == 255:
-        raise GpugeekError(f"{target}: SSH failed — {_last(done.stderr)} (check the host, the user and "
-                           f"--ssh-key)")
+        stderr = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
+        raise GpugeekError(f"{target}: SSH failed — {_why(target, stderr)}")
     return done
 
 
-def _quote(text: str) -> str:
+def _why(target: Target, stderr: str) -> str:
+    """What SSH said, and what to do about it."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in stderr or "Host key verification failed" in stderr:
+        known = next((line.split("Add correct host key in ")[1].split(" to get rid")[0]
+                      for line in stderr.splitlines() if "Add correct host key in " in line),
+                     str(home() / "known_hosts"))
+        port = f"[{target.host}]:{target.port}" if target.port else target.host
+        return (f"the host's key is not the one {known} holds for {target.host} (a reinstalled machine, or "
+                f"another one at that address). If you expect the change, forget the old key with "
+                f"`ssh-keygen -R {quote(port)} -f {quote(known)}` and run up again; if not, do not connect")
+    return f"{_last(stderr)} (check the host, the user and --ssh-key)"
+
+
+def quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)

@@ -339,6 +339,8 @@ class WorkerGroup:
             notices = [r["preempted"] for r in results.values() if r.get("preempted")]
             preempted = {"step": notices[0]["step"], "deadline": max(n["deadline"] for n in notices),
                          "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
+            if results[failed].get("said") and not extra:
+                raise GpugeekError(results[failed]["said"])
             raise RemoteError(failed, results[failed]["error"], extra, preempted)
 
     def drain_telemetry(self, every: float = 0.0) -> int:

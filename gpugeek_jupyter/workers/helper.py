@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import notice
+from . import notice, storage
 from .options import RunOptions
 
 REPORT_EVERY_S = 1.0
@@ -46,6 +46,7 @@ class Helper:
         self.step = 0                  # optimizer steps taken (what checkpoints count)
         self.micro = 0                 # micro-batches seen since the last optimizer step
         self._resumed_from: int | None = None
+        self._shared_checked = False
         self._last_report = 0.0
         self._metrics: dict = {}
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
@@ -331,6 +332,9 @@ class Helper:
         """Resume from the newest complete checkpoint, once per group; returns its step."""
         if self._resumed_from is not None or self.model is None:
             return None
+        if not self._shared_checked and self._checkpoint_root() is not None:
+            storage.check_shared(self._checkpoint_root(), self.rank)
+            self._shared_checked = True
         path = self.latest_checkpoint()
         if dist.is_initialized() and dist.get_world_size() > 1:   # rank 0 decides for everyone
             chosen = [str(path) if path else None]

@@ -26,6 +26,7 @@ import time
 from concurrent import futures
 
 from .. import ports
+from ..errors import GpugeekError
 from . import line, notice, progress, rendezvous
 from .cell import Cell, user_traceback
 from .helper import Helper
@@ -152,6 +153,8 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - the user's error, sent back as text
             result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
                       "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}
+            if isinstance(exc, GpugeekError):     # the gg helper's own word: one line, as in the kernel
+                result["said"] = str(exc)
         return result
 
     def _stop_interrupts(self) -> None:

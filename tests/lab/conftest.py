@@ -1,5 +1,7 @@
 """The multi-host lab (``tests/netlab.py``) for one test session: made once, torn down at the end,
-and nothing of it may be left — no namespace, no link, no process."""
+and nothing of it may be left — no namespace, no link, no process. Its hosts share nothing with
+the laptop: each ``up`` there makes (or finds made) each host's runtime, from the wheel index the
+laptop serves on the lab's bridge."""
 
 from __future__ import annotations
 
@@ -9,5 +11,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def lab():
-    with netlab.fixture(3) as made:
+    """Three hosts that share nothing with the laptop; h3 is bare (the OS's python3 only)."""
+    with netlab.fixture(3, bare=("h3",)) as made:
         yield made

@@ -7,7 +7,8 @@ its worker start commands on the workers over SSH, in the login shell and with t
 updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the head over SSH, and
 ``ray down`` ends every process of the cluster on the hosts (what terminating the instances does).
 The head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud
-API's part — and exits. Everything else is the production code: the generated YAML, ``onhost.py``
+API's part — and exits. Everything else is the production code: the generated YAML, its setup
+command that makes each node's runtime (``runtime.py``, from the lab's wheel index), ``onhost.py``
 on the nodes, the tunnel, the Ray Client connection, a cell through ``gg.run``, the stop by process.
 """
 
@@ -15,9 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
-import stat
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,17 +35,15 @@ from gpugeek_jupyter.remote import headguard
 
 pytestmark = pytest.mark.slow
 
-VENV_BIN = Path(sys.executable).parent
 
 
 class LabCloud:
     """Ray's launcher with the lab's hosts for instances: the head on the first, workers on the rest."""
 
-    def __init__(self, lab, home: Path):
-        self.lab, self.home = lab, home      # ``~`` on every host (they share one filesystem)
-        home.mkdir()
-        # what Ray's default setup commands do on a cloud image: put the Python with Ray on the PATH
-        (home / ".bashrc").write_text(f'export PATH="{VENV_BIN}:$PATH"\n')
+    def __init__(self, lab):
+        self.lab = lab
+        for host in lab.hosts:      # a cloud image's login shell reads one
+            host.file("/root/.bashrc").write_text("# the image's\n")
         self.ran: list[tuple[str, str]] = []
 
     # -- the ray CLI, as launcher.ray_cli calls it ---------------------------------------------------
@@ -58,6 +55,9 @@ class LabCloud:
         if command == "up":
             for host in self.lab.hosts:
                 self._mount(host, config["file_mounts"])
+            with ThreadPoolExecutor(len(self.lab.hosts)) as pool:     # Ray's updaters set up the nodes at once
+                list(pool.map(lambda host: [self._shell(host, c, {}) for c in config["setup_commands"]],
+                              self.lab.hosts))
             [start] = config["head_start_ray_commands"]
             self._shell(head, start, self._env(config, "head", head, head_node=True))
             kinds = [name for name, t in config["available_node_types"].items()
@@ -106,15 +106,16 @@ class LabCloud:
         return env
 
     def _shell(self, host, command: str, env: dict) -> str:
-        """``command`` in the login shell Ray's SSH command runner uses, ``~`` being the lab's home."""
+        """``command`` in the login shell Ray's SSH command runner uses."""
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
         inner = f"source ~/.bashrc; export OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore && ({exports}{command})"
-        remote = f"env HOME={shlex.quote(str(self.home))} bash --login -c -i {shlex.quote(inner)}"
+        remote = f"bash --login -c -i {shlex.quote(inner)}"
         began = time.monotonic()
         done = subprocess.run(["ssh", *self.lab.ssh_options(), f"root@{host.address}", remote],
                               capture_output=True, text=True, timeout=200)
         self.ran.append((host.name, command))
-        print(f"  {host.name}: {command.split(' start ')[0][-30:]} … {time.monotonic() - began:.1f} s")
+        said = command.split(" start ")[0].split(" {")[0][-30:]
+        print(f"  {host.name}: {said} … {time.monotonic() - began:.1f} s")
         if done.returncode != 0:
             raise AssertionError(f"{host.name}: {command[:60]}… exit {done.returncode}: "
                                  f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
@@ -123,7 +124,7 @@ class LabCloud:
     def _mount(self, host, mounts: dict) -> None:
         """``mkdir -p`` then a copy that keeps the modes (Ray: ``rsync -avz``; here tar, no rsync)."""
         for remote, local in mounts.items():
-            dest = remote.replace("~", str(self.home), 1)
+            dest = remote.replace("~", "/root", 1)
             pack = subprocess.run(["tar", "-C", local, "-cf", "-", "."], capture_output=True, check=True)
             subprocess.run(["ssh", *self.lab.ssh_options(), f"root@{host.address}",
                             f"mkdir -p {shlex.quote(dest)} && tar -C {shlex.quote(dest)} -xpf -"],
@@ -135,8 +136,10 @@ def _order(command: str) -> dict:
     return json.loads(words[words.index("start") + 1])
 
 
-def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkeypatch):
-    cloud = LabCloud(lab, tmp_path / "node-home")
+def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{lab.index_url}"\n')
+    cloud = LabCloud(lab)
     monkeypatch.setattr(launcher, "ray_cli", cloud.ray_cli)
     monkeypatch.setattr(launcher, "ssh_login", cloud.ssh_login)
     monkeypatch.setattr(launcher, "check_credentials", lambda provider: None)
@@ -148,8 +151,8 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkey
         config = yaml.safe_load(Path(record.temp_dir).read_text())
         head_order = _order(config["head_start_ray_commands"][0])
         assert head_order["marker"] == record.marker
-        assert [c for _, c in cloud.ran[:3]] == [config["head_start_ray_commands"][0],
-                                                 *config["worker_start_ray_commands"] * 2]
+        assert [c for _, c in cloud.ran[3:6]] == [config["head_start_ray_commands"][0],
+                                                  *config["worker_start_ray_commands"] * 2]
 
         spec = ClusterSpec.from_json(record.spec)
         head = lab.hosts[0]
@@ -158,8 +161,9 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, tmp_path, monkey
         assert record.address.startswith("127.0.0.1:") and processes.alive(record.session_id), "no tunnel"
         on_hosts = {h.name: _ours(h, record.marker) for h in lab.hosts}
         assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"
-        token = cloud.home / head_order["token_path"].removeprefix("~/")
-        assert stat.S_IMODE(token.stat().st_mode) == 0o600, "the token on the nodes is readable by others"
+        for host in lab.hosts:
+            mode = lab.ssh(host, f"stat -c %a {head_order['token_path']}").stdout.strip()
+            assert mode == "600", f"the token on {host.name} is readable by others ({mode})"
         # the head's watchdog, started by the head's start command from what file_mounts copied
         wait_until(lambda: headguard.beating(registry.get(record.id)), 20, "the head watchdog's heartbeat")
 
@@ -201,7 +205,8 @@ dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
     assert not (left := left_on_hosts(lab)), f"processes left on the hosts: {described(left)}"
     assert not processes.alive(record.session_id), "the tunnel outlived down"
     assert not launcher.node_files("labcloud").exists(), "the token's local copy outlived down"
-    assert not list(Path("/tmp").glob(f"gg-{head_order['temp_dir'].split('-')[1]}-*")), "Ray's temp dirs remain"
+    tag = head_order["temp_dir"].split("-")[1]
+    assert not [d for h in lab.hosts for d in h.file("/tmp").glob(f"gg-{tag}-*")], "Ray's temp dirs remain"
     print(f"up, re-attach, a 3-rank cell, down: {time.monotonic() - began:.1f} s")
 
 

@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from cluster_processes import settings, wait_until
@@ -33,7 +32,8 @@ BLINK_S = 10.0        # a cut the session rides out
 LOST_WITHIN_S = 75.0  # a cell says its cluster is out of reach: SSH's keepalive (15 s), Ray Client's grace (30 s)
 KERNEL = """
 import sys, time, gpugeek_jupyter as gg
-gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate})
+gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
+      pip_index_url={index!r})
 print('ready', flush=True)
 sys.stdin.readline()
 print('cell', gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(20)\\n6 * 7", workers=3).shown(),
@@ -48,10 +48,10 @@ time.sleep(600)
 """
 
 
-def _head_ledger(spec: ClusterSpec, name: str) -> tuple[dict, list[dict]]:
-    """The head watchdog's own ledger, read from its file (the lab's hosts share this machine's
-    disk; its root's home is this one's)."""
-    db = Path(os.path.expanduser(spec.remote["guard_home"])) / "state.db"
+def _head_ledger(head, spec: ClusterSpec, name: str) -> tuple[dict, list[dict]]:
+    """The head watchdog's own ledger, read from its file on the head's disk (which the laptop
+    reaches as the lab's folder: no network needed while the laptop is cut off)."""
+    db = head.file(spec.remote["guard_home"].replace("~", "/root", 1)) / "state.db"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         conn.row_factory = sqlite3.Row
         cluster = dict(conn.execute("SELECT * FROM clusters WHERE name=? ORDER BY id DESC", (name,)).fetchone())
@@ -81,8 +81,8 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
     settings(gpugeek_home, meter_interval_s=INTERVAL_S)
     hosts = ",".join(f"root@{h.address}" for h in lab.hosts)
     kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL.format(hosts=hosts, key=str(lab.key), rate=RATE)], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", KERNEL.format(hosts=hosts, key=str(lab.key), rate=RATE, index=lab.index_url)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     record = spec = None
     try:
@@ -121,12 +121,13 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
             assert "'guarded' does not answer from here" in lost and "run on its head" in lost, lost
             assert int(lost.split()[1]) <= LOST_WITHIN_S
             kernel.send_signal(signal.SIGKILL)
-            assert _head_ledger(spec, "guarded")[0]["stopped"] is None, "the cap came before the laptop was gone"
+            assert _head_ledger(lab.hosts[0], spec, "guarded")[0]["stopped"] is None, \
+                "the cap came before the laptop was gone"
             wait_until(lambda: not any(h.strays(ssh_sessions=False) for h in lab.hosts),
                        AHEAD_S + 30, "every host free of the cluster's processes (by namespace)")
             print(f"\nevery host stopped {time.monotonic() - gone:.1f} s after the laptop went "
                   f"(cap {AHEAD_S:.0f} s of burn ahead)")
-            head, head_nodes = _head_ledger(spec, "guarded")
+            head, head_nodes = _head_ledger(lab.hosts[0], spec, "guarded")
             assert head["stop_reason"] == "budget cap reached", head
             spent = _spend(head_nodes, time.time())
             burn = sum(n["usd_per_hour"] for n in head_nodes)
@@ -158,4 +159,5 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
             lab.reconnect_laptop()
             gg.down("guarded")
         if spec is not None:
-            shutil.rmtree(Path(os.path.expanduser(spec.remote["token_path"])).parent, ignore_errors=True)
+            shutil.rmtree(lab.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent,
+                          ignore_errors=True)

@@ -11,6 +11,7 @@ package the doctor compares only when asked, so the cluster is otherwise healthy
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -60,11 +61,15 @@ def cluster(lab, tmp_path_factory):
     """The module's cluster, "lab3", on the three lab hosts (timed); stopped at the end if a test
     before the last one failed. Yields its home, record, start time and packaging versions."""
     home = tmp_path_factory.mktemp("lab3-home")
-    folder = tmp_path_factory.mktemp("skew")
-    versions = fetch_other_packaging(folder)
+    project = tmp_path_factory.mktemp("project")       # beside the notebook: its data, sent to every host
+    (project / "data").mkdir()
+    (project / "data" / "train.csv").write_text("x,y\n1,2\n3,4\n")
+    (project / ".venv").mkdir()
+    (project / ".venv" / "huge.bin").write_bytes(b"\0" * 1024)     # left out: never sent
     skewed = lab.hosts[1]
+    versions = fetch_other_packaging(skewed.file("/root/skew"))      # on that host's own disk
     if versions:
-        lab.restart_host(skewed, env={"PYTHONPATH": str(folder)})
+        lab.restart_host(skewed, env={"PYTHONPATH": "/root/skew"})
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("GPUGEEK_HOME", str(home))
@@ -72,7 +77,7 @@ def cluster(lab, tmp_path_factory):
                 names = ",".join(f"root@{h.address}" for h in lab.hosts)
                 began = time.monotonic()
                 gg.up("lab3", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1,
-                      usd_per_hour=RATE)
+                      usd_per_hour=RATE, pip_index_url=lab.index_url, working_dir=str(project))
                 took = time.monotonic() - began
                 yield SimpleNamespace(home=home, record=registry.live("lab3"), took=took, versions=versions)
             finally:
@@ -99,8 +104,9 @@ def test_three_hosts_up_attach_reconnect_train(lab, on_lab3):
     assert processes.alive(record.session_id), "the tunnel is not running"
 
     spec = ClusterSpec.from_json(record.spec)
-    token = Path(os.path.expanduser(spec.remote["token_path"]))
-    assert stat.S_IMODE(token.stat().st_mode) == 0o600, "the token copied onto the hosts is readable by others"
+    for host in lab.hosts:     # the token, on each host's own disk
+        mode = lab.ssh(host, f"stat -c %a {spec.remote['token_path']}").stdout.strip()
+        assert mode == "600", f"the token copied onto {host.name} is readable by others ({mode})"
     local = Path(os.path.expanduser("~/.ray/auth_token"))
     assert stat.S_IMODE(local.stat().st_mode) == 0o600, "the local token is readable by others"
 
@@ -142,10 +148,11 @@ def test_three_hosts_up_attach_reconnect_train(lab, on_lab3):
 
     result = gg.run("""
 import torch, torch.distributed as dist, socket
-torch.manual_seed(0)
+torch.manual_seed(rank)     # each rank's own initial weights: DDP's broadcast from rank 0 makes them one
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
 x = torch.randn(16, 8) + rank
 model(x).pow(2).mean().backward()
+torch.optim.SGD(model.parameters(), lr=0.1).step()    # the same step everywhere only if grads were averaged
 grad = model.module.weight.grad.clone()
 grads = [torch.zeros_like(grad) for _ in range(world_size)]
 dist.all_gather(grads, grad)
@@ -153,10 +160,17 @@ ips = [None] * world_size
 dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
 nices = [None] * world_size
 dist.all_gather_object(nices, os.getpriority(os.PRIO_PROCESS, 0))
-(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)), os.environ.get("GLOO_SOCKET_IFNAME"), nices)
+names = [None] * world_size
+dist.all_gather_object(names, socket.gethostname())
+params = [None] * world_size
+dist.all_gather_object(params, [p.detach().clone() for p in model.parameters()])
+(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)), os.environ.get("GLOO_SOCKET_IFNAME"), nices,
+ sorted(names), all(all(torch.equal(a, b) for a, b in zip(p, params[0])) for p in params))
 """.replace("os.", "__import__('os')."), workers=3)
-    equal, ips, ifname, nices = result.shown()
+    equal, ips, ifname, nices, names, same_params = result.shown()
     assert equal, "gradients differ between ranks"
+    assert same_params, "the model's parameters differ between ranks"
+    assert names == sorted(h.name for h in lab.hosts), f"the ranks' hostnames: {names}"
     assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"
     assert ifname == "eth0"
     assert nices == [0, 0, 0], f"the ranks' niceness: {nices} (Ray's default for workers is 15)"
@@ -180,6 +194,17 @@ dist.all_gather_object(nices, os.getpriority(os.PRIO_PROCESS, 0))
     detail = server_clusters.detail("lab3")
     assert len({u["node"] for u in detail["utilisation"]}) == 3, detail["utilisation"]
     assert any(e["kind"] == "tunnel" for e in detail["events"]), detail["events"]
+
+
+def test_a_cell_reads_the_working_dirs_data_on_every_rank(lab, on_lab3):
+    """``up --working-dir``: the folder beside the notebook is each cell's folder on every host."""
+    result = gg.run("""
+import os, socket, torch.distributed as dist
+seen = [None] * world_size
+dist.all_gather_object(seen, (socket.gethostname(), open("data/train.csv").read(), os.path.exists(".venv")))
+sorted(seen)
+""", workers=3)
+    assert result.shown() == [(h.name, "x,y\n1,2\n3,4\n", False) for h in lab.hosts], result.shown()
 
 
 def test_doctor_names_the_host_with_another_package_version(lab, on_lab3):
@@ -334,7 +359,9 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
     record = registry.live("lab3")
     figures = []
     for trial in range(HOST_LOSS_TRIALS):
-        log, ckpt = tmp_path / f"steps-{trial}.log", tmp_path / f"ckpt-{trial}"
+        # on the lab's shared filesystem: every host writes its part of a checkpoint where the others
+        # read it, and the laptop reads rank 0's log
+        log, ckpt = lab.shared / f"steps-{trial}.log", lab.shared / f"ckpt-{trial}"
         gg.run("pass", workers=3)
         where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
         victim = lab.hosts[1 + trial % 2]
@@ -383,7 +410,7 @@ def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, 
     """A worker host's cable pulled for 5 s at step 12 (no RST: packets dropped), then plugged
     back: the collectives wait (TCP resends) and the cell goes on, or it resumes and says so —
     never stuck past the collective timeout set for the cell."""
-    log, ckpt, timeout = tmp_path / "steps.log", tmp_path / "ckpt", 30
+    log, ckpt, timeout = lab.shared / "steps.log", lab.shared / "ckpt", 30
     victim = lab.hosts[2]
     gg.run("pass", workers=3, collective_timeout=timeout)
     cut = []
@@ -416,6 +443,22 @@ def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, 
     with capsys.disabled():
         print(f"\na 5 s cut of {victim.name} at step 12: the cell {'resumed' if resumed else 'went on'} and "
               f"finished 40 steps in {took:.1f} s")
+
+
+def test_a_checkpoint_dir_the_hosts_do_not_share_is_one_line_before_any_step(lab, on_lab3):
+    """A path on each host's own disk, given or the default one: each host would checkpoint for
+    itself and no resume could read the others' parts — said before the first step."""
+    for trial, flags in enumerate(({"checkpoint_dir": "/tmp/ckpt-of-each-host"}, {})):
+        log = lab.shared / f"unshared-{trial}.log"
+        with pytest.raises(gg.GpugeekError) as failed:
+            gg.run(LOSSY + "\nfinal_step", workers=3, push={"log": str(log)}, checkpoint_every=CHECKPOINT_EVERY,
+                   monitor=False, **flags)
+        said = str(failed.value)
+        print(f"\n{said}")
+        assert "\n" not in said and said.startswith("checkpoint dir "), said
+        blind = re.search(r"is not shared by the hosts \((h\d), (h\d) cannot see it\) — give an s3:// URL", said)
+        assert blind and blind[1] != blind[2], said
+        assert not log.exists() or not log.read_text().strip(), "a step ran before the check"
 
 
 def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):

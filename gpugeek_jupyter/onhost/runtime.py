@@ -1,0 +1,247 @@
+"""The Python that runs Ray on a host: found, or made, on the host itself. Sent over SSH and run by
+whatever ``python3`` the host has (``python3 - check ORDER``), like ``script.py``.
+
+    check ORDER     where the host stands: ready (the Python to use), or what making the runtime
+                    needs (a base Python of the kernel's minor version, an installer), or one line
+                    saying why it cannot be made; installs nothing, in well under a second
+    install ORDER   makes the runtime, then answers as ``check`` does
+
+ORDER (JSON) names what the kernel runs: ``ray`` and ``torch`` versions, the Python ``minor``
+version (Ray Client needs client and cluster on the same one), and the user's choices: ``python``
+(an existing environment, used as it is), ``install`` (false: never install), ``index_url`` (a
+mirror of PyPI), ``root`` (where runtimes live, ``~/.gpugeek/runtime``) and ``uv`` (where the
+laptop put its uv, when the host had none).
+
+The runtime is a venv of its own, ``ROOT/ray-<version>-py<minor>``, so a Ray of the user's on the
+host is never touched, nor can it break ours. Into it go ``ray[default]`` at the kernel's version
+and numpy; torch is the host's own when the host's Python has it at the kernel's major.minor (its
+site-packages are added after the venv's own), else the build that fits the host: the CUDA build
+with an NVIDIA driver, the CPU build without. ``uv`` makes it when there is one, else ``venv`` and
+pip. A ``runtime.json`` written last says the runtime is whole; a second ``check`` reads it and
+installs nothing.
+
+Standard library only, and Python 3.8+: it runs on whatever Python a host has.
+"""
+
+import fcntl
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INSTALL_TIMEOUT_S = 1200
+PROBE = ("import json, site, sys\n"
+         "try:\n    from importlib import metadata\nexcept ImportError:\n    metadata = None\n"
+         "def version(name):\n"
+         "    try:\n        return metadata.version(name)\n"
+         "    except Exception:\n        return None\n"
+         "print(json.dumps({'minor': '%d.%d' % sys.version_info[:2], 'executable': sys.executable,\n"
+         "    'ray': version('ray'), 'torch': version('torch'), 'site': site.getsitepackages()}))\n")
+
+
+def main(argv):
+    command, order = argv[0], json.loads(argv[1])
+    try:
+        answer = install(order) if command == "install" else check(order)
+    except Failure as exc:
+        answer = {"ok": False, "error": str(exc)}
+    print(json.dumps(answer))
+    return 0 if answer.get("ok") else 1
+
+
+class Failure(Exception):
+    """One line for the user: what is wrong on this host, and what to do."""
+
+
+def check(order):
+    if order.get("python"):
+        return _given(order)
+    folder = _folder(order)
+    made = _made(folder)
+    if made is not None and made.get("for") == _wanted(order):
+        return {"ok": True, "ready": True, "python": made["python"], "made": made}
+    base = _base(order)
+    if not order.get("install", True):
+        raise Failure(f"no Ray {order['ray']} for Python {order['minor']} here, and --no-install says not to "
+                      f"install it — leave out --no-install to make it in {_tilde(folder)}, or give --python "
+                      f"PATH of an environment that has it")
+    return {"ok": True, "ready": False, "base": base["executable"], "uv": _uv(order), "arch": platform.machine(),
+            "system": platform.system(), "torch": _torch_plan(order, base)[0], "folder": _tilde(folder)}
+
+
+def install(order):
+    answer = check(order)
+    if answer.get("ready"):
+        return answer
+    folder = _folder(order)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    with open(folder + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)        # two `up`s on one host: the second waits, then finds it made
+        answer = check(order)
+        if answer.get("ready"):
+            return answer
+        began = time.monotonic()
+        base = _base(order)
+        torch_said, torch_spec = _torch_plan(order, base)
+        shutil.rmtree(folder, ignore_errors=True)        # a runtime.json missing: a make cut short
+        uv = _uv(order)
+        python = os.path.join(folder, "bin", "python")
+        if uv:
+            _run([uv, "venv", "-q", "--python", base["executable"], folder], order, "uv venv")
+            pip = [uv, "pip", "install", "-q", "--python", python]
+        else:
+            _run([base["executable"], "-m", "venv", folder], order, "python -m venv")
+            pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        if torch_spec is None:     # the host's own torch: its site-packages after the venv's own
+            with open(os.path.join(_site_of(python), "_gpugeek_host_site.pth"), "w") as f:
+                f.write("\n".join(base["site"]) + "\n")
+        else:
+            _run(pip + _index(order, torch=True) + [torch_spec], order, "installing " + torch_spec)
+        packages = ["ray[default]==" + order["ray"], "numpy", *(order.get("extra") or [])]
+        _run(pip + _index(order) + packages, order, "installing Ray " + order["ray"])
+        got = _probe(python)
+        if got["ray"] != order["ray"] or not got["torch"] or _mm(got["torch"]) != _mm(order["torch"]):
+            raise Failure(f"the runtime made in {_tilde(folder)} has Ray {got['ray']} and torch {got['torch']}, "
+                          f"not Ray {order['ray']} and torch {order['torch']}")
+        made = {"for": _wanted(order), "python": python, "torch": got["torch"], "torch_from": torch_said,
+                "how": "uv" if uv else "pip", "seconds": round(time.monotonic() - began, 1)}
+        with open(os.path.join(folder, "runtime.json"), "w") as f:
+            json.dump(made, f)
+    return {"ok": True, "ready": True, "python": python, "made": made, "installed": True}
+
+
+def _given(order):
+    """``--python PATH``: an environment used as it is, if it can run the kernel's cluster."""
+    path = os.path.expanduser(order["python"])
+    if not os.access(path, os.X_OK):
+        raise Failure(f"--python {order['python']}: no such program on the host")
+    got = _probe(path)
+    if got["minor"] != order["minor"]:
+        raise Failure(f"--python {order['python']} is Python {got['minor']}; the kernel is {order['minor']} "
+                      f"(Ray Client needs the same minor version)")
+    if got["ray"] != order["ray"]:
+        has = f"Ray {got['ray']}" if got["ray"] else "no Ray"
+        raise Failure(f"--python {order['python']} has {has}; the kernel has Ray {order['ray']} — pip install "
+                      f"'ray[default]=={order['ray']}' there, or leave out --python to have a runtime made")
+    return {"ok": True, "ready": True, "python": path, "made": {"given": True, "torch": got["torch"]}}
+
+
+def _base(order):
+    """A Python of the kernel's minor version on this host, preferring one whose torch fits."""
+    seen, found, others = set(), [], []
+    names = ["python" + order["minor"], "python3", "python", "/usr/bin/python3", "/usr/local/bin/python3",
+             "/opt/conda/bin/python"]
+    for name in names:
+        path = shutil.which(name)
+        if not path or os.path.abspath(path) in seen:   # a venv's python links to its base: not the same
+            continue
+        seen.add(os.path.abspath(path))
+        try:
+            got = _probe(path)
+        except Failure:
+            continue
+        got["executable"] = path
+        (found if got["minor"] == order["minor"] else others).append(got)
+    if not found:
+        have = ", ".join(f"{o['executable']} is {o['minor']}" for o in others) or "no Python at all"
+        raise Failure(f"no Python {order['minor']} on the host ({have}) — install Python {order['minor']} there "
+                      f"(Ray Client needs the kernel's minor version), or give --python PATH")
+    fits = [f for f in found if f["torch"] and _mm(f["torch"]) == _mm(order["torch"])]
+    return (fits or found)[0]
+
+
+def _torch_plan(order, base):
+    """(what to say, the pip spec to install — None when the host's own torch is used)."""
+    if base["torch"] and _mm(base["torch"]) == _mm(order["torch"]):
+        return f"the host's own {base['torch']}", None
+    kind = "CUDA" if _has_driver() else "CPU"
+    return f"{kind} build of {_mm(order['torch'])}.*", f"torch=={_mm(order['torch'])}.*"
+
+
+def _index(order, torch=False):
+    if order.get("index_url"):
+        return ["--index-url", order["index_url"]]
+    if torch and not _has_driver():      # PyPI's Linux torch is the CUDA build: gigabytes for nothing
+        return ["--index-url", TORCH_CPU_INDEX]
+    return []
+
+
+def _has_driver():
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def _uv(order):
+    for path in (order.get("uv"), shutil.which("uv"), os.path.expanduser("~/.local/bin/uv")):
+        if path and os.access(os.path.expanduser(path), os.X_OK):
+            return os.path.expanduser(path)
+    return None
+
+
+def _run(cmd, order, what):
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_PROGRESS="1")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{what} took over {INSTALL_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        where = " from " + order["index_url"] if order.get("index_url") else ""
+        hint = " — check --pip-index-url" if order.get("index_url") else \
+            " — can the host reach PyPI? (--pip-index-url names a mirror)"
+        raise Failure(f"{what}{where} failed: {_worst(lines)}{hint}")
+
+
+def _worst(lines):
+    """The line of a failed install that says why (pip and uv put it last or after 'error:')."""
+    for line in lines:
+        if line.lower().startswith(("error:", "caused by:")):
+            return line[:300]
+    return (lines[-1] if lines else "no output")[:300]
+
+
+def _probe(python):
+    try:
+        done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        raise Failure(f"{python} does not run") from None
+
+
+def _site_of(python):
+    return _probe(python)["site"][0]
+
+
+def _made(folder):
+    try:
+        with open(os.path.join(folder, "runtime.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _wanted(order):
+    return {"ray": order["ray"], "torch": _mm(order["torch"]), "extra": sorted(order.get("extra") or [])}
+
+
+def _folder(order):
+    root = os.path.expanduser(order.get("root") or "~/.gpugeek/runtime")
+    return os.path.join(root, f"ray-{order['ray']}-py{order['minor']}")
+
+
+def _tilde(path):
+    home = os.path.expanduser("~")
+    return "~" + path[len(home):] if path.startswith(home + "/") else path
+
+
+def _mm(version):
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""``up --backend ssh`` on hosts that share nothing with the laptop: each host made ready by itself —
+its runtime made from the wheel index the laptop serves on the lab's bridge, or found made — and
+each way that cannot happen said in one line, with nothing listed and nothing running afterwards.
+
+It runs first in the lab: the modules after it find the hosts' runtimes made. h1 and h2 have the
+machine image (a Python with torch, no Ray); h3 is bare (Debian's python3 only).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from importlib import metadata
+
+import pytest
+from netlab import described, left_on_hosts
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.config import home
+from gpugeek_jupyter.remote import runtime
+
+pytestmark = pytest.mark.slow
+
+RAY = metadata.version("ray")
+
+
+def _names(hosts) -> str:
+    return ",".join(f"root@{h.address}" for h in hosts)
+
+
+def _refused(lab, name: str, hosts, **flags) -> str:
+    """``up``'s one line, after which nothing of ``name`` is listed and nothing runs on the hosts."""
+    with pytest.raises(gg.GpugeekError) as failed:
+        gg.up(name, backend="ssh", hosts=_names(hosts), ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0,
+              **{"pip_index_url": lab.index_url, **flags})
+    said = str(failed.value)
+    print(f"\n{name}: {said}")
+    assert "\n" not in said and "Traceback" not in said, said
+    assert registry.latest(name) is None, f"a failed up left {name!r} listed"
+    assert not (left := left_on_hosts(lab, within=0)), f"processes left on the hosts: {described(left)}"
+    return said
+
+
+def test_a_bare_host_with_no_install_is_one_line(lab, gpugeek_home):
+    bare = lab.host("h3")
+    said = _refused(lab, "noinstall", [bare], install=False)
+    assert said.startswith(f"root@{bare.address}: no Ray {RAY} for Python 3.11 here, and --no-install says "
+                           f"not to install it"), said
+    assert "--python PATH" in said
+
+
+def test_a_host_without_the_kernels_python_minor_is_one_line(lab, gpugeek_home, monkeypatch):
+    """A kernel on Python 3.12 (the hosts have 3.11 only): Ray Client could not connect."""
+    kernel = runtime.order_for
+
+    def on_3_12(remote):
+        return {**kernel(remote), "minor": "3.12"}
+
+    monkeypatch.setattr(runtime, "order_for", on_3_12)
+    said = _refused(lab, "minor", [lab.host("h1")])
+    assert said.startswith(f"root@{lab.host('h1').address}: no Python 3.12 on the host (/opt/image/bin/python3 "
+                           f"is 3.11, "), said
+    assert "install Python 3.12 there" in said
+
+
+def test_an_index_that_cannot_be_reached_is_one_line(lab, gpugeek_home):
+    bare = lab.host("h3")
+    closed = f"http://{lab.gateway}:9/simple"       # the laptop's bridge address; nothing listens on 9
+    said = _refused(lab, "noindex", [bare], pip_index_url=closed)
+    assert said.startswith(f"root@{bare.address}: installing torch==2.13.* from {closed} failed: "), said
+    assert said.endswith("— check --pip-index-url"), said
+    assert not bare.file(f"/root/.gpugeek/runtime/ray-{RAY}-py3.11/runtime.json").exists()
+
+
+def test_up_from_nothing_makes_each_hosts_runtime_then_finds_it_made(lab, gpugeek_home, capsys):
+    """Install time per host, first and repeat; then DDP on three hosts whose hostnames differ."""
+    began = time.monotonic()
+    gg.up("fresh", backend="ssh", hosts=_names(lab.hosts), ssh_key=str(lab.key), cpus_per_host=1,
+          usd_per_hour=1.0, pip_index_url=lab.index_url)
+    took = time.monotonic() - began
+    said = capsys.readouterr().out
+    try:
+        made = {h.name: float(re.search(rf"root@{re.escape(h.address)}: ready in ([0-9.]+) s", said)[1])
+                for h in lab.hosts}
+        assert "with uv" in said, said
+        assert gg.run("rank", workers=3).shown() == 0
+        spec = ClusterSpec.from_json(registry.live("fresh").spec)
+    finally:
+        gg.down("fresh")
+    # a second `up` of the same hosts checks them only (timed alone: no cluster running)
+    spec.remote["pythons"] = None
+    checked = time.monotonic()
+    pythons = runtime.ready(spec)
+    repeat = time.monotonic() - checked
+    assert "ready in" not in capsys.readouterr().out, "a ready host was made again"
+    assert pythons == [f"/root/.gpugeek/runtime/ray-{RAY}-py3.11/bin/python"] * 3
+    with capsys.disabled():
+        print(f"\nup from nothing on 3 hosts: {took:.1f} s in all; runtimes made in "
+              f"{', '.join(f'{n} {s:.1f} s' for n, s in made.items())} (h3 bare: torch too); "
+              f"a repeat's checks: {repeat:.2f} s")
+    assert made["h1"] <= 20 and made["h2"] <= 20, made
+    assert made["h3"] <= 60, made
+    # 0.36 s on a quiet machine (benchmarks/bench_up_hosts.py); the suites beside this one slow it
+    assert repeat <= 1.5, f"the checks on ready hosts took {repeat:.2f} s"
+
+
+def test_a_changed_host_key_is_one_line_that_says_how_to_forget_it(lab, gpugeek_home):
+    host = lab.host("h2")
+    assert lab.ssh(host, "true").returncode == 0
+    gg.up("keyed", backend="ssh", hosts=_names([host]), ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0,
+          pip_index_url=lab.index_url)
+    gg.down("keyed")
+    registry_before = {r.name for r in registry.all_records()}
+    lab.new_host_key(host)
+    lab.restart_host(host)
+    said = _refused(lab, "rekeyed", [host])
+    known = home() / "known_hosts"
+    assert said.startswith(f"root@{host.address}: SSH failed — the host's key is not the one {known} holds "
+                           f"for {host.address}"), said
+    command = re.search(r"`(ssh-keygen -R [^`]+)`", said)[1]
+    assert command == f"ssh-keygen -R {host.address} -f {shlex.quote(str(known))}", command
+    assert {r.name for r in registry.all_records()} == registry_before
+    subprocess.run(shlex.split(command), check=True, capture_output=True)
+    gg.up("rekeyed", backend="ssh", hosts=_names([host]), ssh_key=str(lab.key), cpus_per_host=1,
+          usd_per_hour=1.0, pip_index_url=lab.index_url)
+    gg.down("rekeyed")

@@ -1,0 +1,97 @@
+"""A host's runtime, decided on the host (``onhost/runtime.py``, run here as a host would run it:
+``python3 - check ORDER`` with the script on stdin), and ``up``'s flags for it. Making a runtime
+for real, on hosts that share nothing with this machine, is the lab's (tests/lab/test_bring_up.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.remote import runtime
+
+MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def on_this_machine(command: str, order: dict, python: str = "/usr/bin/python3") -> tuple[int, dict]:
+    done = subprocess.run([python, "-", command, json.dumps(order)], input=runtime.SCRIPT.read_text(),
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def order(tmp_path):
+    return {**runtime.order_for({}), "root": str(tmp_path / "runtime")}
+
+
+def test_a_python_given_is_used_as_it_is_when_it_has_the_kernels_ray(order):
+    code, answer = on_this_machine("check", {**order, "python": sys.executable})
+    assert code == 0 and answer["ready"] and answer["python"] == sys.executable, answer
+
+
+def test_a_python_given_without_ray_is_one_line(order, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
+    code, answer = on_this_machine("check", {**order, "python": str(bare / "bin" / "python")})
+    assert code == 1 and not answer["ok"]
+    assert answer["error"] == (f"--python {bare}/bin/python has no Ray; the kernel has Ray {order['ray']} — "
+                               f"pip install 'ray[default]=={order['ray']}' there, or leave out --python to have "
+                               f"a runtime made")
+    code, answer = on_this_machine("check", {**order, "python": "/no/such/python"})
+    assert answer["error"] == "--python /no/such/python: no such program on the host"
+
+
+def test_without_a_runtime_check_says_what_making_one_needs_and_installs_nothing(order, tmp_path):
+    code, answer = on_this_machine("check", order)
+    assert code == 0 and answer["ready"] is False, answer
+    assert answer["folder"].endswith(f"runtime/ray-{order['ray']}-py{MINOR}")
+    assert answer["base"] and answer["arch"] and answer["system"] == "Linux"
+    assert not (tmp_path / "runtime").exists(), "a check made something"
+    code, answer = on_this_machine("check", {**order, "install": False})
+    assert code == 1 and answer["error"].startswith(f"no Ray {order['ray']} for Python {MINOR} here, and "
+                                                    f"--no-install says not to install it")
+
+
+def test_a_runtime_marked_whole_is_ready_and_one_cut_short_is_not(order, tmp_path):
+    folder = tmp_path / "runtime" / f"ray-{order['ray']}-py{MINOR}"
+    (folder / "bin").mkdir(parents=True)
+    code, answer = on_this_machine("check", order)
+    assert answer["ready"] is False, "a runtime without its runtime.json was taken for whole"
+    made = {"for": {"ray": order["ray"], "torch": ".".join(order["torch"].split("+")[0].split(".")[:2]), "extra": []},
+            "python": str(folder / "bin" / "python")}
+    (folder / "runtime.json").write_text(json.dumps(made))
+    code, answer = on_this_machine("check", order)
+    assert code == 0 and answer["ready"] and answer["python"] == made["python"], answer
+    code, answer = on_this_machine("check", {**order, "ray": "2.59.0"})
+    assert answer["ready"] is False, "a runtime made for another Ray was taken"
+
+
+def test_the_order_is_the_kernels_versions():
+    order = runtime.order_for({"pip_index_url": "http://mirror/simple", "install": False})
+    assert (order["ray"], order["torch"], order["minor"]) == (metadata.version("ray"), metadata.version("torch"),
+                                                              MINOR)
+    assert order["index_url"] == "http://mirror/simple" and order["install"] is False
+
+
+@pytest.mark.parametrize("flags, said", [
+    ({"python": "/opt/py/bin/python"}, "--python: only for --backend ssh (your own machines)"),
+    ({"install": False}, "--no-install: only for --backend ssh (your own machines)"),
+    ({"backend": "ssh", "hosts": "10.0.0.5", "usd_per_hour": 0, "pip_index_url": "mirror"},
+     "--pip-index-url 'mirror': give the URL of a package index, like https://pypi.example.com/simple"),
+])
+def test_runtime_flags_are_checked_before_anything_starts(gpugeek_home, flags, said):
+    with pytest.raises(gg.GpugeekError) as failed:
+        gg.up("flags", **flags)
+    assert str(failed.value) == said
+    assert gg.clusters().empty
+
+
+def test_a_broken_index_url_in_config_is_one_line(gpugeek_home):
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text('[hosts]\npip_index_url = "mirror"\n')
+    with pytest.raises(gg.GpugeekError, match=r"hosts\.pip_index_url must be the URL of a package index"):
+        gg.up("cfg", backend="ssh", hosts="10.0.0.5", usd_per_hour=0)

@@ -1,8 +1,8 @@
 """What the lab's hosts install from and start with, made once from this kernel's own versions and
 kept in ``.cache/`` (``make lab-files``):
 
-    index   a wheel index (PEP 503 "simple" pages and the wheels) holding Ray, torch, numpy, pip
-            and their dependencies at this kernel's versions, which the laptop serves to the hosts
+    index   a wheel index (PEP 503 "simple" pages and the wheels) holding Ray, torch, numpy, pip,
+            s3fs and their dependencies at this kernel's versions, which the laptop serves to the hosts
             on the lab's bridge: the hosts reach nothing else
     image   a "machine image": a venv of Debian's python3 with torch and numpy, and no Ray, which
             the lab mounts on every host that is not bare
@@ -30,7 +30,7 @@ BASE_PYTHON = "/usr/bin/python3"     # the OS's own Python: what every lab host 
 
 def wanted() -> dict[str, str]:
     """The packages a host's runtime holds, at this kernel's versions."""
-    return {name: metadata.version(name) for name in ("ray", "torch", "numpy", "pip")}
+    return {name: metadata.version(name) for name in ("ray", "torch", "numpy", "pip", "s3fs")}
 
 
 def _made(folder: Path, versions: dict) -> bool:
@@ -49,7 +49,8 @@ def index(folder: Path) -> None:
     files.mkdir(parents=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(files),
                     f"ray[default]=={versions['ray']}", f"torch=={versions['torch']}",
-                    f"numpy=={versions['numpy']}", f"pip=={versions['pip']}", "setuptools", "wheel"],
+                    f"numpy=={versions['numpy']}", f"pip=={versions['pip']}", f"s3fs=={versions['s3fs']}",
+                    "setuptools", "wheel"],
                    check=True, timeout=900)
     projects: dict[str, list[str]] = {}
     for wheel in sorted(files.iterdir()):

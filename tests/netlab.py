@@ -145,6 +145,8 @@ class Lab:
     hosts: list[Host] = field(default_factory=list)
     index_url: str | None = None   # the wheel index the laptop serves to the hosts (``serve_index``)
     index_server: subprocess.Popen | None = None
+    env: dict = field(default_factory=dict)    # set in every host's sessions (its sshd's SetEnv)
+    storage: object = None         # the S3 server on the bridge (``start_storage``)
 
     @property
     def key(self) -> Path:
@@ -229,7 +231,7 @@ class Lab:
         session (sshd's ``SetEnv``): a host whose environment differs, like a PYTHONPATH that
         brings another version of a package."""
         config = self.dir / f"sshd-{host.name}.conf"
-        env = {"PATH": (f"{IMAGE_AT}/bin:" if not host.bare else "") + HOST_PATH, **(env or {})}
+        env = {"PATH": (f"{IMAGE_AT}/bin:" if not host.bare else "") + HOST_PATH, **self.env, **(env or {})}
         config.write_text("\n".join([
             "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / f'host_key-{host.name}'}",
             f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", "PidFile none",
@@ -256,12 +258,15 @@ class Lab:
         (disk / "tmp").chmod(0o1777)
         ssh_dir = disk / "root" / ".ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
-        lines = [f"hostname {host.name}",
-                 f"mount --bind {disk}/root /root", f"mount --bind {disk}/tmp /tmp",
-                 "mount -t tmpfs tmpfs /opt"]
-        if not host.bare:
+        lines = [f"hostname {host.name}", "mount -t tmpfs tmpfs /opt"]
+        if not host.bare:       # bound before anything covers the checkout, where the image is kept
             lines += [f"mkdir {IMAGE_AT}", f"mount --bind -o ro {IMAGE} {IMAGE_AT}"]
-        lines += [f"mount -t tmpfs tmpfs {ROOT.parent}"]
+        # the checkout and ../shared beside it (one under /root or /tmp goes with those); the checkout
+        # alone where its parent is / or holds the lab's own folder, which sshd reads from
+        cover = ROOT.parent if ROOT.parent != Path("/") and ROOT.parent not in self.dir.parents else ROOT
+        if not any(cover == Path(top) or Path(top) in cover.parents for top in ("/root", "/tmp")):
+            lines.append(f"mount -t tmpfs tmpfs {cover}")
+        lines += [f"mount --bind {disk}/root /root", f"mount --bind {disk}/tmp /tmp"]
         lines += [f"[ ! -e {p} ] || mount --bind /dev/null {p}" for p in ("/etc/pip.conf",)]
         lines += [f"[ ! -d {p} ] || mount -t tmpfs tmpfs {p}" for p in ("/etc/xdg/pip", "/root/.config/pip")]
         lines += [f"mount -t tmpfs tmpfs {self.dir / 'disks'}"]
@@ -318,6 +323,28 @@ class Lab:
             left.append(f"index server {self.index_server.pid}")
         return left
 
+    def start_storage(self, bucket: str = "lab") -> str:
+        """An S3 server (moto's, as Ray's own tests use) on the laptop's bridge address, with
+        ``bucket`` made; every host started after this gets its address and test credentials in
+        the standard AWS variables, as a machine configured for S3 has them. Its URL."""
+        import logging
+
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)     # not a line per request
+
+        with socket.socket() as probe:
+            probe.bind((self.gateway, 0))
+            port = probe.getsockname()[1]
+        self.storage = ThreadedMotoServer(ip_address=self.gateway, port=port, verbose=False)
+        self.storage.start()
+        self.env.update(AWS_ENDPOINT_URL=f"http://{self.gateway}:{port}", AWS_ACCESS_KEY_ID="lab",
+                        AWS_SECRET_ACCESS_KEY="lab", AWS_DEFAULT_REGION="us-east-1")
+        boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], aws_access_key_id="lab",
+                     aws_secret_access_key="lab", region_name="us-east-1").create_bucket(Bucket=bucket)
+        return f"s3://{bucket}"
+
     def serve_index(self, folder: Path = INDEX) -> str:
         """Serve ``folder`` (a PEP 503 index, ``make lab-files``) to the hosts on the laptop's bridge
         address: what a package mirror is to a user's machines, and all the hosts can reach."""
@@ -343,6 +370,8 @@ class Lab:
         if self.index_server is not None:
             self.index_server.kill()
             self.index_server.wait(timeout=10)
+        if self.storage is not None:
+            self.storage.stop()
         self.reconnect_laptop()
         for host in self.hosts:
             self.kill_host(host)
@@ -371,7 +400,7 @@ def described(pids: list[int]) -> list[str]:
     return [f"{pid}: {line(pid)}" for pid in pids]
 
 @contextlib.contextmanager
-def fixture(n_hosts: int, bare: tuple[str, ...] = ()):
+def fixture(n_hosts: int, bare: tuple[str, ...] = (), storage: bool = False):
     """A lab for a pytest fixture: skipped (with the reason) where namespaces can't be made, torn
     down after, and asserted to leave nothing behind."""
     import pytest
@@ -379,7 +408,7 @@ def fixture(n_hosts: int, bare: tuple[str, ...] = ()):
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    made = up(n_hosts, bare)
+    made = up(n_hosts, bare, storage)
     try:
         made.serve_index()
         yield made
@@ -389,9 +418,10 @@ def fixture(n_hosts: int, bare: tuple[str, ...] = ()):
         assert not left, f"the lab left {', '.join(left)}"
 
 
-def up(n_hosts: int = 3, bare: tuple[str, ...] = ()) -> Lab:
+def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False) -> Lab:
     """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd; the hosts
-    named in ``bare`` have no machine image."""
+    named in ``bare`` have no machine image; with ``storage``, an S3 server on the bridge
+    (``Lab.start_storage``, bucket ``lab``)."""
     lab_id = f"{os.getpid() % 100000:05d}"
     # not under /tmp: every host has a /tmp of its own, and its sshd reads the lab's keys from here
     folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-", dir="/var/tmp"))
@@ -423,6 +453,8 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = ()) -> Lab:
         lab.save()
         if not all(h.bare for h in lab.hosts) and not (IMAGE / "bin" / "python").exists():
             raise RuntimeError(f"no machine image for the lab's hosts at {IMAGE} — make lab-image")
+        if storage:
+            lab.start_storage()
         for host in lab.hosts:
             lab.start_sshd(host)
     except BaseException:

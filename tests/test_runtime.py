@@ -95,3 +95,18 @@ def test_a_broken_index_url_in_config_is_one_line(gpugeek_home):
     (gpugeek_home / "config.toml").write_text('[hosts]\npip_index_url = "mirror"\n')
     with pytest.raises(gg.GpugeekError, match=r"hosts\.pip_index_url must be the URL of a package index"):
         gg.up("cfg", backend="ssh", hosts="10.0.0.5", usd_per_hour=0)
+
+
+def test_a_runtime_that_lacks_only_an_extra_package_is_added_to_not_made_again(order, tmp_path):
+    folder = tmp_path / "runtime" / f"ray-{order['ray']}-py{MINOR}"
+    folder.mkdir(parents=True)
+    mm = ".".join(order["torch"].split("+")[0].split(".")[:2])
+    (folder / "runtime.json").write_text(json.dumps({"for": {"ray": order["ray"], "torch": mm, "extra": []},
+                                                     "python": str(folder / "bin" / "python")}))
+    code, answer = on_this_machine("check", {**order, "extra": ["s3fs==2026.9.0"]})
+    assert answer["ready"] is False and answer["adds"] == ["s3fs==2026.9.0"], answer
+    code, answer = on_this_machine("check", {**order, "extra": ["s3fs==2026.9.0"], "install": False})
+    assert code == 1 and answer["error"].startswith("the runtime in ") and "lacks s3fs==2026.9.0, and --no-install" \
+        in answer["error"], answer
+    code, answer = on_this_machine("check", order)
+    assert answer["ready"] is True, "a runtime with more than a cluster needs was not taken"

@@ -12,13 +12,16 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
+from ..config import settings
 from ..errors import GpugeekError
+from ..meter import ledger
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
-from ..remote import runtime, ssh, tunnel
+from ..remote import headguard, runtime, ssh, tunnel
 
 GCS_PORT = 6379
 CLIENT_PORT = 10001
@@ -34,13 +37,10 @@ def prepare(spec: ClusterSpec) -> None:
     Python that runs Ray there (its runtime made first where needed, ``remote.runtime``) and the
     address the other hosts reach it at. An unreachable host, a wrong key or a host that cannot be
     made ready is one line, and nothing is left to list or stop."""
-    remote, key = spec.remote, spec.remote.get("ssh_key")
     hosts = targets(spec)
-    if not remote.get("pythons"):
-        remote["pythons"] = runtime.ready(spec)
-    pythons = remote["pythons"]
-    facts = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(hosts[i], key, pythons[i], "facts"))
-    remote["ips"] = [_node_ip(t, f) for t, f in zip(hosts, facts, strict=True)]
+    answers = runtime.ready(spec)
+    spec.remote["pythons"] = [a["python"] for a in answers]
+    spec.remote["ips"] = [_node_ip(t, a) for t, a in zip(hosts, answers, strict=True)]
 
 
 def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
@@ -65,9 +65,24 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     head = ray_start(0, "head")     # on other ports when the usual ones are taken there
     remote.update(gcs_port=head["port"], client_port=head["client_port"])
     registry.update(record.id, spec=spec.to_json())
-    if len(hosts) > 1:
-        ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
+    with ThreadPoolExecutor(1) as pool:      # the head's watchdog starts while the workers join
+        guarding = pool.submit(guard_head, record, spec)
+        if len(hosts) > 1:
+            ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
+        guarding.result()
     return tunnel.open_tunnel(record, spec)
+
+
+def guard_head(record: ClusterRecord, spec: ClusterSpec) -> None:
+    """The watchdog on the head too, so that the budget cap and idle stop hold without this
+    machine; a cluster whose head could not start it is still watched from here, and says so."""
+    try:
+        headguard.start(record, spec, settings().meter_interval_s)
+    except GpugeekError as exc:
+        said = (f"the head's watchdog did not start ({exc}): the budget cap and idle stop hold only while "
+                f"this machine's watchdog runs")
+        ledger.event(record.id, "guard", said)
+        print(f"warning: {said}", flush=True)
 
 
 def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, token: str) -> dict:
@@ -128,10 +143,10 @@ def processes_on_hosts(record: ClusterRecord) -> dict[str, list[int]]:
     return {str(t): a["pids"] for t, a in zip(hosts, answers, strict=True)}
 
 
-def _node_ip(target: ssh.Target, facts: dict) -> str:
+def _node_ip(target: ssh.Target, answer: dict) -> str:
     """The address Ray advertises for the host: the one we reach it at when the host has it,
     else its only non-loopback IPv4 address."""
-    addresses = [a for a in facts.get("interfaces", {}) if not ipaddress.ip_address(a).is_loopback]
+    addresses = [a for a in answer.get("interfaces", {}) if not ipaddress.ip_address(a).is_loopback]
     if target.host in addresses:
         return target.host
     if len(addresses) == 1:

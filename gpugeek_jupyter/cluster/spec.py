@@ -52,6 +52,7 @@ class ClusterSpec:
     remote: dict = field(default_factory=dict)   # ssh, clouds: hosts, key, head address and ports, tunnel
     env: list[str] = field(default_factory=list)  # pip requirements every job gets (``up --env``)
     working_dir: str | None = None    # the folder every cell starts in, sent to the nodes (``up --working-dir``)
+    storage: str | None = None        # where jobs checkpoint unless told (``up --storage``): a URL or shared path
 
     @property
     def simulated(self) -> bool:

@@ -162,6 +162,38 @@ def _files(folder: Path):
             yield entry
 
 
+STORAGE_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+def storage_url(where: str) -> str:
+    """``up --storage``: a URL of object storage (its file system installed on the hosts) or an
+    absolute path that every host shares; one line otherwise."""
+    scheme, sep, rest = where.partition("://")
+    if sep:
+        if scheme not in STORAGE_PACKAGES or not rest.strip("/"):
+            raise GpugeekError(f"--storage {where}: give s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX "
+                               f"or a path every host shares")
+        return where.rstrip("/")
+    if not where.startswith("/"):
+        raise GpugeekError(f"--storage {where}: a path must be absolute, and the same on every host (a shared "
+                           f"filesystem's mount point)")
+    return where.rstrip("/") or "/"
+
+
+def storage_packages(where: str) -> list[str]:
+    """The fsspec file system the hosts need for ``where``, at this kernel's version when it has one."""
+    from importlib import metadata
+
+    scheme = where.partition("://")[0] if "://" in where else ""
+    package = STORAGE_PACKAGES.get(scheme)
+    if package is None:
+        return []
+    try:
+        return [f"{package}=={metadata.version(package)}"]
+    except metadata.PackageNotFoundError:
+        return [package]
+
+
 # -- before a cell ------------------------------------------------------------------------------------
 
 def needed(cluster_id: int, names: set[str], ask) -> list[KernelModule]:

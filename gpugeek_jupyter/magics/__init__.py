@@ -130,6 +130,7 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @argument("--pip-index-url", help="ssh: the package index the hosts install from (a mirror of PyPI)")
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--working-dir", help="a folder sent to every node: each cell starts in its copy (data beside the notebook)")
+@argument("--storage", help="where jobs checkpoint unless a cell says: s3://…, gs://…, az://… or a shared path")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
@@ -159,7 +160,7 @@ def up(self: GpugeekMagics, line: str):
         catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
         cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour, env=args.env,
         residency=args.residency, python=args.python, install=not args.no_install,
-        pip_index_url=args.pip_index_url, working_dir=args.working_dir,
+        pip_index_url=args.pip_index_url, working_dir=args.working_dir, storage=args.storage,
     )
 
 

@@ -47,6 +47,7 @@ def main(argv):
     command, order = argv[0], json.loads(argv[1])
     try:
         answer = install(order) if command == "install" else check(order)
+        answer["interfaces"] = _interfaces()     # what `up` asks next: which address the others reach
     except Failure as exc:
         answer = {"ok": False, "error": str(exc)}
     print(json.dumps(answer))
@@ -62,15 +63,21 @@ def check(order):
         return _given(order)
     folder = _folder(order)
     made = _made(folder)
-    if made is not None and made.get("for") == _wanted(order):
+    if _serves(made, order):
         return {"ok": True, "ready": True, "python": made["python"], "made": made}
+    adds = sorted(set(order.get("extra") or []) - set(made["for"].get("extra", []))) \
+        if _serves(made, dict(order, extra=[])) else None
+    if adds and not order.get("install", True):
+        raise Failure(f"the runtime in {_tilde(folder)} lacks {', '.join(adds)}, and --no-install says not to "
+                      f"install it — leave out --no-install, or install it there")
     base = _base(order)
     if not order.get("install", True):
         raise Failure(f"no Ray {order['ray']} for Python {order['minor']} here, and --no-install says not to "
                       f"install it — leave out --no-install to make it in {_tilde(folder)}, or give --python "
                       f"PATH of an environment that has it")
-    return {"ok": True, "ready": False, "base": base["executable"], "uv": _uv(order), "arch": platform.machine(),
-            "system": platform.system(), "torch": _torch_plan(order, base)[0], "folder": _tilde(folder)}
+    return {"ok": True, "ready": False, "adds": adds, "base": base["executable"], "uv": _uv(order),
+            "arch": platform.machine(), "system": platform.system(), "torch": _torch_plan(order, base)[0],
+            "folder": _tilde(folder)}
 
 
 def install(order):
@@ -85,6 +92,9 @@ def install(order):
         if answer.get("ready"):
             return answer
         began = time.monotonic()
+        made = _made(folder)
+        if _serves(made, dict(order, extra=[])):      # only packages to add (``up --storage``)
+            return _add(folder, made, order, began)
         base = _base(order)
         torch_said, torch_spec = _torch_plan(order, base)
         shutil.rmtree(folder, ignore_errors=True)        # a runtime.json missing: a make cut short
@@ -100,9 +110,9 @@ def install(order):
             with open(os.path.join(_site_of(python), "_gpugeek_host_site.pth"), "w") as f:
                 f.write("\n".join(base["site"]) + "\n")
         else:
-            _run(pip + _index(order, torch=True) + [torch_spec], order, "installing " + torch_spec)
+            _run(pip + _index(order, pip, torch=True) + [torch_spec], order, "installing " + torch_spec)
         packages = ["ray[default]==" + order["ray"], "numpy", *(order.get("extra") or [])]
-        _run(pip + _index(order) + packages, order, "installing Ray " + order["ray"])
+        _run(pip + _index(order, pip) + packages, order, "installing Ray " + order["ray"])
         got = _probe(python)
         if got["ray"] != order["ray"] or not got["torch"] or _mm(got["torch"]) != _mm(order["torch"]):
             raise Failure(f"the runtime made in {_tilde(folder)} has Ray {got['ray']} and torch {got['torch']}, "
@@ -111,6 +121,29 @@ def install(order):
                 "how": "uv" if uv else "pip", "seconds": round(time.monotonic() - began, 1)}
         with open(os.path.join(folder, "runtime.json"), "w") as f:
             json.dump(made, f)
+    return {"ok": True, "ready": True, "python": python, "made": made, "installed": True}
+
+
+def _serves(made, order):
+    """Whether a runtime made earlier runs what ORDER asks: its Ray and torch, and at least its
+    extra packages (a runtime with s3fs serves a cluster that needs none)."""
+    if made is None:
+        return False
+    wanted, had = _wanted(order), made.get("for", {})
+    return (had.get("ray"), had.get("torch")) == (wanted["ray"], wanted["torch"]) and \
+        set(wanted["extra"]) <= set(had.get("extra", []))
+
+
+def _add(folder, made, order, began):
+    """The extra packages ORDER names, added to a runtime that has the rest."""
+    uv, python = _uv(order), made["python"]
+    pip = [uv, "pip", "install", "-q", "--python", python] if uv else \
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    _run(pip + _index(order, pip) + list(order["extra"]), order, "installing " + ", ".join(order["extra"]))
+    made = dict(made, seconds=round(time.monotonic() - began, 1))
+    made["for"] = dict(made["for"], extra=sorted({*made["for"].get("extra", []), *order["extra"]}))
+    with open(os.path.join(folder, "runtime.json"), "w") as f:
+        json.dump(made, f)
     return {"ok": True, "ready": True, "python": python, "made": made, "installed": True}
 
 
@@ -162,9 +195,13 @@ def _torch_plan(order, base):
     return f"{kind} build of {_mm(order['torch'])}.*", f"torch=={_mm(order['torch'])}.*"
 
 
-def _index(order, torch=False):
+def _index(order, installer, torch=False):
+    """The index flags; pip (not uv) ignores a plain-http mirror unless told to trust its host."""
     if order.get("index_url"):
-        return ["--index-url", order["index_url"]]
+        url = order["index_url"]
+        trust = ["--trusted-host", url.split("://", 1)[1].split("/", 1)[0].split(":")[0]] \
+            if url.startswith("http://") and installer[1:3] == ["-m", "pip"] else []
+        return ["--index-url", url, *trust]
     if torch and not _has_driver():      # PyPI's Linux torch is the CUDA build: gigabytes for nothing
         return ["--index-url", TORCH_CPU_INDEX]
     return []
@@ -202,6 +239,18 @@ def _worst(lines):
         if line.lower().startswith(("error:", "caused by:")):
             return line[:300]
     return (lines[-1] if lines else "no output")[:300]
+
+
+def _interfaces():
+    """IPv4 address → interface name, from ``ip -o -4 addr`` (as ``script.py``'s ``facts``: each
+    script is sent alone, so each has its copy)."""
+    try:
+        text = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                              timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {parts[3].split("/")[0]: parts[1] for parts in (line.split() for line in text.splitlines())
+            if len(parts) >= 4}
 
 
 def _probe(python):

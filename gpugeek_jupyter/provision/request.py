@@ -49,6 +49,7 @@ class UpRequest:
     install: bool = True
     pip_index_url: str | None = None
     working_dir: str | None = None
+    storage: str | None = None
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:

@@ -18,15 +18,14 @@ from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..config import home, settings
+from ..config import home
 from ..errors import GpugeekError
 from ..guard.lifecycle import sync_ledger
 from ..kernel import environment
-from ..kernel.environment import read_env_file
+from ..kernel.environment import read_env_file, storage_packages, storage_url
 from ..kernel.session import current
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
-from ..remote import headguard
 from ..vocab import Pricing
 from .actions import Cluster, stop
 from .request import UpRequest, spec_of
@@ -41,7 +40,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        gpus_per_host: int | None = None, cpus_per_host: int | None = None,
        usd_per_hour: float | None = None, env: str | None = None,
        residency: str | None = None, python: str | None = None, install: bool = True,
-       pip_index_url: str | None = None, working_dir: str | None = None) -> Cluster | LaunchConfig:
+       pip_index_url: str | None = None, working_dir: str | None = None,
+       storage: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -49,7 +49,9 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     runs on ``hosts`` (your own machines), each priced at ``usd_per_hour`` or as ``offer``.
     ``residency`` (``EU``, ``US``, ``DE`` …) refuses an offer outside that jurisdiction.
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
-    ``working_dir`` is sent to every node; each cell starts in its copy there.
+    ``working_dir`` is sent to every node; each cell starts in its copy there. ``storage`` (an
+    ``s3://``, ``gs://`` or ``az://`` URL, or a path every host shares) is where jobs checkpoint
+    unless a cell names its own ``checkpoint_dir``.
     On ``hosts``, Ray runs in a runtime made there at this kernel's versions unless ``python``
     names an environment to use as it is; ``install=False`` refuses to make one, and
     ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from.
@@ -65,6 +67,9 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     spec = spec_of(request)
     spec.env = pip
     spec.working_dir = folder
+    spec.storage = storage_url(storage) if storage else None
+    if spec.storage and spec.backend == "ssh":     # the hosts' runtime gets the file system it needs
+        spec.remote["extra"] = storage_packages(spec.storage)
     impl = BACKENDS[request.backend]
     if dry_run or (impl.confirm and not yes):
         return impl.show(request.name, spec)
@@ -122,9 +127,7 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
             raise GpugeekError(f"cluster {record.name!r} was shut down while it was starting")
         if impl.launches and record.address:
             start_watchdog(record)
-        impl.wait_ready(record, spec)
-        if record.backend == "ssh":       # a cloud head starts its own (launcher.start_commands)
-            _guard_on_head(registry.get(record.id))
+        impl.wait_ready(record, spec)     # an ssh head's watchdog started with it; a cloud head's by itself
     except BaseException as exc:
         _abandon(record, exc)
         if isinstance(exc, GpugeekError):      # the stop worked: say so, or the user checks by hand
@@ -186,7 +189,7 @@ def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
         raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
                            f"`%gpugeek down {record.name}` first, or pick another name")
     ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
-                            "budget", "idle", "dashboard", "env", "working_dir")
+                            "budget", "idle", "dashboard", "env", "working_dir", "storage")
     if ignored:
         print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
               f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
@@ -211,18 +214,6 @@ def _reachable(record: ClusterRecord) -> bool:
         return True
     except ClusterUnreachable:
         return False
-
-
-def _guard_on_head(record: ClusterRecord) -> None:
-    """The watchdog on the head too, so that the budget cap and idle stop hold without this
-    machine; a cluster whose head could not start it is still watched from here, and says so."""
-    try:
-        headguard.start(record, ClusterSpec.from_json(record.spec), settings().meter_interval_s)
-    except GpugeekError as exc:
-        said = (f"the head's watchdog did not start ({exc}): the budget cap and idle stop hold only while "
-                f"this machine's watchdog runs")
-        ledger.event(record.id, "guard", said)
-        print(f"warning: {said}", flush=True)
 
 
 def start_watchdog(record: ClusterRecord) -> None:

@@ -37,7 +37,7 @@ def order_for(remote: dict) -> dict:
     ray, torch, minor = _kernel()
     return {"ray": ray, "torch": torch, "minor": minor,
             "python": remote.get("python"), "install": remote.get("install", True),
-            "index_url": remote.get("pip_index_url")}
+            "index_url": remote.get("pip_index_url"), "extra": list(remote.get("extra") or [])}
 
 
 @lru_cache(maxsize=1)
@@ -52,15 +52,16 @@ def python_on_host(order: dict | None = None) -> str:
     return f"~/.gpugeek/runtime/ray-{order['ray']}-py{order['minor']}/bin/python"
 
 
-def ready(spec: ClusterSpec, say=print) -> list[str]:
-    """The Python that runs Ray on each host, in ``--hosts`` order, made first where needed."""
+def ready(spec: ClusterSpec, say=print) -> list[dict]:
+    """Each host's answer, in ``--hosts`` order, its runtime made first where needed: ``python``
+    (what runs Ray there) and ``interfaces`` (its IPv4 addresses → interface names)."""
     order = order_for(spec.remote)
     key = spec.remote.get("ssh_key")
 
     def one(target: ssh.Target) -> str:
         answer = _call(target, key, "check", order, CHECK_TIMEOUT_S)
         if answer["ready"]:
-            return answer["python"]
+            return answer
         began = time.monotonic()
         wanted = dict(order)
         if answer["uv"] is None and (packed := _uv_for(answer)) is not None:
@@ -69,11 +70,15 @@ def ready(spec: ClusterSpec, say=print) -> list[str]:
                     packed, timeout=300)
             wanted["uv"] = UV_ON_HOST
         how = "uv" if answer["uv"] or "uv" in wanted else "venv and pip"
-        say(f"{target}: making Ray {order['ray']} ready in {answer['folder']} with {how} (torch: "
-            f"{answer['torch']})…", flush=True)
+        if answer.get("adds"):
+            say(f"{target}: adding {', '.join(answer['adds'])} to its runtime ({answer['folder']}) with {how}…",
+                flush=True)
+        else:
+            say(f"{target}: making Ray {order['ray']} ready in {answer['folder']} with {how} (torch: "
+                f"{answer['torch']})…", flush=True)
         done = _call(target, key, "install", wanted, INSTALL_TIMEOUT_S)
         say(f"{target}: ready in {time.monotonic() - began:.1f} s", flush=True)
-        return done["python"]
+        return done
 
     return ssh.on_hosts(ssh.parse_hosts(spec.remote["hosts"]), one)
 

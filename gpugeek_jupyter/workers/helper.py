@@ -21,7 +21,6 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -46,7 +45,8 @@ class Helper:
         self.step = 0                  # optimizer steps taken (what checkpoints count)
         self.micro = 0                 # micro-batches seen since the last optimizer step
         self._resumed_from: int | None = None
-        self._shared_checked = False
+        self._shared_checked: str | None = None     # the checkpoint dir every host was seen to share
+        self._place: storage.Place | None = None
         self._last_report = 0.0
         self._metrics: dict = {}
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
@@ -202,7 +202,7 @@ class Helper:
         checkpoint this step and stop the cell everywhere (``workers/notice.py``)."""
         deadline = notice.agreed_deadline(self.notice.deadline, self.device)
         if deadline is not None:
-            if self.latest_checkpoint() != self._checkpoint_root() / f"step-{self.step:08d}":
+            if self.latest_checkpoint() != self._checkpoint_root().step(self.step):
                 self.save_checkpoint()
             raise notice.Preempted(self.step, deadline)
 
@@ -295,51 +295,54 @@ class Helper:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def _checkpoint_root(self) -> Path | None:
-        return Path(self.options.checkpoint_dir) if self.options.checkpoint_dir else None
+    def _checkpoint_root(self) -> storage.Place | None:
+        if not self.options.checkpoint_dir:
+            return None
+        if self._place is None or self._place.url != self.options.checkpoint_dir.rstrip("/"):
+            self._place = storage.Place(self.options.checkpoint_dir)
+        return self._place
 
-    def save_checkpoint(self) -> Path | None:
-        """Model, optimizer (sharded with FSDP), scaler, step and RNG, with ``torch.distributed.checkpoint``."""
-        root = self._checkpoint_root()
-        if root is None or self.model is None:
+    def save_checkpoint(self) -> str | None:
+        """Model, optimizer (sharded with FSDP), scaler, step and RNG, with ``torch.distributed.checkpoint``
+        (its fsspec writer for a URL)."""
+        place = self._checkpoint_root()
+        if place is None or self.model is None:
             return None
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        path = root / f"step-{self.step:08d}"
+        path = place.step(self.step)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
             get_state_dict(self.model, [])[0], {})
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         extra = {"step": self.step, "rng": torch.get_rng_state(),
                  "scaler": self.scaler.state_dict() if self.scaler else None}
         if self.device.type == "cuda":
             extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-        torch.save(extra, path / f"extra-rank{self.rank}.pt")
+        place.save_extra(path, self.rank, extra)
         _barrier()
         if self.rank == 0:
-            (path / "COMPLETE").write_text(str(self.step))
+            place.complete(path, self.step)
         _barrier()
         return path
 
-    def latest_checkpoint(self) -> Path | None:
-        root = self._checkpoint_root()
-        if root is None or not root.exists():
-            return None
-        done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").exists())
-        return done[-1] if done else None
+    def latest_checkpoint(self) -> str | None:
+        place = self._checkpoint_root()
+        return place.latest() if place is not None else None
 
     def load_checkpoint(self) -> int | None:
         """Resume from the newest complete checkpoint, once per group; returns its step."""
         if self._resumed_from is not None or self.model is None:
             return None
-        if not self._shared_checked and self._checkpoint_root() is not None:
-            storage.check_shared(self._checkpoint_root(), self.rank)
-            self._shared_checked = True
+        place = self._checkpoint_root()
+        if place is not None and self._shared_checked != place.url:
+            storage.check_shared(place, self.rank)
+            self._shared_checked = place.url
         path = self.latest_checkpoint()
         if dist.is_initialized() and dist.get_world_size() > 1:   # rank 0 decides for everyone
-            chosen = [str(path) if path else None]
+            chosen = [path]
             dist.broadcast_object_list(chosen, src=0)
-            path = Path(chosen[0]) if chosen[0] else None
+            path = chosen[0]
         self._resumed_from = 0
         if path is None:
             return None
@@ -349,10 +352,10 @@ class Helper:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
             get_state_dict(self.model, [])[0], {})
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=path)
         set_state_dict(self.model, self.optimizer or [], model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
-        extra = torch.load(path / f"extra-rank{self.rank}.pt", weights_only=False)
+        extra = place.load_extra(path, self.rank)
         self.step = int(extra["step"])
         torch.set_rng_state(extra["rng"])
         if self.scaler is not None and extra.get("scaler"):
@@ -361,7 +364,7 @@ class Helper:
             torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
         self._resumed_from = self.step
         if self.rank == 0:
-            print(f"resumed from {path.name} (step {self.step})", flush=True)
+            print(f"resumed from {path.rsplit('/', 1)[-1]} (step {self.step})", flush=True)
         return self.step
 
 

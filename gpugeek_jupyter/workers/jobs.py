@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..kernel import connection, environment
@@ -111,11 +112,14 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     one story — ledger row, group, retries after a dead worker, the end — told in order."""
     opts = options(name=name, **flags)
     max_failures = number(max_failures, "--max-failures", whole=True, least=0)
-    if opts.checkpoint_every and not opts.checkpoint_dir:
-        # per job name, else per cell text: re-running the same cell resumes, another cell does not
-        key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]
-        opts = replace(opts, checkpoint_dir=str(home() / "checkpoints" / key))
     record = _cluster()
+    if opts.checkpoint_every and not opts.checkpoint_dir:
+        # per job name, else per cell text: re-running the same cell resumes, another cell does not;
+        # in the cluster's storage (`up --storage`), else in this kernel's home (one host only)
+        key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]
+        storage = ClusterSpec.from_json(record.spec).storage
+        opts = replace(opts, checkpoint_dir=f"{storage}/checkpoints/{key}" if storage else
+                       str(home() / "checkpoints" / key))
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
     warm = current().group

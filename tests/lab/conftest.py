@@ -11,6 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def lab():
-    """Three hosts that share nothing with the laptop; h3 is bare (the OS's python3 only)."""
-    with netlab.fixture(3, bare=("h3",)) as made:
+    """Three hosts that share nothing with the laptop; h3 is bare (the OS's python3 only); an S3
+    server on the bridge, bucket ``lab``, which every host is configured for."""
+    with netlab.fixture(3, bare=("h3",), storage=True) as made:
         yield made

@@ -15,6 +15,7 @@ import time
 from importlib import metadata
 
 import pytest
+from models import logged_steps
 from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
@@ -77,7 +78,8 @@ def test_an_index_that_cannot_be_reached_is_one_line(lab, gpugeek_home):
 
 
 def test_up_from_nothing_makes_each_hosts_runtime_then_finds_it_made(lab, gpugeek_home, capsys):
-    """Install time per host, first and repeat; then DDP on three hosts whose hostnames differ."""
+    """Install time per host, first and repeat; a cell on the three hosts; and, with no
+    ``--storage``, a checkpoint's default place (each host's own disk) refused before any step."""
     began = time.monotonic()
     gg.up("fresh", backend="ssh", hosts=_names(lab.hosts), ssh_key=str(lab.key), cpus_per_host=1,
           usd_per_hour=1.0, pip_index_url=lab.index_url)
@@ -88,20 +90,28 @@ def test_up_from_nothing_makes_each_hosts_runtime_then_finds_it_made(lab, gpugee
                 for h in lab.hosts}
         assert "with uv" in said, said
         assert gg.run("rank", workers=3).shown() == 0
+        # no --storage: a checkpoint's default place is each host's own disk, which no resume on the
+        # others could read — one line before the first step
+        with pytest.raises(gg.GpugeekError) as failed:
+            gg.run(logged_steps(3, 0.0) + "\nfinal_step", workers=3, push={"log": "/tmp/steps.log"},
+                   checkpoint_every=1, monitor=False)
+        unshared = str(failed.value)
+        assert "\n" not in unshared and unshared.startswith(f"checkpoint dir {home()}/checkpoints/cell-"), \
+            unshared
+        assert re.search(r"is not shared by the hosts \((h\d), (h\d) cannot see it\)", unshared), unshared
         spec = ClusterSpec.from_json(registry.live("fresh").spec)
     finally:
         gg.down("fresh")
     # a second `up` of the same hosts checks them only (timed alone: no cluster running)
-    spec.remote["pythons"] = None
     checked = time.monotonic()
-    pythons = runtime.ready(spec)
+    pythons = [answer["python"] for answer in runtime.ready(spec)]
     repeat = time.monotonic() - checked
     assert "ready in" not in capsys.readouterr().out, "a ready host was made again"
     assert pythons == [f"/root/.gpugeek/runtime/ray-{RAY}-py3.11/bin/python"] * 3
     with capsys.disabled():
         print(f"\nup from nothing on 3 hosts: {took:.1f} s in all; runtimes made in "
               f"{', '.join(f'{n} {s:.1f} s' for n, s in made.items())} (h3 bare: torch too); "
-              f"a repeat's checks: {repeat:.2f} s")
+              f"a repeat's checks: {repeat:.2f} s\n{unshared}")
     assert made["h1"] <= 20 and made["h2"] <= 20, made
     assert made["h3"] <= 60, made
     # 0.36 s on a quiet machine (benchmarks/bench_up_hosts.py); the suites beside this one slow it
@@ -128,3 +138,26 @@ def test_a_changed_host_key_is_one_line_that_says_how_to_forget_it(lab, gpugeek_
     gg.up("rekeyed", backend="ssh", hosts=_names([host]), ssh_key=str(lab.key), cpus_per_host=1,
           usd_per_hour=1.0, pip_index_url=lab.index_url)
     gg.down("rekeyed")
+
+
+def test_without_uv_venv_and_pip_make_the_runtime(lab, gpugeek_home, monkeypatch, capsys):
+    """A host of another kind than the laptop gets no uv from it: the runtime is made with the
+    host's ``venv`` and pip (here in a folder of its own, beside the one uv made)."""
+    host = lab.host("h1")
+    kernel = runtime.order_for
+    monkeypatch.setattr(runtime, "order_for", lambda remote: {**kernel(remote), "root": "~/.gpugeek/runtime-pip"})
+    monkeypatch.setattr(runtime, "_local_uv", lambda: None)
+    lab.ssh(host, "rm -f ~/.gpugeek/bin/uv")       # the uv an earlier up sent
+    spec = ClusterSpec(backend="ssh", remote={"hosts": [f"root@{host.address}"], "ssh_key": str(lab.key),
+                                              "pip_index_url": lab.index_url})
+    began = time.monotonic()
+    [answer] = runtime.ready(spec)
+    python = answer["python"]
+    took = time.monotonic() - began
+    said = capsys.readouterr().out
+    assert "with venv and pip (torch: the host's own 2.13.0+cpu)" in said, said
+    assert python == f"/root/.gpugeek/runtime-pip/ray-{RAY}-py3.11/bin/python"
+    answer = lab.ssh(host, f"{python} -c 'import ray, torch; print(ray.__version__, torch.__version__)'")
+    assert answer.stdout.split() == [RAY, "2.13.0+cpu"], answer.stderr[-500:]
+    with capsys.disabled():
+        print(f"\na runtime made with venv and pip on {host.name} (torch the image's): {took:.1f} s")

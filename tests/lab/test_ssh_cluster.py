@@ -77,7 +77,8 @@ def cluster(lab, tmp_path_factory):
                 names = ",".join(f"root@{h.address}" for h in lab.hosts)
                 began = time.monotonic()
                 gg.up("lab3", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1,
-                      usd_per_hour=RATE, pip_index_url=lab.index_url, working_dir=str(project))
+                      usd_per_hour=RATE, pip_index_url=lab.index_url, working_dir=str(project),
+                      storage="s3://lab/lab3")
                 took = time.monotonic() - began
                 yield SimpleNamespace(home=home, record=registry.live("lab3"), took=took, versions=versions)
             finally:
@@ -336,6 +337,20 @@ sorted(seen)
 
 
 LOSSY = logged_steps(40, 0.15)
+# the same loop, its gradients taken from rank 0 (every rank computes the same ones) instead of
+# DDP's average — which rounds differently over 3 ranks than over the 2 a resume has — so a run
+# resumed after a host's loss must end on the very bits of one never interrupted; its value is
+# the last step and the model's weights
+EXACT = """
+import torch.distributed as dist
+def from_rank_0(state, bucket):
+    return dist.broadcast(bucket.buffer(), src=0, async_op=True).get_future().then(lambda f: f.value()[0])
+""" + LOSSY.replace("model, optimizer = gg.prepare(model, optimizer)\n",
+                    "model, optimizer = gg.prepare(model, optimizer)\n"
+                    "model.register_comm_hook(None, from_rank_0)\n") + \
+    "\n(final_step, [p.detach().clone() for p in model.parameters()])"
+
+
 def at_step(log: Path, step: int, timeout: float = 120) -> None:
     """Back once rank 0 has logged ``step`` steps (or after ``timeout``)."""
     deadline = time.monotonic() + timeout
@@ -350,18 +365,21 @@ CHECKPOINT_EVERY = 5
 @pytest.mark.timeout(150 + 100 * HOST_LOSS_TRIALS)
 def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, tmp_path, capsys):
     """Every process of a worker host SIGKILLed (it lost power) at step 12 of 40: the job resumes
-    from its last checkpoint on the two hosts left and finishes every step; the ledger ends the
-    host's node when it died; then the host comes back and `scale` starts its Ray again."""
+    from its last checkpoint — in the cluster's S3 storage (``up --storage``) — on the two hosts
+    left, finishes every step and ends on the weights of a run never interrupted, bit for bit; the
+    ledger ends the host's node when it died; then the host comes back and `scale` starts its Ray
+    again."""
     import ray
+    import torch
 
     from gpugeek_jupyter.kernel.session import current
 
     record = registry.live("lab3")
+    clean = gg.run(EXACT, workers=3, push={"log": str(lab.shared / "clean.log")}, monitor=False).shown()
     figures = []
     for trial in range(HOST_LOSS_TRIALS):
-        # on the lab's shared filesystem: every host writes its part of a checkpoint where the others
-        # read it, and the laptop reads rank 0's log
-        log, ckpt = lab.shared / f"steps-{trial}.log", lab.shared / f"ckpt-{trial}"
+        # rank 0's log on the lab's shared filesystem, where the laptop reads it
+        log = lab.shared / f"steps-{trial}.log"
         gg.run("pass", workers=3)
         where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
         victim = lab.hosts[1 + trial % 2]
@@ -377,12 +395,17 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         killer = threading.Thread(target=kill_at_step_12)
         killer.start()
         began = time.monotonic()
-        result = gg.run(LOSSY + "\nfinal_step", workers=3, push={"log": str(log)}, checkpoint_dir=str(ckpt),
-                        checkpoint_every=CHECKPOINT_EVERY, max_failures=1, monitor=False)
+        result = gg.run(EXACT, workers=3, push={"log": str(log)}, checkpoint_every=CHECKPOINT_EVERY,
+                        max_failures=1, monitor=False, name=f"killed-{trial}")
         took = time.monotonic() - began
         killer.join()
         out = capsys.readouterr().out
-        assert result.shown() == 40, out
+        final_step, weights = result.shown()
+        assert final_step == 40, out
+        assert all(torch.equal(a, b) for a, b in zip(weights, clean[1], strict=True)), \
+            f"the resumed run ended on other weights than the uninterrupted one: {weights} vs {clean[1]}"
+        assert any(key.startswith(f"lab3/checkpoints/killed-{trial}/step-") for key in _s3_keys(lab)), \
+            "no checkpoint in the cluster's S3 storage"
         steps = [int(line.split()[0]) for line in log.read_text().splitlines()]
         assert sorted(set(steps)) == list(range(1, 41)), f"a step never taken: {steps}"
         restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
@@ -404,6 +427,15 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         lab.start_sshd(victim)
         gg.scale(2, "lab3")
         wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 3, 60, "the host rejoined")
+
+
+def _s3_keys(lab) -> list[str]:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=lab.env["AWS_ENDPOINT_URL"], aws_access_key_id="lab",
+                          aws_secret_access_key="lab", region_name="us-east-1")
+    return [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket="lab")
+            for o in page.get("Contents", [])]
 
 
 def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, on_lab3, tmp_path, capsys):
@@ -446,9 +478,10 @@ def test_a_host_cut_off_for_5_s_the_cell_goes_on_or_resumes_and_says_which(lab, 
 
 
 def test_a_checkpoint_dir_the_hosts_do_not_share_is_one_line_before_any_step(lab, on_lab3):
-    """A path on each host's own disk, given or the default one: each host would checkpoint for
-    itself and no resume could read the others' parts — said before the first step."""
-    for trial, flags in enumerate(({"checkpoint_dir": "/tmp/ckpt-of-each-host"}, {})):
+    """A path on each host's own disk: each host would checkpoint for itself and no resume could
+    read the others' parts — said before the first step. (The default place on a cluster without
+    ``--storage``: ``test_bring_up``.)"""
+    for trial, flags in enumerate(({"checkpoint_dir": "/tmp/ckpt-of-each-host"},)):
         log = lab.shared / f"unshared-{trial}.log"
         with pytest.raises(gg.GpugeekError) as failed:
             gg.run(LOSSY + "\nfinal_step", workers=3, push={"log": str(log)}, checkpoint_every=CHECKPOINT_EVERY,

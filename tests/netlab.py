@@ -353,8 +353,14 @@ class Lab:
         with socket.socket() as probe:
             probe.bind((self.gateway, 0))
             port = probe.getsockname()[1]
+        # http.server's own, with a deep listen queue: uv asks for dozens of wheels at once, and the
+        # default queue of 5 drops connections that its retries then wait out (seconds each)
+        serve = ("import functools, http.server, sys\n"
+                 "class Server(http.server.ThreadingHTTPServer):\n    request_queue_size = 256\n"
+                 "handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])\n"
+                 "Server((sys.argv[1], int(sys.argv[2])), handler).serve_forever()\n")
         self.index_server = subprocess.Popen(
-            [sys.executable, "-m", "http.server", str(port), "--bind", self.gateway, "--directory", str(folder)],
+            [sys.executable, "-c", serve, self.gateway, str(port), str(folder)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -43,9 +43,10 @@ def prepare(spec: ClusterSpec) -> None:
     spec.remote["ips"] = [_node_ip(t, a) for t, a in zip(hosts, answers, strict=True)]
 
 
-def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
-    """Ray on every host (the head first), then the tunnel to the head. ``spec.remote`` gains what
-    a stop needs — recorded before anything starts, so a failure half-way can be cleaned up."""
+def start(record: ClusterRecord, spec: ClusterSpec, on_head=None) -> tunnel.Tunnel:
+    """Ray on the head, the tunnel to it, then at once: Ray on every other host, the head's
+    watchdog, and ``on_head(record)`` (the kernel connecting). ``spec.remote`` gains what a stop
+    needs — recorded before anything starts, so a failure half-way can be cleaned up."""
     remote = spec.remote
     hosts = targets(spec)
     if not remote.get("ips"):
@@ -65,12 +66,20 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     head = ray_start(0, "head")     # on other ports when the usual ones are taken there
     remote.update(gcs_port=head["port"], client_port=head["client_port"])
     registry.update(record.id, spec=spec.to_json())
-    with ThreadPoolExecutor(1) as pool:      # the head's watchdog starts while the workers join
-        guarding = pool.submit(guard_head, record, spec)
-        if len(hosts) > 1:
-            ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
-        guarding.result()
-    return tunnel.open_tunnel(record, spec)
+    opened = tunnel.open_tunnel(record, spec)
+    remote["client_address"] = opened.client
+    registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid], spec=spec.to_json())
+    with ThreadPoolExecutor(2) as pool:      # none of these needs the workers
+        beside = [pool.submit(guard_head, record, spec)]
+        if on_head is not None:
+            beside.append(pool.submit(on_head, registry.get(record.id)))
+        try:
+            if len(hosts) > 1:
+                ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
+        finally:
+            for done in beside:
+                done.result()
+    return opened
 
 
 def guard_head(record: ClusterRecord, spec: ClusterSpec) -> None:

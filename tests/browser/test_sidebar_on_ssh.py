@@ -44,7 +44,7 @@ def test_sidebar_shows_an_ssh_cluster_and_shuts_it_down_on_every_host(lab, page,
     # a kernel on the "laptop" starts the cluster on the two hosts and goes away
     names = ",".join(f"root@{h.address}" for h in hosts.hosts)
     code = (f"import gpugeek_jupyter as gg; gg.up({NAME!r}, backend='ssh', hosts={names!r}, "
-            f"ssh_key={str(hosts.key)!r}, cpus_per_host=1, usd_per_hour={RATE})")
+            f"ssh_key={str(hosts.key)!r}, cpus_per_host=1, usd_per_hour={RATE}, pip_index_url={hosts.index_url!r})")
     started = subprocess.run([sys.executable, "-c", code], env={**os.environ, "GPUGEEK_HOME": str(home)},
                              capture_output=True, text=True, timeout=240)
     assert started.returncode == 0, started.stderr[-2000:]

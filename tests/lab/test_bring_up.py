@@ -42,7 +42,7 @@ def _refused(lab, name: str, hosts, **flags) -> str:
     print(f"\n{name}: {said}")
     assert "\n" not in said and "Traceback" not in said, said
     assert registry.latest(name) is None, f"a failed up left {name!r} listed"
-    assert not (left := left_on_hosts(lab, within=0)), f"processes left on the hosts: {described(left)}"
+    assert not (left := left_on_hosts(lab)), f"processes left on the hosts: {described(left)}"
     return said
 
 

@@ -26,7 +26,7 @@ def test_up_a_cell_and_down_leave_no_process_in_any_host(lab, gpugeek_home, caps
     in any host's namespace (Ray's dashboard and runtime-env agents included), trial after trial."""
     names = ",".join(f"root@{h.address}" for h in lab.hosts)
     for trial in range(int(os.environ["GPUGEEK_DOWN_TRIALS"])):
-        assert not left_on_hosts(lab, within=0), "the hosts were not empty before the trial"
+        assert not left_on_hosts(lab), "the hosts were not empty before the trial"
         gg.up("trial", backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=RATE,
               pip_index_url=lab.index_url)
         try:

@@ -15,6 +15,7 @@ import time
 from importlib import metadata
 
 import pytest
+from cluster_processes import wait_until
 from models import logged_steps
 from netlab import described, left_on_hosts
 
@@ -127,6 +128,7 @@ def test_a_changed_host_key_is_one_line_that_says_how_to_forget_it(lab, gpugeek_
     registry_before = {r.name for r in registry.all_records()}
     lab.new_host_key(host)
     lab.restart_host(host)
+    wait_until(lambda: lab.ssh(host, "true").returncode == 0, 30, f"{host.name}'s sshd answering with its new key")
     said = _refused(lab, "rekeyed", [host])
     known = home() / "known_hosts"
     assert said.startswith(f"root@{host.address}: SSH failed — the host's key is not the one {known} holds "

@@ -283,9 +283,20 @@ class Lab:
             _run("ssh-keygen", "-R", host.address, "-f", str(self.known_hosts), check=False)
 
     def restart_host(self, host: Host, env: dict[str, str] | None = None) -> None:
-        """Every process of the host ended, and its sshd started again (with ``env``)."""
+        """Every process of the host ended, and its sshd started again (with ``env``), answering a
+        login — not only a listening port — before this returns."""
         self.kill_host(host)
         self.start_sshd(host, env)
+        deadline = time.monotonic() + 30
+        while (done := self.ssh(host, "true", timeout=15)).returncode != 0:
+            if time.monotonic() > deadline:
+                log = (self.dir / f"sshd-{host.name}.log").read_text(errors="replace")[-1500:]
+                alive = host.sshd is not None and host.sshd.poll() is None
+                raise RuntimeError(f"{host.name}'s sshd does not take a login after its restart "
+                                   f"(running: {alive}): {done.stderr.strip()[-300:]}\n{log}")
+            if host.sshd is None or host.sshd.poll() is not None:
+                self.start_sshd(host, env)      # it went: once more, and say so if that fails too
+            time.sleep(0.5)
 
     # -- life ---------------------------------------------------------------------------------------
 

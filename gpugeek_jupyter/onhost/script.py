@@ -93,15 +93,16 @@ def ours(marker):
     ``marker`` is in. ``ray start`` and the head's watchdog each begin a session of their own, and
     everything they start stays in it, whatever its environment (Ray's dashboard and runtime-env
     agents do not keep the marker); the marker proves the session is ours, as a stranger's never
-    carries it. This script's own session is never one of them."""
+    carries it. This script's own session is never one of them, nor session 0 (kernel threads, and
+    in a container the session of its init, whose leader lives outside: the host's sshd there)."""
     needle = f"{MARKER}={marker}".encode()
     me = os.getsid(0)
     states = {int(entry): _state(entry) for entry in os.listdir("/proc")
               if entry.isdigit() and int(entry) != os.getpid()}
     sessions = set()
     for pid, state in states.items():
-        if state is None or state[1] == me or state[1] in sessions:
-            continue
+        if state is None or state[1] in (0, me) or state[1] in sessions:
+            continue     # session 0: kernel threads, or a leader outside this PID namespace (a container's init)
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if needle in f.read().split(b"\0"):

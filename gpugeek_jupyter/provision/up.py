@@ -21,7 +21,7 @@ from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..guard.lifecycle import sync_ledger
-from ..kernel import connection, environment
+from ..kernel import environment
 from ..kernel.environment import read_env_file, storage_packages, storage_url
 from ..kernel.session import current
 from ..meter import ledger
@@ -116,7 +116,7 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
     impl = BACKENDS[record.backend]
     print(f"starting {record.backend} cluster {record.name!r}{_what(spec)}…", flush=True)
     try:
-        started = impl.start(record, spec, on_head=_connect_early)
+        started = impl.start(record, spec)
         spec.dashboard_url = started.dashboard_url
         registry.update(record.id, address=started.address, session_id=started.session_id,
                         spec=spec.to_json(), pids=started.pids or [], temp_dir=started.temp_dir)
@@ -134,16 +134,6 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
             raise GpugeekError(f"{exc} — what had started was stopped, nothing of {record.name!r} runs") from exc
         raise
     registry.update(record.id, ready=time.time())
-
-
-def _connect_early(record: ClusterRecord) -> None:
-    """This kernel connected while the workers join (a Ray Client's connection takes seconds);
-    a failure here is left to ``_connected``, which tries again once the start is done and says
-    why it cannot — it never fails the start of a cluster that is up."""
-    try:
-        connection.connect(record)
-    except Exception:  # noqa: BLE001 - connected again, and any failure said, by `_connected`
-        return
 
 
 def _connected(name: str) -> Cluster:

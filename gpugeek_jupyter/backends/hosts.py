@@ -43,10 +43,10 @@ def prepare(spec: ClusterSpec) -> None:
     spec.remote["ips"] = [_node_ip(t, a) for t, a in zip(hosts, answers, strict=True)]
 
 
-def start(record: ClusterRecord, spec: ClusterSpec, on_head=None) -> tunnel.Tunnel:
-    """Ray on the head, the tunnel to it, then at once: Ray on every other host, the head's
-    watchdog, and ``on_head(record)`` (the kernel connecting). ``spec.remote`` gains what a stop
-    needs — recorded before anything starts, so a failure half-way can be cleaned up."""
+def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
+    """Ray on the head, the tunnel to it, then at once Ray on every other host and the head's
+    watchdog. ``spec.remote`` gains what a stop needs — recorded before anything starts, so a
+    failure half-way can be cleaned up."""
     remote = spec.remote
     hosts = targets(spec)
     if not remote.get("ips"):
@@ -69,16 +69,13 @@ def start(record: ClusterRecord, spec: ClusterSpec, on_head=None) -> tunnel.Tunn
     opened = tunnel.open_tunnel(record, spec)
     remote["client_address"] = opened.client
     registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid], spec=spec.to_json())
-    with ThreadPoolExecutor(2) as pool:      # none of these needs the workers
-        beside = [pool.submit(guard_head, record, spec)]
-        if on_head is not None:
-            beside.append(pool.submit(on_head, registry.get(record.id)))
+    with ThreadPoolExecutor(1) as pool:      # the head's watchdog does not need the workers
+        guarding = pool.submit(guard_head, record, spec)
         try:
             if len(hosts) > 1:
                 ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
         finally:
-            for done in beside:
-                done.result()
+            guarding.result()
     return opened
 
 

@@ -75,10 +75,7 @@ class Backend:
     def preflight(self, spec: ClusterSpec) -> None:
         """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
 
-    def start(self, record: ClusterRecord, spec: ClusterSpec, on_head=None) -> Started:
-        """Start the machines. ``on_head(record)``, if the backend can, is called once the head
-        answers at the record's address, beside the rest of the start (the kernel connects while
-        workers join); a backend that does not call it leaves that to after the start."""
+    def start(self, record: ClusterRecord, spec: ClusterSpec) -> Started:
         raise NotImplementedError
 
     def wait_ready(self, record: ClusterRecord, spec: ClusterSpec, timeout: float = READY_TIMEOUT_S) -> None:
@@ -113,7 +110,7 @@ class LocalBackend(Backend):
                 "--include-dashboard=false --temp-dir=/tmp/gg-<random>")
         return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
 
-    def start(self, record, spec, on_head=None):
+    def start(self, record, spec):
         temp_dir = local.new_temp_dir()
         started = local.start_head(temp_dir, record.marker, dashboard=spec.dashboard)
         return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
@@ -133,7 +130,7 @@ class SimBackend(LocalBackend):
         return LaunchConfig(self.name, json.dumps(config, indent=1), None,
                             f"{sim.cpu_note(spec)}. Run without --dry-run to start it.", config)
 
-    def start(self, record, spec, on_head=None):
+    def start(self, record, spec):
         temp_dir = local.new_temp_dir()
         port = ports.free_port()
         config = sim.config_path(temp_dir)
@@ -167,8 +164,8 @@ class SshBackend(Backend):
         """Every host answers over SSH and is ready to run Ray, before anything is recorded or started."""
         hosts.prepare(spec)
 
-    def start(self, record, spec, on_head=None):
-        opened = hosts.start(record, spec, on_head)
+    def start(self, record, spec):
+        opened = hosts.start(record, spec)
         return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid])
 
     def stop(self, record, grace=5.0):
@@ -214,7 +211,7 @@ class LauncherBackend(Backend):
     def preflight(self, spec):
         launcher.check_credentials(self.name)
 
-    def start(self, record, spec, on_head=None):
+    def start(self, record, spec):
         config = self.config(record.name, spec, record.marker)
         path = launcher.write(record.name, config)
         # recorded before `ray up`, so a failure half-way can still be taken down
@@ -274,7 +271,7 @@ class KubeRayBackend(Backend):
         if not launcher.kubectl_available():
             raise GpugeekError("kubectl is not on PATH — install it and point KUBECONFIG at your cluster")
 
-    def start(self, record, spec, on_head=None):
+    def start(self, record, spec):
         shown = self.show(record.name, spec)
         registry.update(record.id, temp_dir=str(shown.path))
         self._kubectl("apply", "-f", str(shown.path))
@@ -302,7 +299,7 @@ class AttachBackend(Backend):
     def show(self, name, spec):
         return LaunchConfig(self.name, "attach only: nothing is started", None, "", {})
 
-    def start(self, record, spec, on_head=None):
+    def start(self, record, spec):
         return Started(address=record.address)
 
     def preflight(self, spec):

@@ -58,7 +58,7 @@ def ready(spec: ClusterSpec, say=print) -> list[dict]:
     order = order_for(spec.remote)
     key = spec.remote.get("ssh_key")
 
-    def one(target: ssh.Target) -> str:
+    def one(target: ssh.Target) -> dict:
         answer = _call(target, key, "check", order, CHECK_TIMEOUT_S)
         if answer["ready"]:
             return answer

@@ -44,9 +44,9 @@ def prepare(spec: ClusterSpec) -> None:
 
 
 def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
-    """Ray on the head, the tunnel to it, then at once Ray on every other host and the head's
-    watchdog. ``spec.remote`` gains what a stop needs — recorded before anything starts, so a
-    failure half-way can be cleaned up."""
+    """Ray on the head, then at once: Ray on every other host, the tunnel and the head's watchdog
+    (neither needs the workers). ``spec.remote`` gains what a stop needs — recorded before
+    anything starts, so a failure half-way can be cleaned up."""
     remote = spec.remote
     hosts = targets(spec)
     if not remote.get("ips"):
@@ -63,20 +63,27 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     def ray_start(i: int, role: str) -> dict:
         return _ray_start(record, spec, i, role, token)
 
+    def tunnel_to_head() -> tunnel.Tunnel:
+        opened = tunnel.open_tunnel(record, spec)
+        remote["client_address"] = opened.client
+        registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid],
+                        spec=spec.to_json())
+        return opened
+
     head = ray_start(0, "head")     # on other ports when the usual ones are taken there
     remote.update(gcs_port=head["port"], client_port=head["client_port"])
     registry.update(record.id, spec=spec.to_json())
-    opened = tunnel.open_tunnel(record, spec)
-    remote["client_address"] = opened.client
-    registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid], spec=spec.to_json())
-    with ThreadPoolExecutor(1) as pool:      # the head's watchdog does not need the workers
-        guarding = pool.submit(guard_head, record, spec)
+    with ThreadPoolExecutor(2) as pool:
+        beside = [pool.submit(tunnel_to_head), pool.submit(guard_head, record, spec)]
         try:
             if len(hosts) > 1:
                 ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
         finally:
-            guarding.result()
-    return opened
+            results = [done.exception() or done.result() for done in beside]   # both ended, either way
+            registry.update(record.id, spec=spec.to_json())   # what both threads added to the spec
+    for failed in (r for r in results if isinstance(r, BaseException)):
+        raise failed
+    return results[0]
 
 
 def guard_head(record: ClusterRecord, spec: ClusterSpec) -> None:

@@ -162,3 +162,42 @@ def test_a_tunnel_that_forwards_to_nothing_is_told_from_one_that_reaches_a_serve
         alive.close()
         for conn in held:
             conn.close()
+
+
+def test_the_heads_heartbeat_follows_only_a_look_that_saw_the_cluster(gpugeek_home, monkeypatch):
+    """A head watchdog that fails every look must not pass for alive (the laptop's watchdog stops
+    enforcing while the heartbeat is fresh): no heartbeat after a failed look, one after a good one;
+    after 3 failed looks its failing state is written for the readers."""
+    from gpugeek_jupyter.guard import health
+    from gpugeek_jupyter.guard.watchdog import run
+    from gpugeek_jupyter.onhost import headwatch
+
+    now = time.time()
+    order = {"name": "hb", "backend": "ssh", "spec": ClusterSpec("ssh").to_json(), "gcs": "127.0.0.1:1",
+             "created": now, "marker": "m", "temp_dirs": {}, "ip": "127.0.0.1", "interval": 0.05}
+    cluster_id = headwatch.open_record(order)
+    beats, failing = [], {"on": True}
+    monkeypatch.setattr(headwatch, "kv_get", lambda *a, **k: None)
+    monkeypatch.setattr(headwatch, "kv_put", lambda gcs, key, value, **k: beats.append(key))
+
+    def nodes(*args, **kwargs):
+        if failing["on"]:
+            raise RuntimeError("the node reader broke")
+        return _nodes(time.time(), None)
+    monkeypatch.setattr(headwatch, "read_nodes", nodes)
+    watch = headwatch.HeadWatch(cluster_id, 0.05, order)
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            watch.look()
+        watch.failed("RuntimeError: the node reader broke")
+    assert beats == [], "a failed look wrote a heartbeat"
+    state = health.failing(cluster_id)
+    assert state["looks"] == 3 and state["by"] == "head's watchdog"
+    assert "guard-failing" in [e["kind"] for e in ledger.events(cluster_id)]
+    failing["on"] = False
+    watch.look()
+    watch.looked()
+    assert beats == [headwatch.HEARTBEAT]
+    assert health.failing(cluster_id) is None, "the failing state outlived a good look"
+    registry.mark_stopped(cluster_id, "test over")
+    assert run(cluster_id, watch=watch) == "test over"

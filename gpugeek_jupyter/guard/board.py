@@ -219,6 +219,7 @@ def _cluster(record: ClusterRecord, money: dict | None) -> dict:
         "idle_minutes": record.idle_minutes,
         "orphan": state.orphan,
         "watchdog_gone": state.watchdog_gone,
+        "guard_failing": state.guard_failing,
         "address": record.address,
         "dashboard_url": record.spec.get("dashboard_url") if record.live else None,
         "attach_code": attach_code(record.name),

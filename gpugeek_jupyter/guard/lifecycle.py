@@ -22,6 +22,7 @@ from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard, tunnel
 from ..units import duration
 from ..vocab import ClusterPhase
+from . import health
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 WATCHDOG_GRACE_S = 2.0
@@ -61,6 +62,7 @@ class ClusterState:
     stop_reason: str | None = None
     stopped_at: float | None = None
     failure: str | None = None
+    guard_failing: dict | None = None    # the watchdog's failed looks (``health``), while they go on
 
     def describe(self, name: str, now: float | None = None) -> str:
         """One line for people: ``running — orphan: no notebook attached``."""
@@ -75,6 +77,8 @@ class ClusterState:
             text += " — orphan: no notebook attached"
         if self.watchdog_gone:
             text += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
+        elif self.guard_failing:
+            text += health.describe(self.guard_failing)
         return text
 
 
@@ -88,7 +92,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None) -> Cluste
     else:
         orphan = False
     gone = bool(record.watchdog_pid) and not processes.alive(record.watchdog_pid)
-    return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed)
+    return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed,
+                        guard_failing=health.failing(record.id))
 
 
 def sync_ledger(record: ClusterRecord) -> None:

@@ -23,10 +23,12 @@ copies the head's ledger (``headguard.pull``) — and so learns of a stop made w
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
 
+from ..backends.interface import BACKENDS
 from ..cluster import processes, registry
 from ..cluster.spec import ClusterSpec
 from ..config import BUDGET_WARN_AT, settings
@@ -34,6 +36,7 @@ from ..errors import GpugeekError
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from ..remote import headguard, tunnel
+from . import health
 from .lifecycle import shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
@@ -57,9 +60,15 @@ class Watch:
         self.stop = None                 # the backend's stop (the head's watchdog has its own)
         self.stop_allowance = STOP_ALLOWANCE_S
         self.head_stopping = False       # the head's watchdog began a stop (passed on to the kernels here)
+        self.failures = 0                # looks in a row that failed (``health``)
+        self.failing_since: float | None = None
+        self.blind: str | None = None    # this look could not reach the cluster's GCS: why
+        self.known: health.Known | None = None
+        self.by = "watchdog"
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
+        self.blind = None
         record = registry.get(self.cluster_id)
         if record.stopped:
             return record.stop_reason
@@ -116,14 +125,15 @@ class Watch:
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
             self.misses = 0
             return nodes
-        except ClusterUnreachable:
+        except ClusterUnreachable as exc:
             self.misses += 1
+            self.blind = f"its GCS does not answer: {exc}"
         if headguard.guarded(record) and headguard.pull(record) and registry.get(self.cluster_id).stopped:
             return registry.get(self.cluster_id).stop_reason    # the head stopped it while we could not see
         ours_here = record.backend in ("local", "sim")
         head_gone = ours_here and not processes.session_processes(
             record.session_id, record.created, record.marker)
-        if head_gone or (ours_here and self.misses >= UNREACHABLE_LIMIT):
+        if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
@@ -155,6 +165,7 @@ class Watch:
         budget = record.budget_usd
         spent = ledger.spend(self.cluster_id, now)
         burn = ledger.burn_rate(self.cluster_id)
+        self.known = health.Known(record, spent, burn, now)
         if not self.warned and spent >= BUDGET_WARN_AT * budget:
             ledger.event(self.cluster_id, "budget-warning",
                          f"{spent / budget:.0%} of the ${budget:,.2f} budget spent (${spent:,.2f}; "
@@ -194,18 +205,92 @@ class Watch:
         return idle
 
 
+    def looked(self) -> None:
+        """A look that saw the cluster: a failing streak ends, and says so."""
+        if self.failures >= health.FAILING_AFTER:
+            ledger.event(self.cluster_id, "guard", f"the {self.by} sees the cluster again after {self.failures} "
+                                                   f"failed looks")
+        if self.failures:
+            health.clear(self.cluster_id)
+        self.failures, self.failing_since = 0, None
+
+    def failed(self, why: str) -> str | None:
+        """A look that failed (it raised, or could not reach the cluster): counted; said once
+        after ``FAILING_AFTER`` in a row; and with a budget, the cluster is stopped once the last
+        known burn would reach it. Returns why it stopped, if it did."""
+        now = time.time()
+        self.failures += 1
+        self.failing_since = self.failing_since or now
+        if self.failures >= health.FAILING_AFTER:
+            known = self.known
+            budget = known.record.budget_usd if known else None
+            health.write(self.cluster_id, {"since": self.failing_since, "looks": self.failures, "error": why,
+                                           "by": self.by, "pid": os.getpid(), "at": now, "budget": budget,
+                                           "burn": known.burn if known else None})
+            if self.failures == health.FAILING_AFTER:
+                self._say("guard-failing", f"the {self.by} has failed {self.failures} looks in a row ({why})"
+                          + (f"; it holds the ${budget:,.2f} budget on the last known ${known.burn:,.2f}/h"
+                             if budget else ""))
+        return self._money_safe(now, why)
+
+    def _money_safe(self, now: float, why: str) -> str | None:
+        """The budget held without a reading: stop once the last known burn, carried on to now
+        and over the next look and the stop, would reach it."""
+        known = self.known
+        if known is None or not known.record.budget_usd or known.record.stopped:
+            return None
+        budget = known.record.budget_usd
+        spent = known.projected(now)
+        if spent + known.burn * (self.period + self.stop_allowance) / 3600.0 < budget:
+            return None
+        reason = "budget cap reached (by the last known burn: the spend could not be read)"
+        self._say("budget-stop", f"budget ${budget:,.2f} reached by the last known burn (${known.burn:,.2f}/h from "
+                                 f"${known.spent:,.2f}: ${spent:,.2f} now) — the {self.by} cannot read the spend "
+                                 f"({why}); shutting the cluster down")
+        try:
+            if shutdown(known.record, reason, from_watchdog=True, grace=BUDGET_STOP_GRACE_S, stop=self.stop):
+                return "budget"
+            return None          # another stop was under way, and is done
+        except Exception as exc:  # noqa: BLE001 - the registry or ledger failing: stop the machines anyway
+            print(f"{self.by}: the recorded stop failed ({exc}); stopping the machines directly", flush=True)
+        (self.stop or BACKENDS[known.record.backend].stop)(known.record, grace=BUDGET_STOP_GRACE_S)
+        try:
+            ledger.end_all_nodes(self.cluster_id, time.time(), reason)
+            registry.mark_stopped(self.cluster_id, reason)
+        except Exception as exc:  # noqa: BLE001 - the machines are stopped; the record says so when it can
+            print(f"{self.by}: the machines are stopped but the ledger could not say so ({exc})", flush=True)
+        return "budget"
+
+    def _say(self, kind: str, message: str) -> None:
+        """An event when the ledger takes it, and the watchdog's log either way."""
+        print(f"{self.by}: {message}", flush=True)
+        try:
+            ledger.event(self.cluster_id, kind, message)
+        except Exception as exc:  # noqa: BLE001 - the ledger may be what fails; the file and the log still say it
+            print(f"{self.by}: the ledger did not take that ({exc})", flush=True)
+
+
 def run(cluster_id: int, interval: float | None = None, watch: Watch | None = None) -> str:
-    """Watch until the cluster stops; returns why it stopped. An error in one look is logged and
-    the next look goes on: a watchdog that dies quietly would leave a budget unenforced."""
+    """Watch until the cluster stops; returns why it stopped. A look that raises is logged,
+    counted and, repeated, said (``Watch.failed``); the watching goes on, and a budget still
+    holds on the last known burn: a watchdog that fails quietly would leave it unenforced."""
     interval = interval or (watch.interval if watch else settings().meter_interval_s)
     watch = watch or Watch(cluster_id, interval)
     while True:
         started = time.monotonic()
         try:
             reason = watch.look()
-        except Exception:  # noqa: BLE001 - keep watching; the log says what went wrong
-            traceback.print_exc()
-            reason = None
+            why = None if reason else watch.blind
+        except Exception as exc:  # noqa: BLE001 - counted and said by `failed`; the log has the traceback
+            reason, why = None, f"{type(exc).__name__}: {exc}"
+            if watch.failures == 0:      # the first of a streak in full; the rest a line each
+                traceback.print_exc()
+            else:
+                print(f"look failed again: {why}", file=sys.stderr, flush=True)
+        if why is None and not reason:
+            watch.looked()
+        elif why is not None:
+            reason = watch.failed(why)
         if reason:
             return reason
         time.sleep(interval)

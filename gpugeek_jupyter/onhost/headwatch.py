@@ -72,28 +72,40 @@ class HeadWatch(Watch):
         self.stop_allowance = HEAD_STOP_ALLOWANCE_S
         self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
         self.report: dict | None = None
+        self.by = "head's watchdog"
 
     def look(self) -> str | None:
+        """The laptop's report and limits read, the look, then the heartbeat: it follows only a
+        look that saw the cluster, so a watchdog that fails every look never passes for alive."""
         record = registry.get(self.cluster_id)
-        if record.live and not record.stopping:
+        exchanging = record.live and not record.stopping
+        if exchanging:
             self._exchange(record)
-        return super().look()
+        reason = super().look()
+        if exchanging and not reason and self.blind is None:
+            self._beat(record)
+        return reason
 
     def _exchange(self, record) -> None:
-        """Read the laptop's report and limits, write the heartbeat (a GCS that does not answer
-        is the node table's business: ``_read`` counts it)."""
-        now = time.time()
+        """Read the laptop's report and limits (a GCS that does not answer is the node table's
+        business: ``_read`` counts it)."""
         try:
             self.report = kv_get(self.gcs, ACTIVITY, timeout=self.interval)
             limits = kv_get(self.gcs, LIMITS, timeout=self.interval)
-            if limits and (limits.get("budget"), limits.get("idle")) != (record.budget_usd, record.idle_minutes):
-                registry.update(self.cluster_id, budget_usd=limits.get("budget"), idle_minutes=limits.get("idle"))
-                ledger.event(self.cluster_id, "limits", f"limits set from the notebook: budget "
-                             f"{limits.get('budget')}, idle {limits.get('idle')} min")
-                self.warned = bool(ledger.events(self.cluster_id, "budget-warning"))
+        except ClusterUnreachable:
+            return
+        if limits and (limits.get("budget"), limits.get("idle")) != (record.budget_usd, record.idle_minutes):
+            registry.update(self.cluster_id, budget_usd=limits.get("budget"), idle_minutes=limits.get("idle"))
+            ledger.event(self.cluster_id, "limits", f"limits set from the notebook: budget "
+                         f"{limits.get('budget')}, idle {limits.get('idle')} min")
+            self.warned = bool(ledger.events(self.cluster_id, "budget-warning"))
+
+    def _beat(self, record) -> None:
+        now = time.time()
+        try:
             kv_put(self.gcs, HEARTBEAT, {"at": now, "pid": os.getpid(), "every": self.interval,
                                          "spent": ledger.spend(self.cluster_id, now),
-                                         "budget": limits.get("budget") if limits else record.budget_usd})
+                                         "budget": registry.get(self.cluster_id).budget_usd})
         except ClusterUnreachable:
             pass
 
@@ -105,8 +117,9 @@ class HeadWatch(Watch):
             nodes = read_nodes(self.gcs, timeout=max(1.0, self.interval))
             self.misses = 0
             return nodes
-        except ClusterUnreachable:
+        except ClusterUnreachable as exc:
             self.misses += 1
+            self.blind = f"the head's GCS does not answer: {exc}"
         if self.misses >= UNREACHABLE_LIMIT:       # the head's own GCS is gone: so is the cluster
             ledger.event(self.cluster_id, "lost", "the head's GCS stopped answering — stopping what is left")
             at = time.time()

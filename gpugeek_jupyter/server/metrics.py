@@ -53,6 +53,8 @@ def _clusters(live: list[dict]):
         ("gpus", "GPUs of the live nodes (declared, on simulated clusters)"),
         ("simulated", "1 when the cluster and its dollars are simulated")))
     state = GaugeMetricFamily("gpugeek_cluster_state", "1 for the cluster's state", labels=[*labels, "state"])
+    failing = GaugeMetricFamily("gpugeek_guard_failing", "Looks in a row the cluster's watchdog has failed, once "
+                                "there are 3 or more (0: it sees the cluster)", labels=labels)
     for c in live:
         key = [c["name"], c["backend"]]
         spent.add_metric(key, c["spent_usd"])
@@ -65,7 +67,8 @@ def _clusters(live: list[dict]):
         simulated.add_metric(key, 1.0 if c["simulated"] else 0.0)
         for phase in ClusterPhase:
             state.add_metric([*key, phase.value], 1.0 if phase.value == c["state"] else 0.0)
-    yield from (spent, rate, budget, used, nodes, gpus, simulated, state)
+        failing.add_metric(key, float(c["guard_failing"]["looks"]) if c["guard_failing"] else 0.0)
+    yield from (spent, rate, budget, used, nodes, gpus, simulated, state, failing)
 
 
 def _jobs(live: dict[int, dict], now: float):

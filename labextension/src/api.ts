@@ -37,6 +37,8 @@ export interface ICluster {
   orphan: boolean;
   /** Its watchdog is gone: the budget cap and idle stop are not enforced. */
   watchdog_gone: boolean;
+  /** Its watchdog's looks have failed 3 or more times in a row (the status line says why). */
+  guard_failing: { looks: number; since: number; error: string } | null;
   address: string | null;
   dashboard_url: string | null;
   /** Notebook-cell source that re-attaches a kernel to this cluster. */

@@ -70,7 +70,7 @@ export class ClusterCard {
     this.node.classList.toggle('gpugeek-mod-stopped', !cluster.live);
     this.node.classList.toggle('gpugeek-mod-orphan', cluster.orphan);
     this.node.classList.toggle('gpugeek-mod-failed', cluster.state === 'failed');
-    this.node.classList.toggle('gpugeek-mod-unwatched', cluster.watchdog_gone);
+    this.node.classList.toggle('gpugeek-mod-unwatched', cluster.watchdog_gone || Boolean(cluster.guard_failing));
 
     setText(this._toggle, cluster.name);
     setText(this._backend, cluster.backend);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from .catalog.offers import find_offers as offers
 from .guard.lifecycle import sync_ledger
 from .health.checkup import doctor
 from .health.findings import DoctorReport
-from .kernel.session import any_cluster, current
+from .kernel.session import READINGS, any_cluster, current, fine, trouble, troubles_to_say
 from .meter import ledger
 from .meter.telemetry import node_samples_frame
 from .provision.actions import Cluster, down, limits, preempt, scale
@@ -75,21 +76,28 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
 
 def reset() -> bool:
     """Stop the worker group; the next ``run`` builds a fresh one."""
-    if current().group is None:
-        return False
+    if current().group is None and "gpugeek_jupyter.workers.placement" not in sys.modules:
+        return False     # no group was ever built here (and none of its placement groups is held)
     from .workers import jobs
 
     return jobs.reset()
 
 
 def drain_telemetry() -> int:
-    """The node samplers' latest reports into the ledger. Only a kernel that has run a job has
-    samplers, so the others never load torch for this."""
+    """The node samplers' latest reports into the ledger (after every cell: never an error in
+    it — a failure is counted, and said at the next command). Only a kernel that has run a job
+    has samplers, so the others never load torch for this."""
     if current().group is None:
         return 0
     from .workers import jobs
 
-    return jobs.drain_telemetry()
+    try:
+        drained = jobs.drain_telemetry()
+    except Exception as exc:  # noqa: BLE001 - counted and said (`troubles_to_say`), never the cell's error
+        trouble(READINGS, exc)
+        return 0
+    fine(READINGS)
+    return drained
 
 
 @dataclass
@@ -162,11 +170,12 @@ def news() -> list[str]:
     """Watchdog events on the active cluster no notebook has shown yet, as lines to print."""
     from .cluster import registry
 
+    said = troubles_to_say()      # this kernel's own background reads and writes that keep failing
     name = current().active
     record = (registry.live(name) or registry.latest(name)) if name else None
     if record is None:
-        return []
-    return [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)]
+        return said
+    return said + [f"gpugeek: {record.name}: {e['message']}" for e in ledger.take_unshown_events(record.id)]
 
 
 def log(name: str | None = None, since: str | float | None = None) -> pd.DataFrame:

@@ -154,3 +154,30 @@ def test_a_working_dir_goes_to_the_job_without_what_never_should_or_is_one_line(
     assert str(failed.value).startswith(f"--working-dir {project} holds 0 MiB to send, over the ")
     with pytest.raises(GpugeekError, match="no such folder here"):
         environment.working_dir(str(tmp_path / "nowhere"))
+
+
+def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monkeypatch):
+    """Run on, the cell could run the workers' own versions of the user's modules (someone
+    else's code): a check that cannot be made refuses the cell, saying so."""
+    from gpugeek_jupyter.kernel.session import Connection, current
+    from gpugeek_jupyter.workers import jobs
+
+    (tmp_path / "helper.py").write_text("A = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Group:
+        def versions(self, names):
+            raise ConnectionError("rank 1 did not answer")
+
+    class Record:
+        id = -2
+
+    monkeypatch.setattr(current(), "connection", Connection("ray://127.0.0.1:1", tmp_path / "db", -2, client=True))
+    try:
+        with pytest.raises(GpugeekError) as refused:
+            jobs._bring_modules(Record(), Group(), "import helper\nprint(helper.A)", None)
+        said = str(refused.value)
+        assert "\n" not in said and "helper" in said and "rank 1 did not answer" in said
+        assert "the cell was not run" in said
+    finally:
+        environment.shipment().for_cluster(None)

@@ -380,3 +380,33 @@ for _ in gg.steps(range(6)):
 def test_changing_training_flags_keeps_the_workers_variables(ipython):
     gg.run("kept = 42 + rank", workers=2)
     assert gg.run("kept", workers=2, amp="bf16", accumulate=2, clip=1.0).shown() == 42
+
+
+def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_cluster(ipython, monkeypatch):
+    """An old group's placement group whose removal fails still reserves its CPUs or GPUs: the
+    next group that does not fit names it (and `reset` frees it), never "scale the cluster",
+    which would have the user pay for nodes to work around it."""
+    import sys
+
+    import ray
+
+    from gpugeek_jupyter.workers import placement
+
+    rays = sys.modules["ray.util.placement_group"]     # (ray.util's name for it is the function)
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    gg.run("x = 1", workers=cpus, monitor=False)
+    real = rays.remove_placement_group
+
+    def refused(pg):
+        raise RuntimeError("the GCS did not take the removal")
+    monkeypatch.setattr(rays, "remove_placement_group", refused)
+    with pytest.raises(GpugeekError) as told:     # a new shape: the old group goes, but its group will not
+        gg.run("x = 2", workers=cpus, collective_timeout=61, monitor=False)
+    said = str(told.value)
+    assert f"still holds 0 GPUs and {cpus} CPUs" in said and "the GCS did not take the removal" in said, said
+    assert "scale" not in said, said
+    monkeypatch.setattr(rays, "remove_placement_group", real)
+    assert gg.reset(), "reset freed the held placement group"
+    assert placement.release_held() == []
+    gg.run("x = 3", workers=cpus, monitor=False)

@@ -149,12 +149,10 @@ def mark_stopped(cluster_id: int, reason: str, at: float | None = None) -> None:
 
 
 def stop_started(db: Path, cluster_id: int) -> bool:
-    """Whether a stop of the cluster has begun, read from a given database (any thread)."""
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            row = conn.execute("SELECT stopping, stopped FROM clusters WHERE id=?", (cluster_id,)).fetchone()
-    except sqlite3.Error:
-        return False
+    """Whether a stop of the cluster has begun, read from a given database (any thread); an
+    unreadable database raises (``sqlite3.Error``): its caller counts that and says it."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        row = conn.execute("SELECT stopping, stopped FROM clusters WHERE id=?", (cluster_id,)).fetchone()
     return bool(row and (row[0] or row[1]))
 
 
@@ -179,6 +177,11 @@ def cell_ran(pid: int | None = None, at: float | None = None) -> None:
     """A notebook ran a cell: every cluster it is attached to counts as in use (the idle autostop)."""
     with store.transaction(durable=False) as db:
         db.execute("UPDATE attachments SET last_cell=? WHERE pid=?", (at or time.time(), pid or os.getpid()))
+
+
+def attached_to(pid: int | None = None) -> list[int]:
+    """The clusters a process (this one) is attached to."""
+    return [r[0] for r in store.query("SELECT cluster_id FROM attachments WHERE pid=?", (pid or os.getpid(),))]
 
 
 def last_cell(cluster_id: int) -> float | None:

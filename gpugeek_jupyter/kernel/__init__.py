@@ -2,5 +2,5 @@
 the Ray connection (``connection``) and the kernel's packages on remote workers (``environment``).
 
 Runs on: a notebook's kernel only (never the watchdog, the server or a worker).
-May import: `backends/`, `remote/`, `cluster/`, `sizing/`, the ground floor.
+May import: `backends/`, `remote/`, `cluster/`, `meter/`, `sizing/`, the ground floor.
 """

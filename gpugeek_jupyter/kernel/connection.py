@@ -24,7 +24,7 @@ from ..cluster.spec import ClusterSpec
 from ..raynodes import NODE_ENV, use_token_auth
 from ..remote import tunnel
 from . import environment
-from .session import Connection, current
+from .session import WATCHER, Connection, current, fine, trouble
 from .session import attach as session_attach
 
 WATCH_INTERVAL_S = registry.KERNELS_LOOK_EVERY_S
@@ -235,11 +235,19 @@ def _watch() -> None:
             continue
         # never end this thread: without it, the next cluster stopped elsewhere takes the kernel
         # with it (Ray ends a driver whose raylet dies)
-        try:
-            if registry.stop_started(connection.db, connection.cluster_id) and session.connection == connection:
-                if session.cells_running:      # the cell lets go itself, within a few seconds
-                    session.stop_seen = True
-                else:
-                    let_go()
-        except BaseException:  # noqa: BLE001 - the cluster is gone already; nothing left to close
-            pass
+        watch_once(session, connection)
+
+
+def watch_once(session, connection) -> None:
+    """One look of the watcher: a registry it cannot read is counted and said (``trouble``)."""
+    try:
+        stopping = registry.stop_started(connection.db, connection.cluster_id)
+    except Exception as exc:  # noqa: BLE001 - counted, and said at the next command
+        trouble(WATCHER, exc)
+        return
+    fine(WATCHER)
+    if stopping and session.connection == connection:
+        if session.cells_running:      # the cell lets go itself, within a few seconds
+            session.stop_seen = True
+        else:
+            let_go()      # (it takes Ray's errors while it shuts down)

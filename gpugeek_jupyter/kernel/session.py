@@ -8,6 +8,7 @@ the only per-kernel state, so a kernel restart loses exactly this and ``up NAME`
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..errors import GpugeekError
+from ..meter import ledger
 
 if TYPE_CHECKING:
     from ..sizing.planner import Plan
@@ -56,6 +58,28 @@ class Shipment:
 
 
 @dataclass
+class Trouble:
+    """A background read or write of this kernel's that keeps failing (``trouble``): counted, and
+    said once per streak at the next ``%gpugeek`` command."""
+
+    count: int = 0
+    since: float = 0.0
+    error: str = ""
+    said: bool = False
+
+
+TROUBLE_SAID_AFTER = 3
+WATCHER = "reading the registry for a stop made elsewhere"
+CELL_NOTES = "noting this notebook's cells in the registry"
+READINGS = "copying the node samplers' readings into the ledger"
+_WHAT_IT_COSTS = {
+    WATCHER: "a stop made elsewhere (the watchdog, JupyterLab, a terminal) is not seen here meanwhile",
+    CELL_NOTES: "the idle clock does not see these cells and may count this notebook idle",
+    READINGS: "a job's device readings, which the idle clock and the monitor read, are missing",
+}
+
+
+@dataclass
 class KernelSession:
     active: str | None = None                 # the cluster commands mean by default
     connection: Connection | None = None      # the cluster this process is a Ray driver of
@@ -64,6 +88,7 @@ class KernelSession:
     cells_running: int = 0                    # a cell's Ray calls under way in the main thread
     stop_seen: bool = False                   # a stop began elsewhere while one ran: it lets go
     shipment: Shipment = field(default_factory=Shipment)   # the kernel's modules its jobs send
+    troubles: dict[str, Trouble] = field(default_factory=dict)   # what keeps failing in the background
 
 
 _SESSION = KernelSession()
@@ -98,8 +123,41 @@ def _cell_starts(info=None) -> None:
     _cells_heard[1] = now
     try:
         registry.cell_ran(at=now)
-    except Exception:  # noqa: BLE001 - the user's cell matters more than this note
-        pass
+    except Exception as exc:  # noqa: BLE001 - the user's cell goes first: counted and said (`trouble`)
+        trouble(CELL_NOTES, exc)
+        return
+    lost = fine(CELL_NOTES)
+    if lost is not None:     # the idle clock is told what it lacked, on every cluster attached here
+        for cluster_id in registry.attached_to():
+            ledger.event(cluster_id, "activity", f"{lost.count} notes of a notebook's cells (pid {os.getpid()}) were "
+                         f"lost between {time.strftime('%H:%M:%S', time.localtime(lost.since))} and "
+                         f"{time.strftime('%H:%M:%S', time.localtime(now))} ({lost.error}): the idle clock lacked them")
+
+
+def trouble(what: str, exc: BaseException) -> None:
+    """One more failure of a background read or write (``WATCHER``, ``CELL_NOTES``, ``READINGS``)."""
+    kept = _SESSION.troubles.setdefault(what, Trouble())
+    if kept.count == 0:
+        kept.since = time.time()
+    kept.count += 1
+    kept.error = f"{type(exc).__name__}: {exc}"
+
+
+def fine(what: str) -> Trouble | None:
+    """It worked again: the streak it ends, if there was one."""
+    return _SESSION.troubles.pop(what, None)
+
+
+def troubles_to_say() -> list[str]:
+    """A line for each streak of ``TROUBLE_SAID_AFTER`` or more failures not said yet."""
+    lines = []
+    for what, kept in _SESSION.troubles.items():
+        if kept.count >= TROUBLE_SAID_AFTER and not kept.said:
+            kept.said = True
+            lines.append(f"gpugeek: {what} has failed {kept.count} times since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(kept.since))} ({kept.error}) — "
+                         f"{_WHAT_IT_COSTS[what]}")
+    return lines
 
 
 def live_cluster(name: str | None = None) -> ClusterRecord:

@@ -316,10 +316,7 @@ def reset(self: GpugeekMagics, line: str):
 
 def drain_telemetry() -> None:
     """After each cell: the node samplers' reports into the ledger (never an error in the cell)."""
-    try:
-        api.drain_telemetry()
-    except Exception:  # noqa: BLE001 - a lost sampler reports next time or not at all
-        pass
+    api.drain_telemetry()
 
 
 def _show_news() -> None:

@@ -28,6 +28,7 @@ from ..kernel import connection
 from ..meter import telemetry
 from . import progress
 from .options import RunOptions
+from .placement import keep, release_held, remove
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
 
@@ -36,6 +37,7 @@ FIRST_WAIT_S = 0.05      # a cell done within this needs no drain at all
 DRAIN_WAIT_S = 2.0       # rank 0 holds a drain this long for a cell that prints nothing: live
                          # figures every 2 s (3-host DDP: 0.97 of plain, 0.92 at 1 s; BENCHMARKS.md)
 DRAIN_GAP_S = 0.5        # a drain goes no sooner than this after the one before
+HELD_WAIT_S = 10.0       # how long a new group waits for room while an old one's placement group is held
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 
 
@@ -113,13 +115,20 @@ class WorkerGroup:
 
         n, gpus = self.options.workers, self.options.gpus_per_worker
         bundle = {"GPU": gpus} if gpus else {"CPU": 1}
+        held = release_held()
         self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
         ready = self.pg.ready()
-        done, _ = ray.wait([ready], timeout=READY_TIMEOUT_S)
+        done, _ = ray.wait([ready], timeout=HELD_WAIT_S if held else READY_TIMEOUT_S)
         if not done:
             have = ray.cluster_resources()
+            held = release_held()
             self.stop()
             what = f"{gpus:g} GPU" if gpus else "1 CPU"
+            if held:
+                raise GpugeekError(
+                    f"{n} workers × {what} do not fit while an old worker group's placement group still holds "
+                    f"{sum(h.gpus for h in held):g} GPUs and {sum(h.cpus for h in held):g} CPUs (its removal "
+                    f"failed: {held[-1].why}) — `%gpugeek reset` tries again; the cluster need not grow")
             raise GpugeekError(
                 f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
                 f"{have.get('CPU', 0):g} CPUs) — use fewer --workers, or `%gpugeek scale` the cluster")
@@ -181,7 +190,6 @@ class WorkerGroup:
 
     def stop(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         if not self.connected():  # its cluster is gone, and its actors and samplers with it
             self.samplers, self.workers, self.pg = [], [], None
@@ -199,10 +207,9 @@ class WorkerGroup:
                 pass
         self.workers = []
         if self.pg is not None:
-            try:
-                remove_placement_group(self.pg)
-            except Exception:  # noqa: BLE001
-                pass
+            why = remove(self.pg)
+            if why is not None:     # it still reserves its bundles: said when a group does not fit
+                keep(self.pg, self.address, why)
             self.pg = None
 
     @property

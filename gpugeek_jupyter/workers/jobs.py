@@ -28,7 +28,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice
+from . import notice, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -93,13 +93,22 @@ def drain_telemetry() -> int:
 
 
 def reset() -> bool:
-    """Stop the worker group (its namespace goes with it); the next run builds a new one."""
+    """Stop the worker group (its namespace goes with it); the next run builds a new one. An old
+    group's placement group that would not go is tried again, and if it still holds, the
+    connection is made anew: it goes with the job that owns it."""
     session = current()
-    if session.group is None:
-        return False
-    session.group.stop()
-    session.group = None
-    return True
+    stopped = session.group is not None
+    if stopped:
+        session.group.stop()
+        session.group = None
+    had = len(placement.held())
+    held = placement.release_held()
+    if held and session.connection is not None:
+        print(f"note: an old worker group's placement group would not go ({held[-1].why}); connecting again, "
+              f"which ends the job that owns it", flush=True)
+        connection.reconnect(registry.get(session.connection.cluster_id))
+        placement.forget_held()
+    return stopped or had > 0
 
 
 def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
@@ -198,8 +207,11 @@ def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push:
     names = environment.imports(source) | environment.pushed_modules(push)
     try:
         missing = environment.needed(record.id, names, group.versions) if names else []
-    except Exception:  # noqa: BLE001 - a worker that cannot answer: the cell itself says what is wrong
-        return False
+    except Exception as exc:  # noqa: BLE001 - any failure refuses the cell: run on, it could run other code
+        cause = exc if isinstance(exc, GpugeekError) else f"{type(exc).__name__}: {exc}"
+        raise GpugeekError(f"could not check that the workers have this kernel's versions of "
+                           f"{', '.join(sorted(names))} ({cause}) — the cell was not run, as the workers might "
+                           f"run other versions of them; run it again, or `%gpugeek reset` first") from None
     if not missing:
         return False
     environment.shipment().shipped.update({m.name: m for m in missing})

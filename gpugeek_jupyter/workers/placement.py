@@ -1,0 +1,80 @@
+"""A worker group's placement group that would not go: it still reserves its bundles (GPUs, or
+CPUs) on the cluster. Removal is tried a few times; what is left is kept here, tried again before
+the next group is placed, and named when that group does not fit — never "scale the cluster",
+which would have the user pay for nodes to work around it. Such a group goes at the latest with
+the job that owns it: this kernel's connection (``jobs.reset`` makes it anew)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..kernel import connection
+
+PG_REMOVE_TRIES = 3
+
+
+@dataclass
+class Held:
+    """A placement group of an old worker group that would not go: it still reserves its
+    bundles on the cluster until a removal works or this kernel's connection ends."""
+
+    pg: object
+    address: str | None
+    gpus: float
+    cpus: float
+    why: str
+
+
+_held: list[Held] = []
+
+
+def remove(pg) -> str | None:
+    """Remove a placement group, tried ``PG_REMOVE_TRIES`` times; why it would not go, or None."""
+    from ray.util.placement_group import remove_placement_group
+
+    why = None
+    for attempt in range(PG_REMOVE_TRIES):
+        try:
+            remove_placement_group(pg)
+            return None
+        except Exception as exc:  # noqa: BLE001 - retried; what is left is kept in `_held` and said
+            why = f"{type(exc).__name__}: {exc}"
+            time.sleep(0.5 * (attempt + 1))
+    return why
+
+
+def release_held() -> list[Held]:
+    """Try again to remove the placement groups that would not go (on this connection: the
+    others went with the job that owned them); those still held."""
+    here = connection.connected_address()
+    _held[:] = [h for h in _held if h.address == here and here is not None]
+    for kept in list(_held):
+        if _gone(kept.pg) or remove(kept.pg) is None:
+            _held.remove(kept)
+    return list(_held)
+
+
+def keep(pg, address: str | None, why: str) -> None:
+    """A placement group that would not go (``remove`` said why), kept to be tried again."""
+    bundles = pg.bundle_specs
+    _held.append(Held(pg, address, sum(b.get("GPU", 0) for b in bundles), sum(b.get("CPU", 0) for b in bundles), why))
+
+
+def held() -> list[Held]:
+    """The old groups' placement groups that would not go, as last tried."""
+    return list(_held)
+
+
+def forget_held() -> None:
+    """The connection was made anew: the old job's placement groups went with it."""
+    _held.clear()
+
+
+def _gone(pg) -> bool:
+    from ray.util import placement_group_table
+
+    try:
+        return placement_group_table(pg).get("state") == "REMOVED"
+    except Exception:  # noqa: BLE001 - Ray cannot say: it is tried again as held
+        return False

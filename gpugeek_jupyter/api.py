@@ -15,7 +15,8 @@ from .backends.interface import LaunchConfig
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers as offers
-from .guard.lifecycle import sync_ledger
+from .cluster import registry
+from .guard.lifecycle import catch_up, counted_until, sync_ledger
 from .health.checkup import doctor
 from .health.findings import DoctorReport
 from .kernel.session import READINGS, any_cluster, current, fine, trouble, troubles_to_say
@@ -168,8 +169,6 @@ def update_catalog(source: str | None = None, providers: str | list[str] | None 
 
 def news() -> list[str]:
     """Watchdog events on the active cluster no notebook has shown yet, as lines to print."""
-    from .cluster import registry
-
     said = troubles_to_say()      # this kernel's own background reads and writes that keep failing
     name = current().active
     record = (registry.live(name) or registry.latest(name)) if name else None
@@ -204,10 +203,12 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
     by = CostGrouping.parse(by, "--by").value
     record = any_cluster(name)
     if sync:
+        record = catch_up(record)       # a remote head whose watchdog here is gone: its word first
         sync_ledger(record)
         if record.live:
             drain_telemetry()
-    now = time.time()
+        record = registry.get(record.id)      # as the sync left it (the head's word, a stop it made)
+    now = counted_until(record, time.time())
     table = ledger.cost_table(record.id, by, now)
     nodes = ledger.nodes_frame(record.id, now)
     samples = node_samples_frame(record.id, metrics=("gpu_util", "cpu_percent"))

@@ -9,7 +9,7 @@ a fraction of a second (``benchmarks/bench_cli.py``).
     gpugeek clusters [--json]
     gpugeek status NAME [--json]
     gpugeek cost [NAME] [--json]
-    gpugeek down NAME | --all [--yes]
+    gpugeek down NAME [--forget] | --all [--yes]
     gpugeek log [NAME] [--since 2h] [--json]
 
 A bad argument gets one line and exit status 2; a stop that fails, 1.
@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("name", metavar="NAME", nargs="?")
     down.add_argument("--all", action="store_true", help="stop every live cluster")
     down.add_argument("--yes", action="store_true", help="do not ask before stopping them all")
+    down.add_argument("--forget", action="store_true",
+                      help="close the record of a remote cluster whose machines are gone (its nodes end when "
+                           "it was last heard from)")
     log = commands.add_parser("log", help="the ledger's events, oldest first")
     log.add_argument("name", metavar="NAME", nargs="?")
     log.add_argument("--since", metavar="SPAN", help="only the last SPAN: 90s, 30m, 2h, 7d")
@@ -79,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "down":
             if bool(args.name) == args.all:
                 parser.error("down: name one cluster, or give --all")
+            if args.forget:
+                if args.all:
+                    parser.error("down --forget: name the one cluster whose machines are gone")
+                print(board.forget(args.name, by=BY)["message"])
+                return 0
             return _down_all(board, args.yes) if args.all else _down(board, args.name)
         return {"clusters": _clusters, "status": _status, "cost": _cost, "log": _log}[args.command](board, args)
     except board.NotFound as exc:
@@ -98,6 +106,7 @@ def _fail(status: int, message: str) -> int:
 # -- what each command prints ----------------------------------------------------------------------
 
 def _clusters(board, args) -> int:
+    board.catch_up()
     seen = board.overview()
     if args.json:
         return _json(seen)
@@ -113,6 +122,7 @@ def _clusters(board, args) -> int:
 
 
 def _status(board, args) -> int:
+    board.catch_up(args.name)
     seen = board.detail(args.name)
     if args.json:
         return _json(seen)
@@ -136,6 +146,7 @@ def _status(board, args) -> int:
 
 
 def _cost(board, args) -> int:
+    board.catch_up(args.name)
     if args.name:
         runs = board.every_run(args.name)
         nodes = {run["id"]: board.detail(args.name, cluster_id=run["id"])["node_rows"] for run in runs}

@@ -41,7 +41,9 @@ CREATE TABLE IF NOT EXISTS clusters (
     stopping      REAL,
     stopped       REAL,
     stop_reason   TEXT,
-    start_failed  TEXT                    -- `up` failed, and so did stopping what it had started
+    start_failed  TEXT,                   -- `up` failed, and so did stopping what it had started
+    heard         REAL,                   -- when this machine last had the cluster's word
+    guard         TEXT                    -- JSON: the guard that enforced the limits then (guard/lifecycle.py)
 );
 CREATE INDEX IF NOT EXISTS clusters_by_name ON clusters(name, stopped);
 
@@ -156,7 +158,7 @@ def connect(durable: bool = True) -> sqlite3.Connection:
 
 
 ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER", "preemptions": "INTEGER DEFAULT 0"},
-                 "clusters": {"start_failed": "TEXT", "idle_why": "TEXT"},
+                 "clusters": {"start_failed": "TEXT", "idle_why": "TEXT", "heard": "REAL", "guard": "TEXT"},
                  "attachments": {"last_cell": "REAL"},
                  "events": {"user": "TEXT", "client": "TEXT", "host": "TEXT", "options": "TEXT", "usd": "REAL"}}
 

@@ -45,6 +45,8 @@ class ClusterRecord:
     stop_reason: str | None
     start_failed: str | None = None   # its `up` failed and so did stopping what had started
     idle_why: str | None = None       # what the watchdog's idle_since rests on (meter/activity.py)
+    heard: float | None = None        # when this machine last had the cluster's word
+    guard: str | None = None          # JSON: who enforced the limits when it was last heard
 
     @property
     def live(self) -> bool:
@@ -90,6 +92,16 @@ def update(cluster_id: int, **fields) -> None:
     columns = ", ".join(f"{key}=?" for key in fields)
     with store.transaction() as db:
         db.execute(f"UPDATE clusters SET {columns} WHERE id=?", (*fields.values(), cluster_id))
+
+
+def heard_from(cluster_id: int, at: float, guard: dict | None = None) -> None:
+    """This machine had the cluster's word at ``at`` (its nodes read, or the head's ledger
+    copied), with who enforced its limits then (kept as it was when ``guard`` is None)."""
+    with store.transaction(durable=False) as db:
+        if guard is None:
+            db.execute("UPDATE clusters SET heard=? WHERE id=?", (at, cluster_id))
+        else:
+            db.execute("UPDATE clusters SET heard=?, guard=? WHERE id=?", (at, json.dumps(guard), cluster_id))
 
 
 def note_idleness(cluster_id: int, since: float | None, why: str) -> None:

@@ -10,6 +10,7 @@ stop).
 
 from __future__ import annotations
 
+import threading
 import time
 
 from .. import store
@@ -17,16 +18,20 @@ from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
+from ..remote import tunnel
 from ..vocab import ClusterPhase
 from . import lifecycle
 
 STOPPED_SHOWN = 10          # recently stopped clusters listed after the live ones
 UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
 
-# open nodes count up to now — or, on a stopped cluster, to its stop: its dollars never grow after
+# open nodes count up to now — or, on a stopped cluster, to its stop: its dollars never grow after;
+# nor do a remote cluster's past the moment this machine last heard from it (lifecycle.counted_until)
 _SPEND = """
 SELECT n.cluster_id,
-       SUM(n.usd_per_hour * MAX(0.0, COALESCE(n.ended, c.stopped, ?) - n.started)) / 3600.0 AS spent_usd,
+       SUM(n.usd_per_hour * MAX(0.0, COALESCE(n.ended, c.stopped,
+           CASE WHEN c.heard IS NOT NULL AND c.backend IN ({remote}) AND c.heard < ? THEN c.heard ELSE ? END)
+           - n.started)) / 3600.0 AS spent_usd,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.usd_per_hour ELSE 0 END) AS usd_per_hour,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN 1 ELSE 0 END) AS nodes,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.gpus ELSE 0 END) AS gpus
@@ -47,6 +52,25 @@ class AlreadyStopped(GpugeekError):
     """The cluster exists but has stopped; the message carries its final cost."""
 
 
+def catch_up(name: str | None = None, *, wait: bool = True) -> None:
+    """Before reading: the live remote clusters (or the one named) whose watchdog here is gone
+    get their head's word first (``lifecycle.catch_up``: over SSH, bounded by its connect
+    timeout). ``wait=False`` does it in a thread of its own — the Jupyter server never blocks on
+    SSH, and its next poll reads what that brought."""
+    due = [r for r in registry.all_records(include_stopped=False)
+           if (name is None or r.name == name) and lifecycle.needs_catch_up(r)]
+    if not due:
+        return
+
+    def each() -> None:
+        for record in due:
+            lifecycle.catch_up(record)
+    if wait:
+        each()
+    else:
+        threading.Thread(target=each, name="gpugeek-catch-up", daemon=True).start()
+
+
 def overview(now: float | None = None) -> dict:
     """Every live cluster, then the most recent stopped ones, with totals over the live ones."""
     now = time.time() if now is None else now
@@ -56,7 +80,7 @@ def overview(now: float | None = None) -> dict:
         " ORDER BY stopped DESC LIMIT ?)", (STOPPED_SHOWN,))
     records = [registry.from_row(r) for r in rows]
     money = _money([r.id for r in records], now)
-    clusters = [_cluster(r, money.get(r.id)) for r in records]
+    clusters = [_cluster(r, money.get(r.id), now) for r in records]
     live = [c for c in clusters if c["live"]]
     return {
         "clusters": clusters,
@@ -73,12 +97,13 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
     with its nodes, the latest utilisation per node and device, and its recent events."""
     now = time.time() if now is None else now
     record = _find(name, cluster_id)
-    out = _cluster(record, _money([record.id], now).get(record.id))
+    out = _cluster(record, _money([record.id], now).get(record.id), now)
+    until = lifecycle.counted_until(record, record.stopped or now)
     out["node_rows"] = [
         {"node": r["node_id"], "type": r["node_type"], "gpus": r["gpus"], "pricing": r["pricing"],
          "usd_per_hour": r["usd_per_hour"], "alive": r["ended"] is None,
-         "up_s": max(0.0, (r["ended"] or now) - r["started"]),
-         "usd": r["usd_per_hour"] * max(0.0, (r["ended"] or now) - r["started"]) / 3600.0}
+         "up_s": max(0.0, (r["ended"] or until) - r["started"]),
+         "usd": r["usd_per_hour"] * max(0.0, (r["ended"] or until) - r["started"]) / 3600.0}
         for r in store.query("SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id",
                              (record.id,))]
     # SQLite takes the bare columns from the row holding MAX(at): the latest sample per device
@@ -110,7 +135,7 @@ def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
         raise NotFound(_unknown(name))
     records = [registry.from_row(r) for r in rows]
     money = _money([r.id for r in records], now)
-    return [_cluster(r, money.get(r.id)) for r in records]
+    return [_cluster(r, money.get(r.id), now) for r in records]
 
 
 def events(name: str | None = None, since: float | None = None) -> list[dict]:
@@ -151,7 +176,10 @@ def stop(name: str, by: str = "JupyterLab") -> dict:
                             f"(its `up` has finished)")
     detaching = record.backend == "attach"
     reason = f"detached (from {by})" if detaching else f"down (from {by})"
-    lifecycle.shutdown(record, reason, sync=False)
+    try:
+        lifecycle.shutdown(record, reason, sync=False)
+    except GpugeekError as exc:
+        raise GpugeekError(f"{exc}{lifecycle.forget_hint(record)}") from None
     record = registry.get(record.id)
     if record.stopped is None:
         raise GpugeekError(f"cluster {name!r} is still stopping elsewhere — look again in a minute")
@@ -161,6 +189,21 @@ def stop(name: str, by: str = "JupyterLab") -> dict:
     return {"name": name, "stopped": True, "reason": record.stop_reason, "spent_usd": spent,
             "simulated": record.simulated,
             "message": f"{verb} {name!r}: it cost ${spent:,.2f}{sim}"}
+
+
+def forget(name: str, by: str = "JupyterLab") -> dict:
+    """Close the record of a live remote cluster whose machines are gone (``lifecycle.forget``)
+    and say what it cost, counted to the last moment it was heard from."""
+    record = registry.live(name)
+    if record is None:
+        raise AlreadyStopped(f"cluster {name!r} is not live — nothing to forget")
+    if record.backend not in tunnel.BACKENDS:
+        raise GpugeekError(f"cluster {name!r} runs here ({record.backend}): `down {name}` stops it")
+    at = lifecycle.forget(record, by)
+    spent = _money([record.id], at).get(record.id, {}).get("spent_usd", 0.0)
+    return {"name": name, "stopped": True, "reason": registry.get(record.id).stop_reason, "spent_usd": spent,
+            "message": f"forgot {name!r}: its nodes end at {time.strftime('%H:%M:%S', time.localtime(at))}, when it "
+                       f"was last heard from; it cost ${spent:,.2f} to then"}
 
 
 def attach_code(name: str) -> str:
@@ -190,24 +233,26 @@ def _unknown(name: str) -> str:
 def _money(ids: list[int], now: float) -> dict[int, dict]:
     if not ids:
         return {}
-    sql = _SPEND.format(ids=",".join("?" * len(ids)))
-    return {r["cluster_id"]: dict(r) for r in store.query(sql, (now, *ids))}
+    sql = _SPEND.format(ids=",".join("?" * len(ids)), remote=",".join(f"'{b}'" for b in tunnel.BACKENDS))
+    return {r["cluster_id"]: dict(r) for r in store.query(sql, (now - lifecycle.HEARD_WINDOW_S, now, *ids))}
 
 
-def _cluster(record: ClusterRecord, money: dict | None) -> dict:
+def _cluster(record: ClusterRecord, money: dict | None, now: float) -> dict:
     money = money or {}
     spent = float(money.get("spent_usd") or 0.0)
     budget = record.budget_usd
     phase = lifecycle.phase_of(record)
     state = lifecycle.state_of(record, registry.attached_kernels(record.id)
-                               if phase is ClusterPhase.RUNNING else [])
+                               if phase is ClusterPhase.RUNNING else [], now=now)
     return {
         "id": record.id,        # names come back after `down`; the id tells the runs apart
         "name": record.name,
         "backend": record.backend,
         "live": record.live,
         "state": state.phase.value,
-        "status": state.describe(record.name),
+        "status": state.describe(record.name, now, spent_then=spent if state.unheard_since is not None else None),
+        "unheard_since": state.unheard_since,      # its $ is counted to then: an estimate
+        "guard": state.guard,
         "simulated": record.simulated,
         "nodes": int(money.get("nodes") or 0),
         "gpus": float(money.get("gpus") or 0.0),

@@ -9,14 +9,21 @@ server use this module; it never touches a kernel's Ray connection (a kernel pas
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..backends.interface import BACKENDS
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
+from ..config import home
+from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard, tunnel
@@ -25,6 +32,10 @@ from ..vocab import ClusterPhase
 from . import health
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
+HEARD_WINDOW_S = 30.0      # a remote cluster not heard from for longer: its $ counted to its last word
+UNREACHABLE_AFTER_S = 600.0   # ... and past this, it is said to be unreachable
+CATCH_UP_EVERY_S = 15.0    # how often one process asks a head whose watchdog here is gone (``catch_up``)
+_caught_up: dict[int, float] = {}
 WATCHDOG_GRACE_S = 2.0
 # a watchdog's stop waits this long before it stops the nodes, so that a kernel still connected
 # lets go first (it looks every KERNELS_LOOK_EVERY_S; a running cell sees the stop within its
@@ -63,9 +74,13 @@ class ClusterState:
     stopped_at: float | None = None
     failure: str | None = None
     guard_failing: dict | None = None    # the watchdog's failed looks (``health``), while they go on
+    unheard_since: float | None = None   # a remote cluster this machine has not heard from since then
+    guard: dict | None = None            # who enforced its limits when it was last heard
+    budget: float | None = None
 
-    def describe(self, name: str, now: float | None = None) -> str:
-        """One line for people: ``running — orphan: no notebook attached``."""
+    def describe(self, name: str, now: float | None = None, spent_then: float | None = None) -> str:
+        """One line for people: ``running — orphan: no notebook attached``. ``spent_then``: the
+        $ at the moment a remote cluster was last heard from."""
         now = time.time() if now is None else now
         if self.phase is ClusterPhase.STOPPED:
             return f"stopped ({self.stop_reason}) {duration(now - (self.stopped_at or now))} ago"
@@ -75,14 +90,25 @@ class ClusterState:
                      f"`%gpugeek down {name}` tries the stop again")
         if self.orphan:
             text += " — orphan: no notebook attached"
-        if self.watchdog_gone:
+        if self.unheard_since is not None:
+            at = time.strftime("%H:%M:%S", time.localtime(self.unheard_since))
+            text += (f" — unreachable since {at}" if now - self.unheard_since > UNREACHABLE_AFTER_S
+                     else f" — last heard from the cluster at {at}")
+            if spent_then is not None:
+                text += f", ${spent_then:,.2f} then (an estimate: its nodes are counted to that moment)"
+        head = self.guard if self.guard and self.guard.get("by") == "head" else None
+        if head is not None and (self.watchdog_gone or self.unheard_since is not None):
+            limits = f"the ${self.budget:,.2f} cap and the idle stop" if self.budget else "the idle stop"
+            text += (f"; its own watchdog on the head (pid {head.get('pid')} on {head.get('host')}) enforces "
+                     f"{limits}")
+        elif self.watchdog_gone:
             text += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
         elif self.guard_failing:
             text += health.describe(self.guard_failing)
         return text
 
 
-def state_of(record: ClusterRecord, attached: list[int] | None = None) -> ClusterState:
+def state_of(record: ClusterRecord, attached: list[int] | None = None, now: float | None = None) -> ClusterState:
     """``attached`` saves a second look at the attached kernels when the caller has them."""
     phase = phase_of(record)
     if not phase.live:
@@ -93,7 +119,66 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None) -> Cluste
         orphan = False
     gone = bool(record.watchdog_pid) and not processes.alive(record.watchdog_pid)
     return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed,
-                        guard_failing=health.failing(record.id))
+                        guard_failing=health.failing(record.id), unheard_since=unheard_since(record, now),
+                        guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd)
+
+
+def unheard_since(record: ClusterRecord, now: float | None = None) -> float | None:
+    """When a live remote cluster was last heard from, once that is over ``HEARD_WINDOW_S`` ago
+    (its nodes are then counted to that moment: nothing here knows they ran on); else None."""
+    if not record.live or record.backend not in tunnel.BACKENDS or record.heard is None:
+        return None
+    now = time.time() if now is None else now
+    return record.heard if now - record.heard > HEARD_WINDOW_S else None
+
+
+def counted_until(record: ClusterRecord, now: float) -> float:
+    """The moment a cluster's open nodes are counted to: now, or its last word (``unheard_since``)."""
+    since = unheard_since(record, now)
+    return now if since is None else min(now, since)
+
+
+def catch_up(record: ClusterRecord) -> ClusterRecord:
+    """A remote cluster whose watchdog here is gone (this machine slept, or was off): the head's
+    ledger first, over SSH within its connect timeout — its dollars and a stop it made become
+    this machine's — then, for a cluster still live, this machine's watchdog again, so that the
+    tunnel and the sync resume. Tried at most once every ``CATCH_UP_EVERY_S`` per process, and by
+    one process at a time. Returns the record as it is then."""
+    if not needs_catch_up(record):
+        return record
+    now = time.monotonic()
+    if now - _caught_up.get(record.id, -CATCH_UP_EVERY_S) < CATCH_UP_EVERY_S:
+        return record
+    _caught_up[record.id] = now
+    lock = home() / "guards" / f"{record.id}.lock"
+    lock.parent.mkdir(mode=0o700, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        record = registry.get(record.id)
+        if not record.live or (record.watchdog_pid and processes.alive(record.watchdog_pid)):
+            return record        # another reader got there first
+        pulled = headguard.pull(record)
+        record = registry.get(record.id)
+        if pulled is not None and record.live:
+            start_watchdog(record)
+            record = registry.get(record.id)
+    return record
+
+
+def needs_catch_up(record: ClusterRecord) -> bool:
+    """A live remote cluster with a watchdog on its head and none running here."""
+    return (record.live and record.backend in tunnel.BACKENDS and headguard.guarded(record)
+            and not (record.watchdog_pid and processes.alive(record.watchdog_pid)))
+
+
+def start_watchdog(record: ClusterRecord) -> None:
+    """The cluster's own watchdog process, in a session of its own (it outlives the kernel)."""
+    log_dir = Path(record.temp_dir) if record.temp_dir and Path(record.temp_dir).is_dir() else home()
+    env = {**os.environ, "GPUGEEK_HOME": str(home()), processes.MARKER: record.marker}
+    proc = processes.start_detached(
+        [sys.executable, "-m", "gpugeek_jupyter.guard.watchdog", str(record.id)], env,
+        log_dir / "gpugeek-watchdog.log")
+    registry.update(record.id, watchdog_pid=proc.pid)
 
 
 def sync_ledger(record: ClusterRecord) -> None:
@@ -152,6 +237,35 @@ def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False,
             [p for p in processes.session_processes(record.watchdog_pid, record.created, record.marker)
              if p.pid == record.watchdog_pid], grace=WATCHDOG_GRACE_S)
     return True
+
+
+def forget(record: ClusterRecord, by: str) -> float:
+    """``down NAME --forget``: close the record of a remote cluster whose machines are gone (ended
+    in the provider's console, say) and cannot be stopped from here. Each node ends at the last
+    moment it was known to run (``heard``), and so does the cluster; what this machine runs for it
+    (the tunnel, the watchdog) is stopped, so nothing dials its addresses. Returns that moment."""
+    if not registry.claim_stop(record.id):
+        wait_stopped(record.id)
+        raise GpugeekError(f"cluster {record.name!r} is being stopped elsewhere — look again in a minute")
+    at = min(record.heard or time.time(), time.time())
+    said = time.strftime("%H:%M:%S", time.localtime(at))
+    reason = f"forgotten ({by}): not heard from since {said}"
+    for session in (record.session_id, record.watchdog_pid):
+        if session:
+            processes.stop_session(session, record.created, record.marker, grace=1)
+    ledger.end_all_nodes(record.id, at, reason)
+    registry.mark_stopped(record.id, reason, at)
+    ledger.event(record.id, "forget", f"{reason}: its nodes end then; if its machines still run, they bill "
+                                      f"until ended with their provider", options={"heard": at})
+    return at
+
+
+def forget_hint(record: ClusterRecord) -> str:
+    """What a failed stop of a remote cluster adds: how to close a record whose machines are gone."""
+    if record.backend not in tunnel.BACKENDS:
+        return ""
+    return (f" — if its machines are gone (ended in the provider's console), `down {record.name} --forget` "
+            f"closes its record at the last moment it was heard from")
 
 
 def wait_stopped(cluster_id: int, timeout: float = 60) -> None:

@@ -24,6 +24,7 @@ copies the head's ledger (``headguard.pull``) — and so learns of a stop made w
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 import traceback
@@ -37,9 +38,10 @@ from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from ..remote import headguard, tunnel
 from . import health
-from .lifecycle import shutdown
+from .lifecycle import UNREACHABLE_AFTER_S, shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
+UNREACHABLE = "unreachable"   # why a watchdog ended with its (remote) cluster still live
 STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)
 BUDGET_STOP_GRACE_S = 0.5
 DEFAULT_IDLE_WINDOW_MIN = 10.0   # how far back devices are read where no idle stop is set (for status)
@@ -65,6 +67,9 @@ class Watch:
         self.blind: str | None = None    # this look could not reach the cluster's GCS: why
         self.known: health.Known | None = None
         self.by = "watchdog"
+        self.guard_kind = "here"         # this machine's watchdog ("head": the head's)
+        self.beat: dict = {}             # the head watchdog's last fresh heartbeat
+        self.unreached_since: float | None = None   # the cluster's GCS has not answered since
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
@@ -81,6 +86,8 @@ class Watch:
             ledger.sync_nodes(self.cluster_id, nodes, ClusterSpec.from_json(record.spec).prices())
         now = time.time()
         on_head = nodes is not None and self._head_guards(record, now)
+        if nodes is not None:
+            registry.heard_from(self.cluster_id, now, self._guard(record, on_head))
         if record.budget_usd:
             stopped = self._budget(record, now, enforce=not on_head)
             if stopped:
@@ -97,6 +104,13 @@ class Watch:
                     return "idle"
         return None
 
+    def _guard(self, record, on_head: bool) -> dict:
+        """Who enforces the limits now: the head's watchdog (its heartbeat is fresh), else this one."""
+        if on_head:
+            head = ClusterSpec.from_json(record.spec).remote.get("hosts", ["the head"])[0]
+            return {"by": "head", "pid": self.beat.get("pid"), "host": head, "beat": self.beat.get("at")}
+        return {"by": self.guard_kind, "pid": os.getpid(), "host": socket.gethostname()}
+
     def _head_guards(self, record, now: float) -> bool:
         """Whether the head's watchdog enforces the limits (its heartbeat is fresh); a stop it began
         is claimed here, so that the kernels attached here let go of the cluster first."""
@@ -105,6 +119,7 @@ class Watch:
         beat = headguard.heartbeat(record, timeout=max(1.0, self.interval))
         if not headguard.fresh(beat, now):
             return False
+        self.beat = beat
         if beat.get("stopping") and not self.head_stopping and registry.claim_stop(self.cluster_id):
             self.head_stopping = True
         return True
@@ -123,11 +138,12 @@ class Watch:
             if record.backend in tunnel.BACKENDS and not tunnel.forwards(record.address):
                 raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
-            self.misses = 0
+            self.misses, self.unreached_since = 0, None
             return nodes
         except ClusterUnreachable as exc:
             self.misses += 1
             self.blind = f"its GCS does not answer: {exc}"
+            self.unreached_since = self.unreached_since or time.time()
         if headguard.guarded(record) and headguard.pull(record) and registry.get(self.cluster_id).stopped:
             return registry.get(self.cluster_id).stop_reason    # the head stopped it while we could not see
         ours_here = record.backend in ("local", "sim")
@@ -136,6 +152,8 @@ class Watch:
         if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
+        elif record.backend in tunnel.BACKENDS and time.time() - self.unreached_since > UNREACHABLE_AFTER_S:
+            return self._go_quiet(record)
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
             # a cloud head we cannot reach may still be running: keep billing its open nodes, and
             # keep enforcing the budget on that (never stop it just for being unreachable)
@@ -143,6 +161,19 @@ class Watch:
                          f"cannot reach the head at {record.address}; metering on the last known nodes")
             self.unmetered_said = True
         return None
+
+    def _go_quiet(self, record) -> str:
+        """No word from a remote cluster for ``UNREACHABLE_AFTER_S``: stop dialing it (the tunnel
+        goes, and this watchdog ends); readers ask its head again (``lifecycle.catch_up``), and
+        ``down --forget`` closes a cluster whose machines are gone."""
+        heard = time.strftime("%H:%M:%S", time.localtime(record.heard or self.unreached_since))
+        ledger.event(self.cluster_id, "unreachable",
+                     f"no word from the cluster since {heard}: this machine's watchdog stops dialing it (its head's "
+                     f"own watchdog, if it runs, enforces the limits); `status` asks it again, and `down "
+                     f"{record.name} --forget` closes the record if its machines are gone")
+        if record.session_id:
+            processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+        return UNREACHABLE
 
     def _reopen_tunnel(self, record):
         """The record with a new tunnel if the one to a remote head had dropped, else None."""
@@ -300,7 +331,8 @@ def run(cluster_id: int, interval: float | None = None, watch: Watch | None = No
 def main(argv: list[str]) -> int:
     ledger.acting_as("watchdog")
     reason = run(int(argv[1]))
-    print(f"watchdog: cluster {argv[1]} stopped ({reason})", flush=True)
+    print(f"watchdog: cluster {argv[1]} " + ("unreachable: this watchdog stops dialing it" if reason == UNREACHABLE
+                                             else f"stopped ({reason})"), flush=True)
     return 0
 
 

@@ -197,12 +197,15 @@ def limits(self: GpugeekMagics, line: str):
 @magic_arguments()
 @cluster_name
 @argument("--all", action="store_true", help="every live cluster")
+@argument("--forget", action="store_true",
+          help="close the record of a remote cluster whose machines are gone (its nodes end when it was "
+               "last heard from)")
 def down(self: GpugeekMagics, line: str):
     """Stop a cluster: its jobs, its nodes, its processes — only those we started."""
     args = parse_argstring(down, line)
     if args.all and args.name:
         raise UsageError("give a name or --all, not both")
-    names = api.down(args.name, all=args.all)
+    names = api.down(args.name, all=args.all, forget=args.forget)
     print(f"stopped: {', '.join(names)}" if names else "no live cluster to stop")
 
 

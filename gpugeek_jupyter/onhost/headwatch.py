@@ -73,6 +73,7 @@ class HeadWatch(Watch):
         self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
         self.report: dict | None = None
         self.by = "head's watchdog"
+        self.guard_kind = "head"
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a

@@ -336,6 +336,17 @@ def ledger(args):
     return {"ok": True, "cluster": cluster, "nodes": nodes, "events": events}
 
 
+def forget(args):
+    """Remove a stopped cluster's folder here (its token, logs and the head watchdog's ledger, by
+    then copied to the laptop): only a folder directly in ``~/.gpugeek/clusters``."""
+    folder = os.path.realpath(os.path.expanduser(args[0]))
+    clusters = os.path.realpath(os.path.expanduser("~/.gpugeek/clusters"))
+    if os.path.dirname(folder) != clusters:
+        return {"ok": False, "error": f"{args[0]} is not a cluster's folder in ~/.gpugeek/clusters"}
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"ok": not os.path.exists(folder)}
+
+
 def _running(pid):
     state = _state(pid)
     return state is not None and state[0] != "Z"
@@ -357,6 +368,8 @@ def main(argv):
         result = guard(args)
     elif command == "ledger":
         result = ledger(args)
+    elif command == "forget":
+        result = forget(args)
     else:
         result = {"ok": False, "error": f"unknown command {command!r}"}
     sys.stdout.write(json.dumps(result) + "\n")

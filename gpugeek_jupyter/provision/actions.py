@@ -13,12 +13,14 @@ from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..guard import lifecycle
 from ..guard.lifecycle import shutdown
 from ..kernel import connection
 from ..kernel.session import current, live_cluster
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, send_notice
 from ..remote import headguard
+from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
 from .status import ClusterStatus, status
 
@@ -40,13 +42,26 @@ def stop(record: ClusterRecord, reason: str, **kwargs) -> bool:
     return shutdown(record, reason, before_stop=connection.disconnect, **kwargs)
 
 
-def down(name: str | None = None, *, all: bool = False) -> list[str]:
-    """Stop a cluster (or every live one). Attached clusters are only detached, never stopped."""
+def down(name: str | None = None, *, all: bool = False, forget: bool = False) -> list[str]:
+    """Stop a cluster (or every live one). Attached clusters are only detached, never stopped.
+    ``forget``: close the record of a remote cluster whose machines are gone, its nodes ended
+    when it was last heard from (``lifecycle.forget``)."""
     session = current()
     records = registry.all_records(include_stopped=False) if all else [live_cluster(name)]
+    if forget:
+        if all or records[0].backend not in TUNNELLED:
+            raise GpugeekError("down --forget: name the one remote cluster whose machines are gone")
+        connection.disconnect(records[0])
+        lifecycle.forget(records[0], "the notebook")
+        if records[0].name == session.active:
+            session.active = None
+        return [records[0].name]
     done = []
     for record in records:
-        stop(record, "detached" if record.backend == "attach" else "down")
+        try:
+            stop(record, "detached" if record.backend == "attach" else "down")
+        except GpugeekError as exc:
+            raise GpugeekError(f"{exc}{lifecycle.forget_hint(record)}") from None
         if registry.get(record.id).stopped is None:
             raise GpugeekError(f"cluster {record.name!r} is still stopping elsewhere — check `%gpugeek status "
                                f"{record.name}` in a minute")

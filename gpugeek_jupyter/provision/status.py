@@ -16,7 +16,7 @@ from .. import display
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..guard.lifecycle import state_of, sync_ledger
+from ..guard.lifecycle import catch_up, counted_until, state_of, sync_ledger
 from ..kernel.session import any_cluster
 from ..meter import ledger
 from ..units import duration
@@ -93,9 +93,11 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
     nodes current every few seconds and open nodes accrue up to now either way."""
     record = any_cluster(name)
     if sync:
+        record = catch_up(record)       # a remote head whose watchdog here is gone: its word first
         sync_ledger(record)
+        record = registry.get(record.id)      # as the sync left it (the head's word, a stop it made)
     now = time.time()
-    frame = ledger.nodes_frame(record.id, now)
+    frame = ledger.nodes_frame(record.id, counted_until(record, now))
     alive = frame[frame["alive"]]
     nodes = pd.DataFrame({
         "node": alive["node_id"].str[-6:], "type": alive["node_type"], "gpus": alive["gpus"],
@@ -105,7 +107,8 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
     state = state_of(record)
     return ClusterStatus(
         name=record.name, backend=record.backend, phase=state.phase,
-        state=state.describe(record.name, now), address=record.address,
+        state=state.describe(record.name, now, spent_then=float(frame["usd"].sum())
+                             if state.unheard_since is not None else None), address=record.address,
         simulated=record.simulated, nodes=nodes.reset_index(drop=True),
         spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
         budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
@@ -125,11 +128,12 @@ def clusters() -> pd.DataFrame:
     rows = []
     now = time.time()
     for record in registry.all_records():
-        frame = ledger.nodes_frame(record.id, now)
+        frame = ledger.nodes_frame(record.id, counted_until(record, now))
         state = state_of(record, registry.attached_kernels(record.id) if record.live else [])
         rows.append({
             "name": record.name, "backend": record.backend, "phase": state.phase.value,
-            "state": state.describe(record.name, now),
+            "state": state.describe(record.name, now, spent_then=float(frame["usd"].sum())
+                                    if state.unheard_since is not None else None),
             "nodes": int(frame["alive"].sum()), "gpus": float(frame.loc[frame["alive"], "gpus"].sum()),
             "spent_usd": float(frame["usd"].sum()), "simulated": record.simulated,
             "budget_usd": record.budget_usd, "created": pd.Timestamp(record.created, unit="s"),

@@ -8,19 +8,15 @@ idle autostop, so both hold after the kernel dies.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from pathlib import Path
 
 from .. import ports
 from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..config import home
 from ..errors import GpugeekError
-from ..guard.lifecycle import sync_ledger
+from ..guard.lifecycle import start_watchdog, sync_ledger
 from ..kernel import environment
 from ..kernel.environment import read_env_file, storage_packages, storage_url
 from ..kernel.session import current
@@ -214,13 +210,3 @@ def _reachable(record: ClusterRecord) -> bool:
         return True
     except ClusterUnreachable:
         return False
-
-
-def start_watchdog(record: ClusterRecord) -> None:
-    """The cluster's own watchdog process, in a session of its own (it outlives the kernel)."""
-    log_dir = Path(record.temp_dir) if record.temp_dir and Path(record.temp_dir).is_dir() else home()
-    env = {**os.environ, "GPUGEEK_HOME": str(home()), processes.MARKER: record.marker}
-    proc = processes.start_detached(
-        [sys.executable, "-m", "gpugeek_jupyter.guard.watchdog", str(record.id)], env,
-        log_dir / "gpugeek-watchdog.log")
-    registry.update(record.id, watchdog_pid=proc.pid)

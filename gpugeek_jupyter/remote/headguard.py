@@ -16,7 +16,7 @@ import io
 import json
 import tarfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
@@ -147,9 +147,25 @@ def pull(record: ClusterRecord) -> dict | None:
     if not dump.get("ok") or not dump.get("cluster"):
         return None
     ledger.adopt(record.id, dump["nodes"], dump["events"])
+    registry.heard_from(record.id, time.time())      # the head's word: its ledger, as of now
     head_record = dump["cluster"]
     if head_record.get("stopped") and record.stopped is None:
         registry.mark_stopped(record.id, head_record["stop_reason"] or "stopped by the head", head_record["stopped"])
         if record.session_id:        # the tunnel: nothing is left to reach
             processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+        _forget_on_head(record, remote)
     return dump
+
+
+def _forget_on_head(record: ClusterRecord, remote: dict) -> None:
+    """The head's folder of the stopped cluster, once its ledger is copied here: removed there
+    (the copy here is kept); a failure is said in the ledger."""
+    folder = str(PurePosixPath(remote["token_path"]).parent)
+    try:
+        answer = _on_head(remote, "forget", folder, timeout=30)
+        why = None if answer.get("ok") else answer.get("error", "it is still there")
+    except GpugeekError as exc:
+        why = str(exc)
+    if why:
+        ledger.event(record.id, "head-folder", f"the head's {folder} was not removed ({why}); its ledger is "
+                                               f"copied here")

@@ -45,8 +45,9 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
                f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
     # (TCP_NODELAY), and every small Ray Client request stops waiting out a 40 ms delayed ACK
-    cmd = ssh.argv(head, remote.get("ssh_key"), "-tt", f"exec sleep {HOLD_S}",
-                   known_hosts=remote.get("known_hosts"))
+    # the hold carries the cluster's marker, so the head's own stop ends it (and this tunnel with it)
+    hold = f"exec env {processes.MARKER}={ssh.quote(record.marker)} sleep {HOLD_S}"
+    cmd = ssh.argv(head, remote.get("ssh_key"), "-tt", hold, known_hosts=remote.get("known_hosts"))
     cmd[1:1] = ["-o", "ExitOnForwardFailure=yes", *forward]
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)

@@ -43,6 +43,7 @@ class ClustersHandler(_Handler):
     @tornado.web.authenticated
     @authorized
     def get(self) -> None:
+        board.catch_up(wait=False)       # a remote cluster's head asked in the background, never here
         self.reply(board.overview())
 
 
@@ -56,6 +57,7 @@ class ClusterHandler(_Handler):
         if cluster_id is not None and not cluster_id.isdigit():
             return self.fail(400, f"id={cluster_id!r}: give the cluster's numeric id")
         try:
+            board.catch_up(name, wait=False)
             self.reply(board.detail(name, cluster_id=int(cluster_id) if cluster_id else None))
         except board.NotFound as exc:
             self.fail(404, str(exc))

@@ -29,6 +29,7 @@ class LedgerCollector:
 
     def collect(self):
         now = time.time()
+        board.catch_up(wait=False)
         live = [c for c in board.overview(now)["clusters"] if c["live"]]
         yield from _clusters(live)
         ids = {c["id"]: c for c in live}

@@ -60,6 +60,23 @@ def _head_ledger(head, spec: ClusterSpec, name: str) -> tuple[dict, list[dict]]:
     return cluster, nodes
 
 
+def _holds(host) -> list[int]:
+    """Processes on the host running the tunnel's hold (``sleep`` of ``tunnel.HOLD_S``), found by
+    their command line in the host's namespace, whatever their environment."""
+    import psutil
+
+    from gpugeek_jupyter.remote.tunnel import HOLD_S
+
+    found = []
+    for pid in host.pids():
+        try:
+            if psutil.Process(pid).cmdline()[-2:] == ["sleep", str(HOLD_S)]:
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def _spend(nodes: list[dict], now: float) -> float:
     return sum(n["usd_per_hour"] * ((n["ended"] or now) - n["started"]) / 3600 for n in nodes)
 
@@ -127,6 +144,7 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
                        AHEAD_S + 30, "every host free of the cluster's processes (by namespace)")
             print(f"\nevery host stopped {time.monotonic() - gone:.1f} s after the laptop went "
                   f"(cap {AHEAD_S:.0f} s of burn ahead)")
+            wait_until(lambda: not _holds(lab.hosts[0]), 10, "the tunnel's hold on the head to go with its stop")
             head, head_nodes = _head_ledger(lab.hosts[0], spec, "guarded")
             assert head["stop_reason"] == "budget cap reached", head
             spent = _spend(head_nodes, time.time())
@@ -151,6 +169,8 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
         assert report.total_usd == pytest.approx(spent, rel=1e-9), "the laptop's dollars are not the head's"
         assert any(e["kind"] == "budget-stop" for e in ledger.events(record.id))
         assert not processes.alive(record.session_id), "the tunnel outlived the cluster"
+        folder = lab.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent
+        assert not folder.exists(), "the head kept the stopped cluster's folder after its ledger was copied"
     finally:
         if kernel.poll() is None:
             kernel.kill()

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 USD_PER_S = 10.0            # $36,000/h
 INTERVAL_S = 0.5
-AHEAD_S = 14.0              # the budget is set this far ahead of the spend when the fault begins
+AHEAD_S = 9.0               # the budget is set this far ahead of the spend when the fault begins
 FAULTY = Path(__file__).resolve().parent / "faulty_watchdog.py"
 
 

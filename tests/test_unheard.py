@@ -39,7 +39,7 @@ def _row(name: str, now: float) -> dict:
 
 def test_a_cluster_not_heard_from_is_counted_to_its_last_word_and_says_so(gpugeek_home):
     head = {"by": "head", "pid": 4242, "host": "root@10.0.0.1", "beat": time.time() - 120}
-    record, now = _remote("quiet", heard_ago=120, guard=head)
+    _, now = _remote("quiet", heard_ago=120, guard=head)
     to_heard = 3 * RATE * (1000 - 120) / 3600
     row = _row("quiet", now)
     assert row["spent_usd"] == pytest.approx(to_heard, rel=1e-6)
@@ -50,7 +50,7 @@ def test_a_cluster_not_heard_from_is_counted_to_its_last_word_and_says_so(gpugee
     assert "not enforced" not in said
     assert "unreachable since" in _row("quiet", now + lifecycle.UNREACHABLE_AFTER_S)["status"]
     assert row["unheard_since"] == pytest.approx(now - 120)
-    heard_lately, _ = _remote("heard", heard_ago=1)
+    _remote("heard", heard_ago=1)
     assert _row("heard", now)["unheard_since"] is None and "last heard" not in _row("heard", now)["status"]
 
 

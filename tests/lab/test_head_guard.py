@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from cluster_processes import settings, wait_until
+from cluster_processes import new_kernel, settings, wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import processes, registry
@@ -34,7 +34,7 @@ KERNEL = """
 import sys, time, gpugeek_jupyter as gg
 gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
       pip_index_url={index!r})
-print('ready', flush=True)
+print('up-done', flush=True)
 sys.stdin.readline()
 print('cell', gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(20)\\n6 * 7", workers=3).shown(),
       flush=True)
@@ -77,6 +77,16 @@ def _holds(host) -> list[int]:
     return found
 
 
+def _terminal(home, *args: str) -> dict:
+    """``gpugeek ARGS`` from a terminal of this machine (no kernel), its JSON."""
+    import json
+
+    done = subprocess.run([sys.executable, "-m", "gpugeek_jupyter.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "GPUGEEK_HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def _spend(nodes: list[dict], now: float) -> float:
     return sum(n["usd_per_hour"] * ((n["ended"] or now) - n["started"]) / 3600 for n in nodes)
 
@@ -103,7 +113,7 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     record = spec = None
     try:
-        _until(kernel, "ready", 180)
+        _until(kernel, "up-done", 180)
         record = registry.live("guarded")
         spec = ClusterSpec.from_json(record.spec)
         assert headguard.guarded(record), "the head's watchdog was not started"
@@ -156,11 +166,24 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
         finally:
             lab.reconnect_laptop()
 
-        # the laptop is back: whatever asks first (here: cost) copies the head's ledger
+        # the laptop is back, no kernel running: the terminal asks first, and gets the head's word
         began = time.monotonic()
+        seen = _terminal(gpugeek_home, "clusters", "--json")
+        row = next(c for c in seen["clusters"] if c["name"] == "guarded")
+        print(f"the terminal's first `gpugeek clusters`, the head's ledger copied over SSH: "
+              f"{time.monotonic() - began:.1f} s; ${row['spent_usd']:.3f} against the head's ${spent:.3f}")
+        assert time.monotonic() - began < 30
+        assert row["state"] == "stopped" and row["stop_reason"] == "budget cap reached", row
+        assert row["spent_usd"] == pytest.approx(spent, rel=0.01)
+        folder = lab.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent
+        assert not folder.exists(), "the head kept the stopped cluster's folder after its ledger was copied"
+        assert _terminal(gpugeek_home, "cost", "guarded", "--json")["total_usd"] == pytest.approx(spent, rel=0.01)
+        said = new_kernel("import gpugeek_jupyter as gg\ns = gg.status('guarded')\nprint(s.phase.value, s.spend_usd)",
+                          gpugeek_home)
+        phase, usd = said.stdout.split()[-2:]
+        assert phase == "stopped" and float(usd) == pytest.approx(spent, rel=0.01), said.stdout + said.stderr
+        # then this kernel's own cost: the same dollars, to the cent
         report = gg.cost("guarded")
-        print(f"the laptop's cost, with the head's ledger copied over SSH: {time.monotonic() - began:.1f} s")
-        assert time.monotonic() - began < 15, "the laptop waited on a GCS that is gone"
         mine = registry.get(record.id)
         assert mine.stopped == pytest.approx(head["stopped"]) and mine.stop_reason == "budget cap reached"
         local = ledger.nodes_frame(record.id).sort_values("node_id")
@@ -169,8 +192,6 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
         assert report.total_usd == pytest.approx(spent, rel=1e-9), "the laptop's dollars are not the head's"
         assert any(e["kind"] == "budget-stop" for e in ledger.events(record.id))
         assert not processes.alive(record.session_id), "the tunnel outlived the cluster"
-        folder = lab.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent
-        assert not folder.exists(), "the head kept the stopped cluster's folder after its ledger was copied"
     finally:
         if kernel.poll() is None:
             kernel.kill()

@@ -188,6 +188,30 @@ def test_a_head_that_misses_rays_own_startup_wait_is_started_once_more(gpugeek_h
     assert len(starts) == 2 and len(str(failed.value).splitlines()) == 1
 
 
+def test_a_head_whose_port_was_taken_before_ray_bound_it_starts_on_other_ports(gpugeek_home, monkeypatch, capsys):
+    """A free port found here can be taken (by any connection's own local port) before Ray binds
+    it: Ray's GCS then dies at once; the head starts again on new ports, quietly."""
+    real, starts = processes.start_detached, []
+
+    def taken_then_real(cmd, env, log):
+        if "--head" not in cmd:          # the watchdog
+            return real(cmd, env, log)
+        starts.append(next(a for a in cmd if a.startswith("--port=")))
+        if len(starts) == 1:
+            said = ("(gcs_server) grpc_server.cc:134: Check failed: server_ Failed to start the grpc server. The "
+                    "specified port is 1. If the server startup error message is `Address already in use` …")
+            return real([sys.executable, "-c", f"print({said!r}); raise SystemExit(1)"], env, log)
+        return real(cmd, env, log)
+
+    monkeypatch.setattr(processes, "start_detached", taken_then_real)
+    gg.up("taken", backend="sim", gpu="A100", count=1, workers=1)
+    assert len(starts) == 2 and starts[0] != starts[1], starts
+    record = registry.live("taken")
+    assert record.address.endswith(starts[1].removeprefix("--port="))
+    assert read_nodes(record.address)
+    gg.down("taken")
+
+
 def test_a_node_found_dead_by_missed_health_checks_ends_when_it_died():
     """Ray writes a node's end when its GCS gives up on it, several missed health checks after it
     died; the ledger's end is moved back by what those checks took (their settings are ours,

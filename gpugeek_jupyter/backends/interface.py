@@ -20,7 +20,6 @@ from pathlib import Path
 
 import yaml
 
-from .. import ports
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -132,13 +131,12 @@ class SimBackend(LocalBackend):
 
     def start(self, record, spec):
         temp_dir = local.new_temp_dir()
-        port = ports.free_port()
         config = sim.config_path(temp_dir)
-        # the autoscaler's config names the GCS address, so we choose the port before starting
-        address = f"{local.HOST}:{port}"
-        sim.write_config(config, record.name, spec, address)
-        started = local.start_head(temp_dir, record.marker, num_cpus=0, num_gpus=0, autoscaling_config=config,
-                                  env=sim.ENV, port=port, dashboard=spec.dashboard)
+
+        def port_chosen(port: int) -> None:   # the autoscaler's config names the GCS address
+            sim.write_config(config, record.name, spec, f"{local.HOST}:{port}")
+        started = local.start_head(temp_dir, record.marker, port_chosen, num_cpus=0, num_gpus=0,
+                                   autoscaling_config=config, env=sim.ENV, dashboard=spec.dashboard)
         return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 
     def scale(self, record, spec, workers):

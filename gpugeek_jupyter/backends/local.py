@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,30 +42,47 @@ def new_temp_dir() -> str:
 # Ray gives a new node's raylet 30 s to register with the GCS (not configurable); a machine busy
 # enough can miss that once, and the head then starts on the second try
 SLOW_START = "timed out during startup"
+# a free port found here can be taken before Ray binds it (by any connection's own local port,
+# drawn from the same range): the head then starts again on other ports
+PORT_TAKEN = ("Failed to start the grpc server", "Address already in use")
+START_TRIES = 3
 
 
 class _SlowStart(GpugeekError):
     pass
 
 
-def start_head(temp_dir: str, marker: str, **kwargs) -> Head:
-    """``ray start --head`` (see ``_start_head``), once more if Ray's own startup wait ran out."""
-    try:
-        return _start_head(temp_dir, marker, **kwargs)
-    except _SlowStart:
-        print("note: Ray's head did not register within Ray's own 30 s (a busy machine?) — starting it once more",
-              flush=True)
-    try:
-        return _start_head(temp_dir, marker, **kwargs)
-    except _SlowStart as exc:
-        raise GpugeekError(str(exc)) from None
+class _PortTaken(GpugeekError):
+    pass
+
+
+def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | None = None, **kwargs) -> Head:
+    """``ray start --head`` (see ``_start_head``), again if Ray's own startup wait ran out (once) or
+    a port was taken before Ray could bind it. ``port_chosen(port)`` hears the GCS port before
+    each try (the sim backend's autoscaler config names it)."""
+    slow = 0
+    for attempt in range(1, START_TRIES + 1):
+        port = ports.free_port()
+        if port_chosen is not None:
+            port_chosen(port)
+        try:
+            return _start_head(temp_dir, marker, port=port, **kwargs)
+        except _PortTaken as exc:
+            if attempt == START_TRIES:
+                raise GpugeekError(str(exc)) from None
+        except _SlowStart as exc:
+            slow += 1
+            if slow == 2 or attempt == START_TRIES:
+                raise GpugeekError(str(exc)) from None
+            print("note: Ray's head did not register within Ray's own 30 s (a busy machine?) — starting it once "
+                  "more", flush=True)
+    raise AssertionError("unreachable")
 
 
 def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                 autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
-                port: int | None = None, dashboard: bool = False) -> Head:
+                port: int, dashboard: bool = False) -> Head:
     """``dashboard``: Ray's dashboard on a free port of 127.0.0.1 (token-protected like the rest)."""
-    port = port or ports.free_port()
     dashboard_port = ports.free_port() if dashboard else None
     cmd = [
         sys.executable, "-c", "from ray.scripts.scripts import main; main()",
@@ -101,7 +119,9 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
         processes.stop_session(proc.pid, since, marker)
         tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
         said = f"the Ray head did not start ({'; '.join(tail) or f'exit {code}'}) — full log: {log}"
-        raise (_SlowStart if SLOW_START in " ".join(tail) else GpugeekError)(said)
+        said_there = " ".join(tail)
+        raise (_SlowStart if SLOW_START in said_there else _PortTaken if any(
+            sign in said_there for sign in PORT_TAKEN) else GpugeekError)(said)
     pids = [p.pid for p in processes.session_processes(proc.pid, since, marker)]
     return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids,
                 dashboard_url=f"http://{HOST}:{dashboard_port}" if dashboard_port else None)

@@ -30,6 +30,7 @@ INTERVAL_S = 1.0      # the watchdogs' metering interval
 AHEAD_S = 100.0       # the cap is set this far ahead of the spend when the laptop goes
 BLINK_S = 10.0        # a cut the session rides out
 LOST_WITHIN_S = 75.0  # a cell says its cluster is out of reach: SSH's keepalive (15 s), Ray Client's grace (30 s)
+HELD_S = 60.0         # how long a reader's $ must stay put while the cluster is not heard from
 KERNEL = """
 import sys, time, gpugeek_jupyter as gg
 gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
@@ -85,6 +86,10 @@ def _terminal(home, *args: str) -> dict:
                           timeout=120, env={**os.environ, "GPUGEEK_HOME": str(home)})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def _row(seen: dict, name: str) -> dict:
+    return next(c for c in seen["clusters"] if c["name"] == name)
 
 
 def _spend(nodes: list[dict], now: float) -> float:
@@ -163,13 +168,23 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
                   f"(one interval is ${burn * INTERVAL_S / 3600:.3f})")
             assert len(head_nodes) == 3 and all(n["ended"] for n in head_nodes)
             assert spent <= budget + burn * INTERVAL_S / 3600, "spend passed the cap by more than one interval"
+
+            # the terminal asks while the link is still cut: the last word, its $ held, the head's guard named
+            first = _row(_terminal(gpugeek_home, "clusters", "--json"), "guarded")
+            print(f"with the link still cut: {first['status']}")
+            assert first["state"] == "running" and "last heard from the cluster at" in first["status"], first
+            assert f"its own watchdog on the head (pid {first['guard']['pid']} on root@{lab.hosts[0].address}) " \
+                   f"enforces the ${budget:,.2f} cap" in first["status"], first["status"]
+            assert first["spent_usd"] <= budget
+            time.sleep(HELD_S)
+            later = _row(_terminal(gpugeek_home, "clusters", "--json"), "guarded")
+            assert later["spent_usd"] == first["spent_usd"], f"the $ grew while unheard: {first} → {later}"
         finally:
             lab.reconnect_laptop()
 
         # the laptop is back, no kernel running: the terminal asks first, and gets the head's word
         began = time.monotonic()
-        seen = _terminal(gpugeek_home, "clusters", "--json")
-        row = next(c for c in seen["clusters"] if c["name"] == "guarded")
+        row = _row(_terminal(gpugeek_home, "clusters", "--json"), "guarded")
         print(f"the terminal's first `gpugeek clusters`, the head's ledger copied over SSH: "
               f"{time.monotonic() - began:.1f} s; ${row['spent_usd']:.3f} against the head's ${spent:.3f}")
         assert time.monotonic() - began < 30

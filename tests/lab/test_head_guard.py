@@ -176,7 +176,7 @@ def test_the_laptops_link_cut_and_the_heads_watchdog_at_the_budget_with_the_lapt
             assert f"its own watchdog on the head (pid {first['guard']['pid']} on root@{lab.hosts[0].address}) " \
                    f"enforces the ${budget:,.2f} cap" in first["status"], first["status"]
             assert first["spent_usd"] <= budget
-            time.sleep(HELD_S)
+            time.sleep(HELD_S)       # the $ must stay put this long: there is nothing to poll for
             later = _row(_terminal(gpugeek_home, "clusters", "--json"), "guarded")
             assert later["spent_usd"] == first["spent_usd"], f"the $ grew while unheard: {first} → {later}"
         finally:

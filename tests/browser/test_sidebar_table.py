@@ -19,7 +19,9 @@ SIDEBAR = "#gpugeek-sidebar"
 # clientWidth), and whether it reaches past the card's detail box, the part of the sidebar
 # the table has to fit in (its overflow scrolls out of sight).
 CELLS_JS = """(table) => {
-  const box = table.closest('.gpugeek-cluster-detail').getBoundingClientRect();
+  const detail = table.closest('.gpugeek-cluster-detail');
+  if (detail === null) return null;   // the card re-rendered it while it was read: read it again
+  const box = detail.getBoundingClientRect();
   const heads = [...table.querySelectorAll('thead th')].map(th => th.innerText.trim());
   return [...table.querySelectorAll('th, td')].map(cell => {
     const r = cell.getBoundingClientRect();
@@ -29,9 +31,19 @@ CELLS_JS = """(table) => {
 }"""
 
 
+def cells_of(table) -> list[dict]:
+    """Each cell of ``table`` measured; a table the card replaced while it was read (it re-renders
+    at every poll) is read again, as the locator finds the new one."""
+    for _ in range(20):
+        cells = table.evaluate(CELLS_JS)
+        if cells is not None:
+            return cells
+    raise AssertionError("the table was replaced at every one of 20 reads")
+
+
 def cut_cells(card) -> list[dict]:
     """The cells of ``card``'s tables (nodes, and utilisation once sampled) cut or out of sight."""
-    cells = [c for table in card.locator(".gpugeek-table").all() for c in table.evaluate(CELLS_JS)]
+    cells = [c for table in card.locator(".gpugeek-table").all() for c in cells_of(table)]
     return [c for c in cells if c["cut"] or c["outside"]]
 
 
@@ -75,7 +87,7 @@ def test_the_node_table_fits_the_sidebar_and_no_cell_is_cut(lab, page, sim_clust
                            timeout=30_000)
     width = page.locator(SIDEBAR).bounding_box()["width"]
     assert width < 320, f"the sidebar is {width} px wide: not JupyterLab's default"
-    cells = card.locator(".gpugeek-nodes-table").evaluate(CELLS_JS)
+    cells = cells_of(card.locator(".gpugeek-nodes-table"))
     screenshot(page, "sidebar-node-table", card)
     rates = [c["text"] for c in cells if c["column"] == "$/h" and c["text"] != "$/h"]
     assert len(rates) == 2 and any(r != "$0.00" for r in rates), rates

@@ -90,3 +90,11 @@ def duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def clock(at: float) -> str:
+    """A moment as the local time of day, ``14:02:07``: when a cluster was last heard from, a
+    streak of failures began."""
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(at))

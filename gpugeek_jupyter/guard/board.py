@@ -19,6 +19,7 @@ from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
 from ..remote import tunnel
+from ..units import clock
 from ..vocab import ClusterPhase
 from . import lifecycle
 
@@ -202,7 +203,7 @@ def forget(name: str, by: str = "JupyterLab") -> dict:
     at = lifecycle.forget(record, by)
     spent = _money([record.id], at).get(record.id, {}).get("spent_usd", 0.0)
     return {"name": name, "stopped": True, "reason": registry.get(record.id).stop_reason, "spent_usd": spent,
-            "message": f"forgot {name!r}: its nodes end at {time.strftime('%H:%M:%S', time.localtime(at))}, when it "
+            "message": f"forgot {name!r}: its nodes end at {clock(at)}, when it "
                        f"was last heard from; it cost ${spent:,.2f} to then"}
 
 

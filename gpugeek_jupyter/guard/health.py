@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import home
+from ..units import clock
 
 FAILING_AFTER = 3
 
@@ -67,7 +67,7 @@ def failing(cluster_id: int) -> dict | None:
 
 def describe(state: dict) -> str:
     """`` — its watchdog is failing: 5 looks in a row since 14:02 (…)`` for a status line."""
-    since = time.strftime("%H:%M:%S", time.localtime(state["since"]))
+    since = clock(state["since"])
     held = (f"; the ${state['budget']:,.2f} budget is held on the last known ${state['burn']:,.2f}/h"
             if state.get("budget") and state.get("burn") is not None else "")
     return (f" — its {state.get('by', 'watchdog')} is failing: {state['looks']} looks in a row since {since} "

@@ -27,7 +27,7 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard, tunnel
-from ..units import duration
+from ..units import clock, duration
 from ..vocab import ClusterPhase
 from . import health
 
@@ -91,7 +91,7 @@ class ClusterState:
         if self.orphan:
             text += " — orphan: no notebook attached"
         if self.unheard_since is not None:
-            at = time.strftime("%H:%M:%S", time.localtime(self.unheard_since))
+            at = clock(self.unheard_since)
             text += (f" — unreachable since {at}" if now - self.unheard_since > UNREACHABLE_AFTER_S
                      else f" — last heard from the cluster at {at}")
             if spent_then is not None:
@@ -248,7 +248,7 @@ def forget(record: ClusterRecord, by: str) -> float:
         wait_stopped(record.id)
         raise GpugeekError(f"cluster {record.name!r} is being stopped elsewhere — look again in a minute")
     at = min(record.heard or time.time(), time.time())
-    said = time.strftime("%H:%M:%S", time.localtime(at))
+    said = clock(at)
     reason = f"forgotten ({by}): not heard from since {said}"
     for session in (record.session_id, record.watchdog_pid):
         if session:

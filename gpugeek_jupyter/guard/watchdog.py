@@ -37,6 +37,7 @@ from ..errors import GpugeekError
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from ..remote import headguard, tunnel
+from ..units import clock
 from . import health
 from .lifecycle import UNREACHABLE_AFTER_S, shutdown
 
@@ -66,7 +67,6 @@ class Watch:
         self.failing_since: float | None = None
         self.blind: str | None = None    # this look could not reach the cluster's GCS: why
         self.known: health.Known | None = None
-        self.by = "watchdog"
         self.guard_kind = "here"         # this machine's watchdog ("head": the head's)
         self.beat: dict = {}             # the head watchdog's last fresh heartbeat
         self.unreached_since: float | None = None   # the cluster's GCS has not answered since
@@ -166,7 +166,7 @@ class Watch:
         """No word from a remote cluster for ``UNREACHABLE_AFTER_S``: stop dialing it (the tunnel
         goes, and this watchdog ends); readers ask its head again (``lifecycle.catch_up``), and
         ``down --forget`` closes a cluster whose machines are gone."""
-        heard = time.strftime("%H:%M:%S", time.localtime(record.heard or self.unreached_since))
+        heard = clock(record.heard or self.unreached_since)
         ledger.event(self.cluster_id, "unreachable",
                      f"no word from the cluster since {heard}: this machine's watchdog stops dialing it (its head's "
                      f"own watchdog, if it runs, enforces the limits); `status` asks it again, and `down "
@@ -235,6 +235,10 @@ class Watch:
             registry.note_idleness(self.cluster_id, idle.since, idle.why)
         return idle
 
+    @property
+    def by(self) -> str:
+        """The watchdog, said in its own lines and events."""
+        return "head's watchdog" if self.guard_kind == "head" else "watchdog"
 
     def looked(self) -> None:
         """A look that saw the cluster: a failing streak ends, and says so."""

@@ -18,6 +18,7 @@ from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..errors import GpugeekError
 from ..meter import ledger
+from ..units import clock
 
 if TYPE_CHECKING:
     from ..sizing.planner import Plan
@@ -130,8 +131,8 @@ def _cell_starts(info=None) -> None:
     if lost is not None:     # the idle clock is told what it lacked, on every cluster attached here
         for cluster_id in registry.attached_to():
             ledger.event(cluster_id, "activity", f"{lost.count} notes of a notebook's cells (pid {os.getpid()}) were "
-                         f"lost between {time.strftime('%H:%M:%S', time.localtime(lost.since))} and "
-                         f"{time.strftime('%H:%M:%S', time.localtime(now))} ({lost.error}): the idle clock lacked them")
+                         f"lost between {clock(lost.since)} and "
+                         f"{clock(now)} ({lost.error}): the idle clock lacked them")
 
 
 def trouble(what: str, exc: BaseException) -> None:
@@ -155,7 +156,7 @@ def troubles_to_say() -> list[str]:
         if kept.count >= TROUBLE_SAID_AFTER and not kept.said:
             kept.said = True
             lines.append(f"gpugeek: {what} has failed {kept.count} times since "
-                         f"{time.strftime('%H:%M:%S', time.localtime(kept.since))} ({kept.error}) — "
+                         f"{clock(kept.since)} ({kept.error}) — "
                          f"{_WHAT_IT_COSTS[what]}")
     return lines
 

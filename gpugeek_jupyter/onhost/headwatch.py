@@ -72,7 +72,6 @@ class HeadWatch(Watch):
         self.stop_allowance = HEAD_STOP_ALLOWANCE_S
         self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
         self.report: dict | None = None
-        self.by = "head's watchdog"
         self.guard_kind = "head"
 
     def look(self) -> str | None:

@@ -98,4 +98,4 @@ def test_a_failing_watchdog_says_so_and_stops_at_the_projected_moment(gpugeek_ho
         print("the watchdog said:\n" + "\n".join(said_there))
         if registry.get(record.id).stopped is None:
             gg.down(name)
-    assert not still_running(of_cluster(record)), "a process of the cluster's sessions outlived its stop (counted from /proc)"
+    assert not still_running(of_cluster(record)), "a process of its sessions outlived the stop (counted from /proc)"

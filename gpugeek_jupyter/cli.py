@@ -98,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _guard(cluster: dict) -> str:
+    """Who enforces the limits, in the clusters table: the head's watchdog, this machine's, none."""
+    if not cluster["live"]:
+        return ""
+    by = {"head": "head", "here": "here"}.get(cluster["guard_by"], "NONE")
+    return by + (" (failing)" if cluster["guard_failing"] else "")
+
+
 def _fail(status: int, message: str) -> int:
     print(f"gpugeek: {message}", file=sys.stderr)
     return status
@@ -115,8 +123,9 @@ def _clusters(board, args) -> int:
         return 0
     rows = [[c["name"], c["backend"], c["state"] + (" (orphan)" if c["orphan"] else ""), _when(c["created"]),
              str(c["nodes"]), _gpus(c["gpus"]), _usd(c["usd_per_hour"]) + "/h" if c["live"] else "—",
-             _usd(c["spent_usd"]), _budget(c), "simulated $" if c["simulated"] else ""] for c in seen["clusters"]]
-    _table(["NAME", "BACKEND", "STATE", "STARTED", "NODES", "GPUS", "RATE", "SPENT", "BUDGET", ""], rows)
+             _usd(c["spent_usd"]), _budget(c), _guard(c), "simulated $" if c["simulated"] else ""]
+            for c in seen["clusters"]]
+    _table(["NAME", "BACKEND", "STATE", "STARTED", "NODES", "GPUS", "RATE", "SPENT", "BUDGET", "GUARD", ""], rows)
     print(f"{seen['live']} live · {_usd(seen['spent_usd'])} so far · {_usd(seen['usd_per_hour'])}/h")
     return 0
 
@@ -129,6 +138,8 @@ def _status(board, args) -> int:
     print(f"{seen['name']} ({seen['backend']}, id {seen['id']}): {seen['status']}")
     print(f"{seen['nodes']} nodes · {_gpus(seen['gpus'])} GPUs · {_usd(seen['spent_usd'])} spent · "
           f"{_usd(seen['usd_per_hour'])}/h · budget {_budget(seen)}")
+    if seen["live"]:
+        print(f"guarded by {seen['guarded_by'] or 'nothing: budget and idle stop are not enforced'}")
     if seen["node_rows"]:
         print()
         _table(["NODE", "TYPE", "GPUS", "PRICING", "RATE", "UP", "COST"],

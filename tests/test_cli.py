@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from cluster_processes import new_kernel, of_cluster, settings, still_running
 
@@ -66,7 +68,11 @@ def test_lists_and_stops_a_cluster_whose_kernel_was_killed(gpugeek_home):
         assert "local" in line and "running (orphan)" in line, listed.stdout
         shown = json.loads(gpugeek("clusters", "--json").stdout)
         assert [c["name"] for c in shown["clusters"] if c["live"]] == ["orphaned"]
-        assert "orphaned" in gpugeek("status", "orphaned").stdout
+        # the guard named by its pid, which the process table says is this cluster's watchdog
+        said = gpugeek("status", "orphaned").stdout
+        pid = int(re.search(r"^guarded by this machine's watchdog \(pid (\d+), ", said, re.M).group(1))
+        assert "gpugeek_jupyter.guard.watchdog" in " ".join(psutil.Process(pid).cmdline()), said
+        assert line.split()[-1] == "here", listed.stdout
 
         # --all asks first; with no terminal to ask on, it stops nothing and says how
         refused = gpugeek("down", "--all")

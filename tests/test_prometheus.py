@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from cluster_processes import settings, wait_until
 
@@ -95,6 +97,10 @@ def test_prometheus_scrapes_the_dollars_gpus_and_fires_the_budget_alert(gpugeek_
         assert get(metrics)[0] == 403, "the metrics answered without the server's token"
         status, text = get(metrics, {"Authorization": f"Bearer {token}"})
         assert status == 200 and 'gpugeek_cluster_spent_usd_total{backend="sim",cluster="prom"}' in text, text
+        # the guard named: this machine's watchdog, by the pid the process table gives its command
+        pid = re.search(r'gpugeek_guard_heard_age_seconds\{backend="sim",by="here",cluster="prom",host="[^"]+",'
+                        r'pid="(\d+)"\}', text).group(1)
+        assert "gpugeek_jupyter.guard.watchdog" in " ".join(psutil.Process(int(pid)).cmdline())
 
         config = tmp_path / "prometheus.yml"
         config.write_text(json.dumps({      # JSON is YAML

@@ -48,6 +48,8 @@ def test_a_cluster_not_heard_from_is_counted_to_its_last_word_and_says_so(gpugee
     assert "last heard from the cluster at" in said and f"${to_heard:,.2f} then (an estimate" in said, said
     assert "its own watchdog on the head (pid 4242 on root@10.0.0.1) enforces the $50.00 cap" in said, said
     assert "not enforced" not in said
+    assert row["guard_by"] == "head" and row["guarded_by"] == \
+        "the head's watchdog (pid 4242 on root@10.0.0.1, heartbeat 2m00s ago)", row["guarded_by"]
     assert "unreachable since" in _row("quiet", now + lifecycle.UNREACHABLE_AFTER_S)["status"]
     assert row["unheard_since"] == pytest.approx(now - 120)
     _remote("heard", heard_ago=1)

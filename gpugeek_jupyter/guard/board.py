@@ -254,6 +254,9 @@ def _cluster(record: ClusterRecord, money: dict | None, now: float) -> dict:
         "status": state.describe(record.name, now, spent_then=spent if state.unheard_since is not None else None),
         "unheard_since": state.unheard_since,      # its $ is counted to then: an estimate
         "guard": state.guard,
+        "heard": record.heard,                               # this machine last heard from it then
+        "guarded_by": state.guarded_by(now, record.heard),   # who enforces the limits now, said
+        "guard_by": state.guard_by,                          # "head", "here" or None (nothing does)
         "simulated": record.simulated,
         "nodes": int(money.get("nodes") or 0),
         "gpus": float(money.get("gpus") or 0.0),
@@ -265,6 +268,7 @@ def _cluster(record: ClusterRecord, money: dict | None, now: float) -> dict:
         "idle_minutes": record.idle_minutes,
         "orphan": state.orphan,
         "watchdog_gone": state.watchdog_gone,
+        "watchdog_pid": record.watchdog_pid,
         "guard_failing": state.guard_failing,
         "address": record.address,
         "dashboard_url": record.spec.get("dashboard_url") if record.live else None,

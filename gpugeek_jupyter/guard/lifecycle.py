@@ -77,6 +77,7 @@ class ClusterState:
     unheard_since: float | None = None   # a remote cluster this machine has not heard from since then
     guard: dict | None = None            # who enforced its limits when it was last heard
     budget: float | None = None
+    watchdog_pid: int | None = None      # this machine's watchdog for it
 
     def describe(self, name: str, now: float | None = None, spent_then: float | None = None) -> str:
         """One line for people: ``running — orphan: no notebook attached``. ``spent_then``: the
@@ -108,6 +109,30 @@ class ClusterState:
         return text
 
 
+    def guarded_by(self, now: float | None = None, heard: float | None = None) -> str | None:
+        """Who enforces the budget and idle stop now, as a fact: the head's watchdog (its pid, host
+        and heartbeat's age) or this machine's (its pid and last look, ``heard``); None when nothing
+        does (the watchdog is gone and no head guards) or the cluster is not live."""
+        now = time.time() if now is None else now
+        if self.guard_by == "head":
+            guard, beat = self.guard, self.guard.get("beat")
+            age = f", heartbeat {duration(max(0.0, now - beat))} ago" if beat else ""
+            return f"the head's watchdog (pid {guard.get('pid')} on {guard.get('host')}{age})"
+        if self.guard_by == "here":
+            age = f", last look {duration(max(0.0, now - heard))} ago" if heard else ", not looked yet"
+            return f"this machine's watchdog (pid {self.watchdog_pid}{age})"
+        return None
+
+    @property
+    def guard_by(self) -> str | None:
+        """``head``, ``here`` or None: ``guarded_by`` in a word (a table's column, a metric's label)."""
+        if not self.phase.live:
+            return None
+        if self.guard and self.guard.get("by") == "head":
+            return "head"
+        return "here" if self.watchdog_pid and not self.watchdog_gone else None
+
+
 def state_of(record: ClusterRecord, attached: list[int] | None = None, now: float | None = None) -> ClusterState:
     """``attached`` saves a second look at the attached kernels when the caller has them."""
     phase = phase_of(record)
@@ -120,7 +145,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None, now: floa
     gone = bool(record.watchdog_pid) and not processes.alive(record.watchdog_pid)
     return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed,
                         guard_failing=health.failing(record.id), unheard_since=unheard_since(record, now),
-                        guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd)
+                        guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd,
+                        watchdog_pid=record.watchdog_pid)
 
 
 def unheard_since(record: ClusterRecord, now: float | None = None) -> float | None:

@@ -7,7 +7,8 @@ and acts:
 
 - spend ≥ 80 % of the budget → a warning event (shown by the next ``%gpugeek`` call and status);
 - spend would pass the budget before the next look (one loop period plus the time a stop takes)
-  → stop jobs, shut the cluster down;
+  → wait until what is left of it is what the stop burns, then stop jobs and shut the cluster
+  down, so that the stop ends at the cap;
 - idle for ``idle`` minutes → shut it down: no job and every node idle by Ray's clock, or a job
   whose devices sat unused (a stalled loop), and no notebook running cells (``meter/activity.py``);
 - a head we started on this machine has died → close the ledger and stop what is left;
@@ -204,6 +205,11 @@ class Watch:
             self.warned = True
         ahead = burn * (self.period + self.stop_allowance) / 3600.0
         if enforce and spent + ahead >= budget:
+            # the cap falls before the next look: the stop starts when what is left of the budget
+            # is what the stop itself will burn, so that it ends at the cap, not a look early
+            lead = (budget - spent) / burn * 3600.0 - self.stop_allowance if burn > 0 else 0.0
+            time.sleep(min(max(0.0, lead), self.period))
+            spent = ledger.spend(self.cluster_id, time.time())
             ledger.event(self.cluster_id, "budget-stop",
                          f"budget ${budget:,.2f} reached (${spent:,.2f} spent, ${burn:,.2f}/h) — stopping "
                          f"jobs and shutting the cluster down", options={"budget": budget, "burn_usd_per_hour": burn})

@@ -41,7 +41,8 @@ from ..remote.headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
 from .script import MARKER
 
-HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head: a Ray driver, a task per node, the nodes gone
+HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed
+STOP_MARGIN_S = 1.0            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
 
 # how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the
@@ -73,6 +74,7 @@ class HeadWatch(Watch):
         self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
         self.report: dict | None = None
         self.guard_kind = "head"
+        self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a
@@ -116,6 +118,7 @@ class HeadWatch(Watch):
         try:
             nodes = read_nodes(self.gcs, timeout=max(1.0, self.interval))
             self.misses = 0
+            self._rehearse(record, nodes)
             return nodes
         except ClusterUnreachable as exc:
             self.misses += 1
@@ -156,6 +159,45 @@ class HeadWatch(Watch):
         if done.returncode != 0:
             raise RuntimeError(f"ray down --workers-only failed: {done.stderr.strip()[-300:]}")
 
+    def _rehearse(self, record, nodes) -> None:
+        """Time a stop's Ray part (a driver, a task on every other node) once the nodes are there,
+        so that a budget stop starts as far ahead of the cap as a stop takes here, not a guess."""
+        others = [n for n in nodes if n.alive and not n.is_head]
+        if record.backend in CLOUDS or not record.budget_usd or not others \
+                or frozenset(n.node_id for n in others) <= self.rehearsed:
+            return
+        self.rehearsed = frozenset(n.node_id for n in others)
+        import ray  # noqa: F401 - imported before the clock starts: a stop finds it imported
+        started = time.monotonic()
+        try:
+            self._on_other_nodes(others, _here)
+        except Exception as exc:  # noqa: BLE001 - Ray's errors are many; the untimed allowance stays
+            print(f"head's watchdog: the stop's rehearsal failed ({exc}); a budget stop starts "
+                  f"{self.stop_allowance:.0f} s ahead", flush=True)
+            return
+        took = time.monotonic() - started
+        self.stop_allowance = took + STOP_MARGIN_S
+        ledger.event(self.cluster_id, "guard", f"a stop from the head takes about {self.stop_allowance:.1f} s on "
+                                               f"{len(others) + 1} nodes (rehearsed: {took:.1f} s to reach them); "
+                                               f"a budget stop starts that far ahead of the cap")
+
+    def _on_other_nodes(self, others, fn, *args) -> None:
+        """``fn(*args)`` as a task on each of these nodes, from a Ray driver here, for up to half
+        of ``NODES_GONE_S``."""
+        import ray
+        from ray import cloudpickle
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the nodes need not have this package
+        task = ray.remote(num_cpus=0, max_retries=0)(fn)
+        ray.init(address=self.gcs, logging_level="ERROR", log_to_driver=False)
+        try:
+            done = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+                    .remote(*args) for n in others]
+            ray.wait(done, num_returns=len(done), timeout=NODES_GONE_S / 2)
+        finally:
+            ray.shutdown()
+
     def _stop_other_nodes(self, record, grace: float) -> None:
         """Every node but this one stopped through Ray; raises when some are still in Ray's table
         after ``NODES_GONE_S`` (the stop is then retried at the next look)."""
@@ -163,20 +205,8 @@ class HeadWatch(Watch):
         others = [n for n in read_nodes(self.gcs) if n.alive and not n.is_head]
         if not others:
             return
-        import ray
-        from ray import cloudpickle
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        source = ONHOST.read_text()
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the nodes need not have this package
-        stop_here = ray.remote(num_cpus=0, max_retries=0)(_stop_here)
-        ray.init(address=self.gcs, logging_level="ERROR", log_to_driver=False)
-        try:
-            stops = [stop_here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
-                     .remote(source, self.order["marker"], grace, self.order["temp_dirs"]) for n in others]
-            ray.wait(stops, num_returns=len(stops), timeout=NODES_GONE_S / 2)
-        finally:
-            ray.shutdown()
+        self._on_other_nodes(others, _stop_here, ONHOST.read_text(), self.order["marker"], grace,
+                             self.order["temp_dirs"])
         deadline = time.monotonic() + NODES_GONE_S
         while time.monotonic() < deadline:
             if not any(n.alive and not n.is_head for n in read_nodes(self.gcs)):
@@ -188,6 +218,10 @@ class HeadWatch(Watch):
 
 def temp_dir_of(temp_dirs: dict, ip: str) -> str:
     return (temp_dirs.get(ip) or temp_dirs.get("*", "")).replace("{ip}", ip)
+
+
+def _here() -> None:
+    """The rehearsal's task: reaching the node is all it times."""
 
 
 def _stop_here(source: str, marker: str, grace: float, temp_dirs: dict) -> str:

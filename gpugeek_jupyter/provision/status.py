@@ -38,6 +38,7 @@ class ClusterStatus:
     idle_minutes: float | None
     idle_for_s: float | None
     idle_why: str | None = None       # what the watchdog's idle clock rests on (meter/activity.py)
+    guarded_by: str | None = None     # who enforces the budget and idle stop now (None: nothing does)
     events: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -65,6 +66,9 @@ class ClusterStatus:
         elif self.burn_usd_per_hour > 0:
             money += f" → ${self.burn_usd_per_hour * 24:,.2f} per day at this rate"
         out.append(money)
+        if self.phase.live:
+            out.append(f"guarded by {self.guarded_by}" if self.guarded_by
+                       else "guarded by nothing: budget and idle stop are not enforced")
         if self.idle_minutes:
             idle = f"idle for {duration(self.idle_for_s)}" if self.idle_for_s is not None else "busy"
             out.append(f"autostop after {self.idle_minutes:g} min idle ({idle}"
@@ -113,7 +117,7 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
         budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
         idle_for_s=_idle_for(record) if record.live else None,
-        idle_why=record.idle_why if record.live else None,
+        idle_why=record.idle_why if record.live else None, guarded_by=state.guarded_by(now, record.heard),
         events=ledger.events(record.id), notes=list(ClusterSpec.from_json(record.spec).notes),
     )
 

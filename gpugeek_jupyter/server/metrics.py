@@ -10,6 +10,7 @@ only live clusters, running jobs and nodes sampled in the last minute appear.
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,7 +32,7 @@ class LedgerCollector:
         now = time.time()
         board.catch_up(wait=False)
         live = [c for c in board.overview(now)["clusters"] if c["live"]]
-        yield from _clusters(live)
+        yield from _clusters(live, now)
         ids = {c["id"]: c for c in live}
         yield from _jobs(ids, now)
         yield from _nodes(ids, now)
@@ -42,7 +43,7 @@ def _gauges(prefix: str, labels: list[str], described) -> list[GaugeMetricFamily
     return [GaugeMetricFamily(f"{prefix}_{name}", said, labels=labels) for name, said in described]
 
 
-def _clusters(live: list[dict]):
+def _clusters(live: list[dict], now: float):
     labels = ["cluster", "backend"]
     spent = CounterMetricFamily("gpugeek_cluster_spent_usd", "Dollars the cluster has cost so far (the ledger's; "
                                 "simulated clusters' dollars are simulated)", labels=labels)
@@ -56,6 +57,9 @@ def _clusters(live: list[dict]):
     state = GaugeMetricFamily("gpugeek_cluster_state", "1 for the cluster's state", labels=[*labels, "state"])
     failing = GaugeMetricFamily("gpugeek_guard_failing", "Looks in a row the cluster's watchdog has failed, once "
                                 "there are 3 or more (0: it sees the cluster)", labels=labels)
+    guard = GaugeMetricFamily("gpugeek_guard_heard_age_seconds", "Who enforces the cluster's budget and idle stop "
+                              "(by: head, here or none; its pid and host), and how long ago it was last heard from",
+                              labels=[*labels, "by", "pid", "host"])
     for c in live:
         key = [c["name"], c["backend"]]
         spent.add_metric(key, c["spent_usd"])
@@ -69,7 +73,18 @@ def _clusters(live: list[dict]):
         for phase in ClusterPhase:
             state.add_metric([*key, phase.value], 1.0 if phase.value == c["state"] else 0.0)
         failing.add_metric(key, float(c["guard_failing"]["looks"]) if c["guard_failing"] else 0.0)
-    yield from (spent, rate, budget, used, nodes, gpus, simulated, state, failing)
+        heard = c["guard"].get("beat") if c["guard_by"] == "head" else c["heard"]
+        guard.add_metric([*key, *_guard(c)], max(0.0, now - heard) if heard else float("nan"))
+    yield from (spent, rate, budget, used, nodes, gpus, simulated, state, failing, guard)
+
+
+def _guard(cluster: dict) -> tuple[str, str, str]:
+    """The guard's labels: by (head, here, none), its pid and host."""
+    if cluster["guard_by"] == "head":
+        return "head", str(cluster["guard"].get("pid")), str(cluster["guard"].get("host"))
+    if cluster["guard_by"] == "here":
+        return "here", str(cluster["watchdog_pid"]), socket.gethostname()
+    return "none", "", ""
 
 
 def _jobs(live: dict[int, dict], now: float):

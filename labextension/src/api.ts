@@ -39,6 +39,10 @@ export interface ICluster {
   watchdog_gone: boolean;
   /** Its watchdog's looks have failed 3 or more times in a row (the status line says why). */
   guard_failing: { looks: number; since: number; error: string } | null;
+  /** Who enforces the budget and idle stop now, said ("the head's watchdog (pid 12 on …)"); null: nothing. */
+  guarded_by: string | null;
+  /** The same in a word: the head's watchdog, this machine's, or null (nothing enforces them). */
+  guard_by: 'head' | 'here' | null;
   address: string | null;
   dashboard_url: string | null;
   /** Notebook-cell source that re-attaches a kernel to this cluster. */

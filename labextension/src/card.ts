@@ -58,7 +58,7 @@ export class ClusterCard {
     this._actions.append(this._shutdown, this._dashboard, this._attach);
 
     this._detail.hidden = true;
-    this.node.append(head, this._status, figures, this._budget, this._actions, this._detail);
+    this.node.append(head, this._status, this._guard, figures, this._budget, this._actions, this._detail);
   }
 
   /** Shows the cluster's latest figures. */
@@ -76,6 +76,14 @@ export class ClusterCard {
     setText(this._backend, cluster.backend);
     this._simBadge.hidden = !cluster.simulated;
     setText(this._status, Private.status(cluster, stopping));
+    this._guard.hidden = !cluster.live;
+    this._guard.dataset.by = cluster.guard_by ?? 'none';
+    setText(
+      this._guard,
+      cluster.guarded_by
+        ? `guarded by ${cluster.guarded_by}`
+        : 'guarded by nothing: budget and idle stop are not enforced'
+    );
 
     this._shape.hidden = !cluster.live;
     setText(this._shape, shape(cluster));
@@ -164,6 +172,7 @@ export class ClusterCard {
   private _dashboard: HTMLButtonElement;
   private _detail = h('div', 'gpugeek-cluster-detail');
   private _expanded = false;
+  private _guard = h('div', 'gpugeek-cluster-guard');
   private _loading = false;
   private _rate = h('span', 'gpugeek-rate');
   private _shape = h('span', 'gpugeek-shape');

@@ -103,6 +103,10 @@ def test_ticker_and_sidebar_follow_a_cluster_and_shut_it_down(lab, page, monkeyp
     text = card.inner_text()
     assert "local" in text and "$72.00/h" in text and "orphan" in text, text
     assert card.locator(".gpugeek-sim-badge").is_hidden()
+    # who enforces its budget and idle stop: this machine's watchdog, the process of that pid
+    guard = card.locator(".gpugeek-cluster-guard")
+    assert guard.get_attribute("data-by") == "here", guard.inner_text()
+    assert f"guarded by this machine's watchdog (pid {record.watchdog_pid}," in guard.inner_text()
 
     # Ray's dashboard opens in a new tab (it asks for Ray's token itself)
     with page.context.expect_page() as opened:

@@ -88,6 +88,13 @@ test-fast: $(VENV)/.installed-test
 test-browser: $(VENV)/.installed-test chromium
 	$(PYTEST_BROWSER)
 
+# The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
+# `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the
+# link cut; the head stops at the cap, and every reader shows the head's dollars afterwards.
+.PHONY: laptop-gone
+laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
+	GPUGEEK_LAPTOP_GONE_TRIALS=5 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/browser/test_laptop_gone.py
+
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.

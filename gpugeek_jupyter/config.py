@@ -13,6 +13,7 @@ from ``$GPUGEEK_HOME/config.toml``::
     [cluster]
     local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
     meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
+    unreachable_after_min = 10.0               # a remote cluster not heard from this long: unreachable
 
     [hosts]                                    # your own machines (up --backend ssh)
     pip_index_url = "https://pypi.example.com/simple"   # where they install their runtime from
@@ -34,6 +35,7 @@ from .errors import GpugeekError
 
 DEFAULT_RESERVED_DISCOUNT = 0.40
 DEFAULT_METER_INTERVAL_S = 2.0
+DEFAULT_UNREACHABLE_AFTER_MIN = 10.0
 
 BUDGET_WARN_AT = 0.8          # a budget warning at 80 % of the cap (watchdog, gauges, figures)
 
@@ -58,6 +60,7 @@ class Settings:
     reserved_discount: float = DEFAULT_RESERVED_DISCOUNT
     local_usd_per_hour: float = 0.0
     meter_interval_s: float = DEFAULT_METER_INTERVAL_S
+    unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_MIN * 60
     spot_rates: tuple[tuple[str, float], ...] = ()     # "provider[/GPU]" → preemptions per node-hour
     pip_index_url: str | None = None
 
@@ -91,6 +94,9 @@ def settings() -> Settings:
         raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0")
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.1 <= interval <= 600:
         raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds")
+    unreachable = cluster.get("unreachable_after_min", DEFAULT_UNREACHABLE_AFTER_MIN)
+    if isinstance(unreachable, bool) or not isinstance(unreachable, (int, float)) or not 0.1 <= unreachable <= 1440:
+        raise GpugeekError(f"{path}: cluster.unreachable_after_min must be between 0.1 and 1440 minutes")
     hosts = data.get("hosts", {})
     index_url = hosts.get("pip_index_url") if isinstance(hosts, dict) else None
     if not isinstance(hosts, dict) or not (index_url is None or (isinstance(index_url, str) and "://" in index_url)):
@@ -102,6 +108,7 @@ def settings() -> Settings:
         reserved_discount=float(discount),
         local_usd_per_hour=float(local),
         meter_interval_s=float(interval),
+        unreachable_after_s=float(unreachable) * 60,
     )
 
 

@@ -3,7 +3,8 @@
     python tests/faulty_watchdog.py FAULT SWITCH CLUSTER_ID
 
 Until ``SWITCH`` exists the watchdog runs as ``up`` starts it; it touches ``SWITCH.seen`` after
-its first look that saw the cluster. Then, per FAULT:
+each look that saw the cluster. FAULT ``any`` installs every fault, and the one named in
+``SWITCH`` is on (so one watchdog can go through them all). Per FAULT:
 
 - ``registry``: every registry read fails (``registry.get``, as SQLite says of a file it cannot open);
 - ``ledger-write``: copying Ray's node table into the ledger fails (a refused write);
@@ -23,12 +24,19 @@ from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import ClusterUnreachable
 
 
-def when_on(switch: Path, real, fault):
+def when_on(switch: Path, name: str, chosen: str, real, fault):
     def patched(*args, **kwargs):
-        if switch.exists():
+        if switch.exists() and (chosen != "any" or _said(switch) == name):
             return fault()
         return real(*args, **kwargs)
     return patched
+
+
+def _said(switch: Path) -> str:
+    try:
+        return switch.read_text().strip()
+    except OSError:        # removed meanwhile: no fault
+        return ""
 
 
 def main(fault: str, switch: Path, cluster_id: str) -> int:
@@ -43,8 +51,9 @@ def main(fault: str, switch: Path, cluster_id: str) -> int:
         "gcs": (watchdog, "read_nodes", refuse(ClusterUnreachable("connection refused"))),
         "reader": (watchdog, "read_nodes", refuse(RuntimeError("the node reader broke"))),
     }
-    module, name, raise_it = faults[fault]
-    setattr(module, name, when_on(switch, getattr(module, name), raise_it))
+    for each, (module, name, raise_it) in faults.items():
+        if fault in (each, "any"):
+            setattr(module, name, when_on(switch, each, fault, getattr(module, name), raise_it))
     looked = watchdog.Watch.looked
 
     def seen(self):

@@ -212,6 +212,40 @@ class Lab:
     def heal_link(self, host: Host) -> None:
         host.ns("tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
+    def delete_host(self, host: Host) -> None:
+        """End the host as a provider's console ends a machine: every process killed, its cable and
+        its network namespace deleted, so nothing holds its address any more."""
+        self.kill_host(host)
+        _run("ip", "link", "del", host.link, check=False)
+        _run("ip", "netns", "del", host.netns, check=False)
+
+    @property
+    def witness(self) -> str:
+        """The bridge's listening port (``add_witness``): its far end's name."""
+        return self.bridge.replace("br", "wp")
+
+    def add_witness(self) -> None:
+        """A port on the bridge that only listens (no address, no IPv6 of its own): every frame the
+        bridge floods — an ARP request for an address no host holds any more, first of all — arrives
+        at its far end, ``frames_witnessed`` counts them. It also keeps the bridge's carrier up once
+        every host is deleted, so what is sent towards their addresses still leaves."""
+        near = self.bridge.replace("br", "wn")
+        _run("ip", "link", "add", near, "type", "veth", "peer", "name", self.witness)
+        for name in (near, self.witness):
+            _run("sysctl", "-qw", f"net.ipv6.conf.{name}.disable_ipv6=1")
+        _run("ip", "link", "set", near, "master", self.bridge)
+        _run("ip", "link", "set", near, "up")
+        _run("ip", "link", "set", self.witness, "up")
+
+    def frames_witnessed(self) -> int:
+        stats = json.loads(_run("ip", "-s", "-j", "link", "show", self.witness).stdout)
+        return stats[0]["stats64"]["rx"]["packets"]
+
+    @property
+    def subnet(self) -> str:
+        """The lab's addresses, e.g. ``10.213.7.0/24``."""
+        return str(ipaddress.IPv4Network(f"{self.gateway}/24", strict=False))
+
     def kill_host(self, host: Host) -> list[int]:
         """SIGKILL every process of the host (its sshd too), as if it lost power."""
         pids = host.pids()
@@ -324,7 +358,7 @@ class Lab:
         namespaces = _run("ip", "netns", "list", check=False).stdout.split()
         left += [f"namespace {h.netns}" for h in self.hosts if h.netns in namespaces]
         links = _run("ip", "-o", "link", "show", check=False).stdout
-        left += [f"link {name}" for name in [self.bridge, *(h.link for h in self.hosts)]
+        left += [f"link {name}" for name in [self.bridge, self.witness, *(h.link for h in self.hosts)]
                  if f" {name}:" in links or f" {name}@" in links]
         left += [f"process {pid}" for h in self.hosts if h.netns in namespaces for pid in h.pids()]
         routes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout
@@ -394,6 +428,7 @@ class Lab:
             self.kill_host(host)
             _run("ip", "link", "del", host.link, check=False)     # both ends of the veth pair
             _run("ip", "netns", "del", host.netns, check=False)
+        _run("ip", "link", "del", self.witness, check=False)     # both ends, where there is one
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 
 import pytest
 
 from gpugeek_jupyter import GpugeekError, offers
 from gpugeek_jupyter.catalog import family_of, load_catalog
 from gpugeek_jupyter.catalog.offers import bundled_catalog_path
+from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.errors import NoMatchingOffers
 
 
@@ -149,6 +151,20 @@ def test_config_entry_adds_a_user_catalog(gpugeek_home, tmp_path):
     (gpugeek_home / "config.toml").write_text("[catalog\n")
     with pytest.raises(GpugeekError, match=r"config\.toml: cannot read settings"):
         offers()
+
+
+@pytest.mark.parametrize("line, said", [
+    ("meter_interval_s = 0", "cluster.meter_interval_s must be between 0.1 and 600 seconds"),
+    ("unreachable_after_min = -1", "cluster.unreachable_after_min must be between 0.1 and 1440 minutes"),
+    ('unreachable_after_min = "ten"', "cluster.unreachable_after_min must be between 0.1 and 1440 minutes"),
+])
+def test_a_bad_cluster_setting_is_one_line_naming_it(gpugeek_home, line, said):
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f"[cluster]\n{line}\n")
+    with pytest.raises(GpugeekError, match=re.escape(said)):
+        settings()
+    (gpugeek_home / "config.toml").write_text("[cluster]\nunreachable_after_min = 2.5\n")
+    assert settings().unreachable_after_s == 150.0
 
 
 @pytest.mark.parametrize("name, variants", [

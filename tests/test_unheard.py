@@ -13,7 +13,8 @@ import pytest
 
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
-from gpugeek_jupyter.guard import board, lifecycle
+from gpugeek_jupyter.config import settings
+from gpugeek_jupyter.guard import board
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.vocab import NodePrice
@@ -50,7 +51,8 @@ def test_a_cluster_not_heard_from_is_counted_to_its_last_word_and_says_so(gpugee
     assert "not enforced" not in said
     assert row["guard_by"] == "head" and row["guarded_by"] == \
         "the head's watchdog (pid 4242 on root@10.0.0.1, heartbeat 2m00s ago)", row["guarded_by"]
-    assert "unreachable since" in _row("quiet", now + lifecycle.UNREACHABLE_AFTER_S)["status"]
+    unreachable = _row("quiet", now + settings().unreachable_after_s + 1)["status"]
+    assert "unreachable since" in unreachable and "if its head still runs, its own watchdog on the head" in unreachable
     assert row["unheard_since"] == pytest.approx(now - 120)
     _remote("heard", heard_ago=1)
     assert _row("heard", now)["unheard_since"] is None and "last heard" not in _row("heard", now)["status"]

@@ -22,7 +22,7 @@ from ..backends.interface import BACKENDS
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..config import home
+from ..config import home, settings
 from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
@@ -33,7 +33,6 @@ from . import health
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 HEARD_WINDOW_S = 30.0      # a remote cluster not heard from for longer: its $ counted to its last word
-UNREACHABLE_AFTER_S = 600.0   # ... and past this, it is said to be unreachable
 CATCH_UP_EVERY_S = 15.0    # how often one process asks a head whose watchdog here is gone (``catch_up``)
 _caught_up: dict[int, float] = {}
 WATCHDOG_GRACE_S = 2.0
@@ -91,17 +90,18 @@ class ClusterState:
                      f"`%gpugeek down {name}` tries the stop again")
         if self.orphan:
             text += " — orphan: no notebook attached"
+        unreachable = self.unheard_since is not None and now - self.unheard_since > settings().unreachable_after_s
         if self.unheard_since is not None:
             at = clock(self.unheard_since)
-            text += (f" — unreachable since {at}" if now - self.unheard_since > UNREACHABLE_AFTER_S
-                     else f" — last heard from the cluster at {at}")
+            text += f" — unreachable since {at}" if unreachable else f" — last heard from the cluster at {at}"
             if spent_then is not None:
                 text += f", ${spent_then:,.2f} then (an estimate: its nodes are counted to that moment)"
         head = self.guard if self.guard and self.guard.get("by") == "head" else None
         if head is not None and (self.watchdog_gone or self.unheard_since is not None):
             limits = f"the ${self.budget:,.2f} cap and the idle stop" if self.budget else "the idle stop"
-            text += (f"; its own watchdog on the head (pid {head.get('pid')} on {head.get('host')}) enforces "
-                     f"{limits}")
+            where = f"watchdog on the head (pid {head.get('pid')} on {head.get('host')})"
+            text += (f"; if its head still runs, its own {where} enforces {limits}" if unreachable
+                     else f"; its own {where} enforces {limits}")
         elif self.watchdog_gone:
             text += " — not watched: its watchdog is gone, budget and idle stop are not enforced"
         elif self.guard_failing:

@@ -40,7 +40,7 @@ from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from ..remote import headguard, tunnel
 from ..units import clock
 from . import health
-from .lifecycle import UNREACHABLE_AFTER_S, shutdown
+from .lifecycle import shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
 UNREACHABLE = "unreachable"   # why a watchdog ended with its (remote) cluster still live
@@ -71,6 +71,7 @@ class Watch:
         self.guard_kind = "here"         # this machine's watchdog ("head": the head's)
         self.beat: dict = {}             # the head watchdog's last fresh heartbeat
         self.unreached_since: float | None = None   # the cluster's GCS has not answered since
+        self.unreachable_after = settings().unreachable_after_s
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
@@ -153,7 +154,7 @@ class Watch:
         if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
-        elif record.backend in tunnel.BACKENDS and time.time() - self.unreached_since > UNREACHABLE_AFTER_S:
+        elif record.backend in tunnel.BACKENDS and time.time() - self.unreached_since > self.unreachable_after:
             return self._go_quiet(record)
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
             # a cloud head we cannot reach may still be running: keep billing its open nodes, and
@@ -164,7 +165,7 @@ class Watch:
         return None
 
     def _go_quiet(self, record) -> str:
-        """No word from a remote cluster for ``UNREACHABLE_AFTER_S``: stop dialing it (the tunnel
+        """No word from a remote cluster for ``unreachable_after_min``: stop dialing it (the tunnel
         goes, and this watchdog ends); readers ask its head again (``lifecycle.catch_up``), and
         ``down --forget`` closes a cluster whose machines are gone."""
         heard = clock(record.heard or self.unreached_since)

@@ -42,7 +42,7 @@ from ..remote.ssh import ONHOST
 from .script import MARKER
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed
-STOP_MARGIN_S = 1.0            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
+STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
 
 # how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the

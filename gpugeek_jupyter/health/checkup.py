@@ -2,8 +2,11 @@
 
 The order matters for a cluster with a broken node: every node is asked for its facts at once,
 and a node that has not answered once another node found its Ray port closed is called
-unreachable then and there, rather than after a long timeout; the all_reduce checks then run
-among the nodes that did answer.
+unreachable then and there, rather than after a long timeout; the link checks then run among
+the nodes that did answer. A slow link must not stall the check either: each link is first
+measured with plain TCP under a short deadline (a link too slow to carry the payload in time
+still gives its rate), and all_reduce runs only once every link carried data, with tensors
+sized from those rates so that no round comes near gloo's timeout.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from ..errors import GpugeekError
 from ..kernel import connection, environment, session
 from ..workers import rendezvous
 from . import probe as probe_module
-from .findings import DEFAULT_PACKAGES, DoctorReport, NodeFacts, judge
+from .findings import DEFAULT_PACKAGES, DoctorReport, Link, NodeFacts, judge
 
 SILENT_TIMEOUT_S = 60.0      # a node whose port opens but that has not answered by then is silent
 JOIN_TIMEOUT_S = 20.0        # gloo's rendezvous among the nodes that answered
 MEASURE_TIMEOUT_S = 30.0     # every pair's all_reduce, one pair at a time: this, plus
 MEASURE_PER_PAIR_S = 10.0    # … this per pair
+PAIR_TIMEOUT_S = 5.0         # one all_reduce of a pair; its tensors are sized to take ~1/50 of it
+LINK_DEADLINE_S = 1.0        # one direction of one link's TCP test, at most; with many nodes the
+LINK_BUDGET_S = 12.0         # … deadline shrinks so that every direction fits this together,
+LINK_DEADLINE_MIN_S = 0.25   # … down to this
+BANDWIDTH_BUDGET_S = 0.5     # every bandwidth round of a pair together, at the link's TCP rate
 CLOCK_ROUNDS = 3
 
 
@@ -48,7 +56,8 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     probes = [_probe_on(n["NodeID"]) for n in nodes]
     phases = {"nodes": time.monotonic() - began}
     pairs: dict = {}
-    trouble = None
+    links: dict = {}
+    failed: dict = {}
     try:
         facts = _facts(probes, nodes, names, gcs, labels)
         phases["facts"] = time.monotonic() - began
@@ -56,16 +65,17 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
         _clocks([probes[i] for i in answered], [facts[i] for i in answered])
         phases["clocks"] = time.monotonic() - began
         if len(answered) > 1:
-            try:
-                pairs = _all_reduce([probes[i] for i in answered], [facts[i] for i in answered], phases, began)
-            except GpugeekError as exc:
-                trouble = str(exc)
+            live, seen = [probes[i] for i in answered], [facts[i] for i in answered]
+            links = _links(live, seen)
+            phases["links"] = time.monotonic() - began
+            if all(link.rate for link in links.values()):     # else gloo would only wait out its timeout
+                pairs, failed = _all_reduce(live, seen, links, phases, began)
     finally:
         for actor in probes:       # also on Ctrl-C: no probe outlives the check
             ray.kill(actor)
     kernel = probe_module.versions(names)
-    return judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels,
-                 collective_error=trouble, took_s=time.monotonic() - began, phases=phases)
+    return judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels, links=links,
+                 collective_failures=failed, took_s=time.monotonic() - began, phases=phases)
 
 
 def _listed(packages: list[str] | str | None) -> list[str]:
@@ -177,27 +187,75 @@ def _clocks(probes: list, facts: list[NodeFacts]) -> None:
             f.clock_offset_s, f.clock_rtt_s = best
 
 
-def _all_reduce(probes: list, facts: list[NodeFacts], phases: dict, began: float) -> dict:
-    """A gloo group over the answering nodes, then all_reduce latency and bandwidth per pair."""
+def _links(probes: list, facts: list[NodeFacts]) -> dict:
+    """Plain TCP throughput of every link, each direction on its own and one at a time, so that
+    each figure is that link's alone: {(node_id_a, node_id_b): Link}."""
+    pairs = list(itertools.combinations(range(len(probes)), 2))
+    deadline = max(LINK_DEADLINE_MIN_S, min(LINK_DEADLINE_S, LINK_BUDGET_S / (2 * len(pairs))))
+    out = {}
+    for i, j in pairs:
+        there, why, cut = _one_way(probes[i], probes[j], facts[j].ip, deadline)
+        back, why_back, cut_back = _one_way(probes[j], probes[i], facts[i].ip, deadline)
+        out[(facts[i].node_id, facts[j].node_id)] = Link(there, back, why or why_back, cut or cut_back)
+    return out
+
+
+def _one_way(sender, receiver, address: str, deadline: float) -> tuple[float | None, str | None, bool]:
+    """Bits per second from ``sender`` to ``receiver`` (at ``address``), or why none; and whether
+    the deadline cut the test short."""
     import ray
 
+    try:
+        port = ray.get(receiver.listen.remote(deadline), timeout=10)
+        why = ray.get(sender.send.remote(address, port, deadline), timeout=deadline + 15)
+        got = ray.get(receiver.received.remote(port, give_up=why is not None), timeout=deadline + 15)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        return None, f"the test did not finish ({_in_words(exc)})", True
+    if why:
+        return None, f"no TCP connection to {address}:{port} ({why})", True
+    if not got.get("bytes"):
+        return None, f"nothing got through in {deadline:g} s", True
+    return got["bps"], None, got["bytes"] < probe_module.LINK_BYTES
+
+
+def _all_reduce(probes: list, facts: list[NodeFacts], links: dict, phases: dict, began: float) -> tuple[dict, dict]:
+    """A gloo group over the answering nodes, then all_reduce latency and bandwidth per pair:
+    ({(node_id_a, node_id_b): (latency_ms, GB/s)}, {(node ids…): what failed, in words})."""
+    import ray
+
+    ids = tuple(f.node_id for f in facts)
     try:
         master, port = ray.get(probes[0].rendezvous.remote(), timeout=10)
         joined = ray.get([p.join.remote(rank, len(probes), master, port, JOIN_TIMEOUT_S)
                           for rank, p in enumerate(probes)], timeout=JOIN_TIMEOUT_S + 30)
-        for f, info in zip(facts, joined, strict=True):
-            f.torch = info
-        phases["joined"] = time.monotonic() - began
-        pairs = list(itertools.combinations(range(len(probes)), 2))
-        measured: dict = {}
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        return {}, {ids: f"the gloo group could not form: {_in_words(exc)}"}
+    for f, info in zip(facts, joined, strict=True):
+        f.torch = info
+    phases["joined"] = time.monotonic() - began
+    pairs = list(itertools.combinations(range(len(probes)), 2))
+    sizes = [_tensor_bytes(links[(facts[i].node_id, facts[j].node_id)].rate) for i, j in pairs]
+    measured: dict = {}
+    failed: dict = {}
+    trouble = {}
+    try:
         timeout = MEASURE_TIMEOUT_S + MEASURE_PER_PAIR_S * len(pairs)
-        for part in ray.get([p.measure.remote(pairs) for p in probes], timeout=timeout):
+        for part, broke in ray.get([p.measure.remote(pairs, sizes, PAIR_TIMEOUT_S) for p in probes], timeout=timeout):
             measured.update(part)
+            failed.update(broke)
         phases["measured"] = time.monotonic() - began
         ray.get([p.leave.remote() for p in probes], timeout=10)
     except (ray.exceptions.RayError, TimeoutError) as exc:
-        raise GpugeekError(f"all_reduce could not run across the nodes: {_first_line(exc)}") from None
-    return {(facts[i].node_id, facts[j].node_id): figures for (i, j), figures in measured.items()}
+        trouble = {ids: f"all_reduce did not finish: {_in_words(exc)}"}
+    named = {(facts[i].node_id, facts[j].node_id): figures for (i, j), figures in measured.items()}
+    return named, {**{(facts[i].node_id, facts[j].node_id): why for (i, j), why in failed.items()}, **trouble}
+
+
+def _tensor_bytes(bps: float) -> int:
+    """The bandwidth tensor for a link of ``bps``: BANDWIDTH_BYTES, or less where the link is so
+    slow that its rounds would not fit BANDWIDTH_BUDGET_S."""
+    fits = bps / 8 * BANDWIDTH_BUDGET_S / (probe_module.BANDWIDTH_ROUNDS + 1)
+    return int(max(4 << 10, min(probe_module.BANDWIDTH_BYTES, fits)))
 
 
 def _labels(spec: ClusterSpec) -> dict[str, str]:
@@ -210,3 +268,16 @@ def _first_line(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None) or exc
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}".rstrip(": ")
+
+
+def _in_words(exc: BaseException) -> str:
+    """What went wrong, without the library's own message: ours (a rank that cannot reach rank
+    0, naming both ends) is said as it is; torch's and gloo's are put in words."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, ConnectionError) and str(cause).startswith("rank "):
+        return str(cause)
+    if isinstance(cause, TimeoutError) or type(cause).__name__ == "GetTimeoutError":
+        return "no answer in time"
+    if "Actor" in type(cause).__name__:      # ActorDiedError, ActorUnavailableError
+        return "a probe stopped (its node may be gone)"
+    return probe_module.in_words(cause, JOIN_TIMEOUT_S)

@@ -17,6 +17,7 @@ DEFAULT_PACKAGES = ("ray", "torch", "numpy")
 CLOCK_LIMIT_S = 1.0              # ledger times come from several clocks: more skew than this shows
 LATENCY_LIMIT_MS = 5.0           # a small all_reduce inside one network is well under a millisecond
 BANDWIDTH_FLOOR_GBS = 0.1        # under ~1 Gbit/s, gradient sync dominates data-parallel training
+LINK_FLOOR_BPS = 500e6           # the same for plain TCP, with room for a 1 Gbit/s NIC's overheads
 OUTLIER = 4.0                    # a pair this many times worse than the best pair is a slow link
 OUTLIER_FLOOR_MS = 2.0           # … if its latency is also at least this
 
@@ -51,13 +52,52 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
+class Link:
+    """One link's plain TCP test: bits per second each way (None: not measured), and why not.
+    Above a few Gbit/s one Python stream measures the CPU more than the link, so a fast link is
+    compared with the best pair only when its test was cut short by the deadline."""
+
+    there: float | None          # from the pair's first node to its second
+    back: float | None
+    why: str | None = None
+    cut_short: bool = False      # the deadline came before the whole payload was through
+
+    @property
+    def rate(self) -> float | None:
+        """The slower way's rate: a gradient sync waits for the slower half."""
+        known = [r for r in (self.there, self.back) if r is not None]
+        return min(known) if known and not self.why else None
+
+    def said(self, first: str, second: str, blamed: str | None = None) -> str:
+        """The figure in words; which way is slow where the two ways differ (said of ``blamed``
+        when the problem is that host's)."""
+        if self.why:
+            return self.why
+        if max(self.there, self.back) <= OUTLIER * min(self.there, self.back):
+            return bits(self.rate)
+        sender = first if self.there < self.back else second
+        way = ("from it" if sender == blamed else "to it") if blamed else f"from {sender}"
+        return f"{bits(self.rate)} {way} ({bits(max(self.there, self.back))} the other way)"
+
+
+def bits(bps: float) -> str:
+    for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} bit/s"
+
+
+@dataclass(frozen=True)
 class Problem:
-    host: str          # the host it is about, as the user named it (or a link "a ↔ b")
+    host: str          # the host it is about, as the user named it (or a link "a ↔ b"; "cluster": all)
     what: str
     fix: str
 
     def __str__(self) -> str:
         return f"✗ {self.host}: {self.what} — {self.fix}"
+
+    def about(self, where: str) -> bool:
+        return self.host == "cluster" or where in self.host.split(" ↔ ")
 
 
 @dataclass
@@ -71,6 +111,7 @@ class DoctorReport:
     took_s: float
     phases: dict = field(default_factory=dict)       # seconds from the start to the end of each step
     unreachable: dict = field(default_factory=dict)  # node → seconds after which it was found unreachable
+    links: dict = field(default_factory=dict)        # (node, node) → the link's TCP rate, bit/s (None: none)
 
     @property
     def ok(self) -> bool:
@@ -102,11 +143,12 @@ class DoctorReport:
 
 
 def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simulated: bool = False,
-          labels: dict[str, str] | None = None, collective_error: str | None = None,
-          took_s: float = 0.0, phases: dict | None = None) -> DoctorReport:
-    """The report for ``nodes`` against the kernel's versions and the all_reduce ``pairs``
-    ({(node_id_a, node_id_b): (latency_ms, GB/s)})."""
-    labels = labels or {}
+          labels: dict[str, str] | None = None, links: dict | None = None,
+          collective_failures: dict | None = None, took_s: float = 0.0, phases: dict | None = None) -> DoctorReport:
+    """The report for ``nodes`` against the kernel's versions, the all_reduce ``pairs``
+    ({(node_id_a, node_id_b): (latency_ms, GB/s)}), the TCP ``links`` ({(node_id_a, node_id_b):
+    Link}) and the collectives that failed ({(node ids…): what happened, in words})."""
+    labels, links = labels or {}, links or {}
     shared = {n.ip for n in nodes if sum(m.ip == n.ip for m in nodes) > 1}   # simulated nodes share one
 
     def host(ip: str) -> str:
@@ -122,14 +164,17 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
             problems += _network(n, names[n.node_id], len(nodes), gone, host)
             problems += _gpus(n, names[n.node_id], simulated)
     problems += _nccl(nodes, names)
-    if collective_error:
-        problems.append(Problem("cluster", collective_error, "check that the nodes reach each other on every "
-                                "port (gloo and NCCL pick ports at random)"))
-    problems += _links(pairs, names)
-    rows = [_row(n, names[n.node_id], pairs, problems) for n in nodes]
+    problems += _links(pairs, links, names)
+    for ids, what in (collective_failures or {}).items():
+        problems.append(Problem(" ↔ ".join(names[i] for i in ids if i in names) or "cluster", what,
+                                "the plain TCP test passed, so look at the ports gloo and NCCL pick at random "
+                                "(firewall, security group) and at GLOO_SOCKET_IFNAME"))
+    rows = [_row(n, names[n.node_id], pairs, links, problems) for n in nodes]
     shown = {(names[a], names[b]): figures for (a, b), figures in pairs.items()}
     unreachable = {names[n.node_id]: n.unreachable_after for n in nodes if n.unreachable_after is not None}
-    return DoctorReport(name, rows, problems, shown, took_s, phases=phases or {}, unreachable=unreachable)
+    rates = {(names[a], names[b]): link.rate for (a, b), link in links.items()}
+    return DoctorReport(name, rows, problems, shown, took_s, phases=phases or {}, unreachable=unreachable,
+                        links=rates)
 
 
 def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Problem]:
@@ -214,51 +259,73 @@ def _nccl(nodes: list[NodeFacts], names: dict[str, str]) -> list[Problem]:
             for node, v in versions.items() if v != common]
 
 
-def _links(pairs: dict, names: dict[str, str]) -> list[Problem]:
-    """Slow pairs — absolutely, or against the cluster's best pair — blamed on the one host they
-    share when there is one, else on the link."""
-    if not pairs:
+def _links(pairs: dict, links: dict, names: dict[str, str]) -> list[Problem]:
+    """Slow pairs — absolutely, or against the cluster's best pair, by their TCP rate or their
+    all_reduce — blamed on the one host they share when there is one, else on the link."""
+    keys = list(dict.fromkeys([*links, *pairs]))
+    if not keys:
         return []
-    best_ms = min(ms for ms, _ in pairs.values())
-    best_gbs = max(gbs for _, gbs in pairs.values())
-    slow = {}
-    for pair, (ms, gbs) in pairs.items():
-        if (ms > LATENCY_LIMIT_MS or gbs < BANDWIDTH_FLOOR_GBS
-                or (ms > OUTLIER * best_ms and ms > OUTLIER_FLOOR_MS) or gbs * OUTLIER < best_gbs):
-            slow[pair] = (ms, gbs)
+    rates = [link.rate for link in links.values() if link.rate is not None]
+    best_bps = max(rates, default=None)
+    best_ms = min((ms for ms, _ in pairs.values()), default=None)
+    best_gbs = max((gbs for _, gbs in pairs.values()), default=None)
+    slow = [pair for pair in keys if _slow(links.get(pair), pairs.get(pair), best_bps, best_ms, best_gbs)]
     if not slow:
         return []
-    nodes = {node for pair in pairs for node in pair}
-    blamed = [node for node in sorted(nodes) if all(p in slow for p in pairs if node in p)
+    nodes = {node for pair in keys for node in pair}
+    blamed = [node for node in sorted(nodes) if all(p in slow for p in keys if node in p)
               and sum(node in p for p in slow) >= min(2, len(slow))]
+    best = ", ".join(filter(None, [bits(best_bps) if best_bps else "",
+                                   f"{best_ms:.1f} ms, {best_gbs:.3f} GB/s" if pairs else ""]))
+    versus = f"best pair {best}" if len(keys) > 1 else \
+        f"limits {bits(LINK_FLOOR_BPS)}, {LATENCY_LIMIT_MS:g} ms, {BANDWIDTH_FLOOR_GBS:g} GB/s"
     fix = "check that link: its speed, traffic shaping (`tc qdisc show`), the nodes' zone or placement group"
+
+    def said(a: str, b: str, blamed: str | None = None) -> str:
+        link, figures = links.get((a, b)), pairs.get((a, b))
+        words = [link.said(names[a], names[b], blamed)] if link is not None else []
+        return ", ".join(words + ([f"all_reduce {figures[0]:.1f} ms, {figures[1]:.3f} GB/s"] if figures else []))
+
+    def kind(among: list) -> str:
+        return "slow link" if all(links[p].rate for p in among if p in links) else "broken link"
+
     if len(blamed) == 1 and len(nodes) > 2:
         node = blamed[0]
-        detail = "; ".join(f"with {names[b if a == node else a]} {ms:.1f} ms, {gbs:.3f} GB/s"
-                           for (a, b), (ms, gbs) in slow.items())
-        return [Problem(names[node], f"slow link — all_reduce {detail} (best pair {best_ms:.1f} ms, "
-                                  f"{best_gbs:.3f} GB/s)", fix)]
-    return [Problem(f"{names[a]} ↔ {names[b]}", f"slow link — all_reduce {ms:.1f} ms, {gbs:.3f} GB/s "
-                    f"(limits {LATENCY_LIMIT_MS:g} ms, {BANDWIDTH_FLOOR_GBS:g} GB/s)", fix)
-            for (a, b), (ms, gbs) in slow.items()]
+        detail = "; ".join(f"with {names[b if a == node else a]} {said(a, b, names[node])}" for (a, b) in slow)
+        return [Problem(names[node], f"{kind(slow)} — {detail} ({versus})", fix)]
+    return [Problem(f"{names[a]} ↔ {names[b]}", f"{kind([(a, b)])} — {said(a, b)} ({versus})", fix) for (a, b) in slow]
 
 
-def _row(n: NodeFacts, where: str, pairs: dict, problems: list[Problem]) -> dict:
+def _slow(link: Link | None, figures: tuple | None, best_bps, best_ms, best_gbs) -> bool:
+    if link is not None and (link.rate is None or link.rate < LINK_FLOOR_BPS
+                             or (link.cut_short and link.rate * OUTLIER < best_bps)):
+        return True
+    if figures is None:
+        return False
+    ms, gbs = figures
+    return (ms > LATENCY_LIMIT_MS or gbs < BANDWIDTH_FLOOR_GBS
+            or (ms > OUTLIER * best_ms and ms > OUTLIER_FLOOR_MS) or gbs * OUTLIER < best_gbs)
+
+
+def _row(n: NodeFacts, where: str, pairs: dict, links: dict, problems: list[Problem]) -> dict:
+    """One node's row: ✓ only when no problem printed below is about it."""
     facts = n.facts or {}
     versions = facts.get("versions", {})
     mine = [(ms, gbs) for pair, (ms, gbs) in pairs.items() if n.node_id in pair]
+    rates = [link.rate for pair, link in links.items() if n.node_id in pair]
     gpus = facts.get("gpus", {})
     gpu_text = f"{n.declared_gpus:g}" if n.declared_gpus else "0"
     if gpus.get("names"):
         gpu_text += f" ({len(gpus['names'])}× {gpus['names'][0]}, driver {gpus.get('driver')})"
     if n.torch.get("cuda"):
         gpu_text += f" CUDA {n.torch.get('cuda_version')} NCCL {n.torch.get('nccl')}"
-    bad = any(where in p.host.split(" ↔ ") for p in problems)
+    bad = any(p.about(where) for p in problems)
     return {
         "node": where, "role": "head" if n.is_head else "worker",
         "interface": facts.get("interface") or "-", "python": versions.get("python", "-"),
         "ray": versions.get("ray") or "-", "torch": versions.get("torch") or "-", "GPUs": gpu_text,
         "clock": f"{n.clock_offset_s * 1e3:+.0f} ms" if n.clock_offset_s is not None else "-",
-        "all_reduce": (f"{max(ms for ms, _ in mine):.2f} ms, {min(g for _, g in mine):.2f} GB/s" if mine else "-"),
+        "link": ("-" if not rates else "none" if None in rates else bits(min(rates))),
+        "all_reduce": (f"{max(ms for ms, _ in mine):.2f} ms, {min(g for _, g in mine):.2g} GB/s" if mine else "-"),
         "": "✗" if bad or not n.answered else "✓",
     }

@@ -234,17 +234,15 @@ def test_doctor_is_green_then_names_a_slow_link_and_a_host_cut_off(lab, on_lab3,
     assert all(row[""] == "✓" for row in healthy.rows)
 
     slow = lab.hosts[2]
-    if netlab.netem_available():
+    if netlab.netem_available():      # a delay; rate limits: the test below
         lab.slow_link(slow, delay_ms=20)
-    else:     # this kernel has no netem: a rate limit is the slow link
-        lab.slow_link(slow, rate_mbit=100)
-    try:
-        report = gg.doctor()
-    finally:
-        lab.heal_link(slow)
-    print(f"\n{report!r}")
-    assert _about(report, slow) and all("slow link" in p.what for p in _about(report, slow)), repr(report)
-    assert report.problems == _about(report, slow), "a healthy host was blamed for the slow one"
+        try:
+            report = gg.doctor()
+        finally:
+            lab.heal_link(slow)
+        print(f"\n{report!r}")
+        assert _about(report, slow) and all("slow link" in p.what for p in _about(report, slow)), repr(report)
+        assert report.problems == _about(report, slow), "a healthy host was blamed for the slow one"
 
     lab.cut_off(slow)
     try:
@@ -262,6 +260,31 @@ def test_doctor_is_green_then_names_a_slow_link_and_a_host_cut_off(lab, on_lab3,
     assert report.unreachable[f"root@{slow.address}"] <= UNREACHABLE_WITHIN_S
     assert [sorted(pair) for pair in report.pairs] == [[f"root@{h.address}" for h in lab.hosts[:2]]], \
         "the reachable nodes were not measured"
+
+
+@pytest.mark.parametrize("rate_mbit", [8, 100])
+def test_doctor_names_a_rate_limited_host_with_its_measured_rate_within_30_s(lab, on_lab3, capsys, rate_mbit):
+    """What the third host sends is rate-limited (``tc tbf``): the doctor names that host with the
+    rate it measured, in plain words (none of torch's or gloo's), and no sooner gives up on it."""
+    slow = lab.hosts[2]
+    lab.slow_link(slow, rate_mbit=rate_mbit)
+    try:
+        began = time.monotonic()
+        report = gg.doctor()
+        took = time.monotonic() - began
+    finally:
+        lab.heal_link(slow)
+    said = capsys.readouterr().out + repr(report)
+    print(f"\n{report!r}\ntbf {rate_mbit} Mbit/s: doctor took {took:.1f} s ({report.phases}); links {report.links}")
+    about = _about(report, slow)
+    assert about and report.problems == about, f"the rate-limited host was not the one named:\n{report!r}"
+    rates = [float(r) for p in about for r in re.findall(r"(\d+(?:\.\d+)?) Mbit/s", p.what)]
+    assert all("slow link" in p.what for p in about) and rates, repr(report)
+    assert all(0.5 * rate_mbit <= r <= 1.1 * rate_mbit for r in rates), f"measured {rates} for {rate_mbit} Mbit/s"
+    assert [row[""] for row in report.rows if row["node"] == f"root@{slow.address}"] == ["✗"]
+    for raw in ("gloo", "unbound_buffer", "Timed out waiting"):
+        assert raw not in said, f"{raw!r} reached the user:\n{said}"
+    assert took < 30, f"doctor took {took:.1f} s with {rate_mbit} Mbit/s on {slow.address} ({report.phases})"
 
 
 def test_a_rank_that_cannot_reach_rank_0_fails_in_one_line_naming_both(lab, on_lab3):

@@ -125,9 +125,8 @@ def settle() -> bool:
     if client.is_connected():
         return False
     record = registry.get(connection.cluster_id)
-    print(f"note: the connection to {record.name!r} was lost; connecting again (the worker group "
-          "starts afresh: variables defined on it are gone)", flush=True)
-    reconnect(record)
+    print(f"note: the connection to {record.name!r} was lost; connecting again", flush=True)
+    rejoin(record)
     return True
 
 
@@ -163,6 +162,18 @@ def reconnect(record: ClusterRecord) -> None:
     session = current()
     if session.group is not None:
         session.group.broken = True
+    let_go()
+    connect(record)
+
+
+def rejoin(record: ClusterRecord) -> None:
+    """A Ray Client that gave up (the link was down longer than its grace), connected again. The
+    worker group is kept: its workers are detached and named, and outlive the old session
+    (``WorkerGroup.refind``). Raises what Ray raises while the cluster is still out of reach."""
+    from ray.util.client import ray as client
+
+    if client.is_connected() and steady():
+        return
     let_go()
     connect(record)
 

@@ -10,6 +10,8 @@ variables come back — so a cell meant to survive failures defines what it trai
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -61,8 +63,9 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster, built if needed."""
     session = current()
     record = _cluster()
-    if connection.settle() and session.group is not None:
-        session.group.broken = True   # its actors went with the lost client session
+    if connection.settle() and session.group is not None and not session.group.refind():
+        print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
+              "defined on the old one are gone)", flush=True)
     old = session.group
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
@@ -76,6 +79,7 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
         group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
                             on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
                             notices=record.backend if record.backend in notice.SOURCES else None)
+        group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
         group.start()
         session.group = group
         for note in group.notes:
@@ -138,6 +142,9 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
     ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, options=said)
+    # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
+    job = {"id": job_id, "name": job_name, "kernel": f"{socket.gethostname()}:{os.getpid()}",
+           "started": time.time(), "pull": pull or []}
     watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
@@ -156,7 +163,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
             while True:
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
-                                       on_samples=on_samples)
+                                       on_samples=on_samples, job=job)
                     status = "finished"
                     return result
                 except WorkerDied as died:

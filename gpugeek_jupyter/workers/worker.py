@@ -27,7 +27,7 @@ from concurrent import futures
 
 from .. import ports
 from ..errors import GpugeekError
-from . import line, notice, progress, rendezvous
+from . import journal, line, notice, progress, rendezvous
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -50,6 +50,7 @@ class Worker:
         self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
+        self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
         self.ns: dict = {}
         self.rank = -1
 
@@ -96,10 +97,15 @@ class Worker:
         return {"rank": rank, "device": str(device), "backend": backend, "note": note,
                 "pid": os.getpid(), "node_id": node_id}
 
-    def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
+    def execute(self, call: bytes, pushed: bytes | None = None, job: dict | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
         (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
-        each argument on its own."""
+        each argument on its own. ``job`` (rank 0, sent by a notebook that is a Ray driver): the
+        cell is kept in a journal, as the lead keeps it (``execute_all``)."""
+        if job is not None:
+            return self._journaled(pickle.loads(call)[-1], job, lambda: self.execute(call, pushed),
+                                   lambda result: {"results": {0: result}, "failed": None if result["ok"] else 0,
+                                                   "dead": None, "stuck": []})
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -207,7 +213,7 @@ class Worker:
             self._switchboard = None
         return sorted(missing)
 
-    def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
+    def execute_all(self, call: bytes, pushed: list | None = None, job: dict | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' over the
         cell line (by actor call where there is none) — and wait for them all. A rank that fails
         (or dies) stops the others: they are interrupted and get ``CANCEL_WAIT_S`` to end; any
@@ -218,9 +224,23 @@ class Worker:
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
         self._outbox.begin()     # a drain held on rank 0 is answered when every rank is done
         try:
-            return self._lead(call, pushed)
+            return self._journaled(pickle.loads(call)[-1], job or {}, lambda: self._lead(call, pushed), dict)
         finally:
             self._outbox.end(lead=True)
+
+    def _journaled(self, cell_id: int, job: dict, run, outcome_of) -> dict:
+        """``run()`` with the cell's journal open and its keeper draining while nobody reads;
+        the journal ends with ``outcome_of(run's result)``."""
+        kept = self._journals.open(cell_id, job)
+        keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=_tell_watchdogs)
+        outcome = None
+        try:
+            result = run()
+            outcome = outcome_of(result)
+            return result
+        finally:
+            keeper.stop()
+            kept.end(outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []})
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray
@@ -303,16 +323,63 @@ class Worker:
         """Rank 0: the node samplers, which it asks with the ranks (``drain_all``, ``node_reports``)."""
         self._nodes = progress.Nodes(samplers, every)
 
-    def drain_all(self, wait_s: float = 0.0) -> dict:
+    def drain_all(self, wait_s: float = 0.0, since: int | None = None, cell_id: int | None = None) -> dict:
         """Rank 0: every rank's output and reports so far, and the node samplers' when due; held
-        up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``)."""
+        up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``). With ``since``,
+        what the cell's journal holds from that cursor on (``journal.Journal.since``): what the
+        keeper took meanwhile too."""
+        if since is None or cell_id is None:
+            return self._gather(wait_s)
+        kept = self._journals.open(cell_id)       # a drain can come before its cell: it is kept too
+        kept.read_at = time.monotonic()        # the keeper leaves the drains to this reader
+        kept.add(self._gather(wait_s))
+        return kept.since(since)
+
+    def _gather(self, wait_s: float | None) -> dict:
         return progress.gather(self._outbox, self._peers, self._nodes, wait_s)
+
+    def state(self) -> dict:
+        """Rank 0: its latest cell, whether it still runs, and its latest step."""
+        kept = self._journals.get()
+        return {"cell": kept.cell_id if kept else None, "job": kept.job if kept else None,
+                "running": bool(kept and kept.outcome is None),
+                "step": kept.step if kept else None, "began": kept.began if kept else None,
+                "ended": kept.ended if kept else None}
+
+    def jobs(self) -> list[dict]:
+        """Rank 0: the cells it keeps journals of, as jobs (``attach.jobs``)."""
+        return self._journals.summaries()
+
+    def journal(self, cell_id: int | None, since: int = 0, wait_s: float = 0.0) -> dict | None:
+        """Rank 0: the cell's journal from ``since`` on, held up to ``wait_s`` for news — for a
+        notebook that lost its drain (its link went down) or attaches later. None: no such cell
+        is kept."""
+        kept = self._journals.get(cell_id)
+        return kept.since(since, wait_s) if kept is not None else None
 
     def node_reports(self) -> list[dict]:
         """Rank 0: the node samplers' reports, asked from inside the cluster."""
         return self._nodes.collect(self._nodes.ask(now=True))
 
 
+
+
+def _tell_watchdogs(kept: journal.Journal) -> None:
+    """The job's state into the cluster's KV store, under this group's name: the watchdogs (the
+    head's, the notebook machine's) see a job working while no notebook watches it."""
+    import json
+
+    import ray
+    from ray.experimental import internal_kv
+
+    from ..raynodes import JOB_PREFIX, NOTICE_NAMESPACE
+
+    name = ray.get_runtime_context().get_actor_name() or f"pid-{os.getpid()}"
+    try:
+        internal_kv._internal_kv_put(f"{JOB_PREFIX}{name}", json.dumps(journal.told(kept)), True,
+                                     namespace=NOTICE_NAMESPACE)
+    except Exception:  # noqa: BLE001 - the GCS busy or going: the next tell says it again
+        pass
 
 
 def for_peers(call: tuple) -> bytes:

@@ -1,0 +1,178 @@
+"""What a cell sent home, kept on the cluster: the job goes on whether or not the notebook reads.
+
+Rank 0 writes every drain it takes (``progress.gather``: the ranks' output and reports, the node
+samplers' reports) into the cell's journal, and the cell's outcome when it ends. The notebook
+reads from its cursor (``since``), so a kernel whose laptop slept, or a kernel that attaches
+later, reads what it missed in order; while nobody reads, a keeper on rank 0 takes the drains
+itself every ``KEEP_EVERY_S``, so the ranks' outboxes never wait on the notebook.
+
+Bounded: past ``BOUND_BYTES`` of output the oldest entries go, and a reader from before them is
+told how many were dropped. The last ``CELLS_KEPT`` cells' journals are kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+BOUND_BYTES = 16 * 2**20     # a cell's output and reports kept on rank 0, at most
+CELLS_KEPT = 4               # journals kept: the running cell's and the last ones before it
+KEEP_EVERY_S = 2.0           # while nobody reads, rank 0 drains this often itself
+
+
+class Journal:
+    """One cell's entries (a drain each), numbered from 0, and its outcome once it ended."""
+
+    def __init__(self, cell_id: int, job: dict | None = None):
+        self.cell_id = cell_id
+        self.job = dict(job or {})      # the notebook's job: its id, name and kernel
+        self.began = time.time()
+        self.entries: list[tuple[int, dict, int]] = []     # (number, drain, size)
+        self.next = 0
+        self.size = 0
+        self.dropped = 0           # entries let go past the bound
+        self.outcome: dict | None = None
+        self.ended: float | None = None
+        self.read_at = time.monotonic()     # the notebook's last read: the keeper drains after a gap
+        self.step: int | None = None        # the latest step a rank reported
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+
+    def add(self, drained: dict) -> None:
+        """A drain's answer, unless it carried nothing."""
+        ranks = {r: d for r, d in drained.get("ranks", {}).items() if d.get("output") or d.get("samples")}
+        nodes = drained.get("nodes") or []
+        if not ranks and not nodes:
+            return
+        size = sum(len(d.get("output", "")) + 200 * len(d.get("samples", ())) for d in ranks.values()) \
+            + 200 * len(nodes)
+        steps = [s.get("step") for d in ranks.values() for s in d.get("samples", ()) if s.get("step") is not None]
+        with self._changed:
+            self.entries.append((self.next, {"ranks": ranks, "nodes": nodes}, size))
+            self.next += 1
+            self.size += size
+            if steps:
+                self.step = max(steps) if self.step is None else max(self.step, *steps)
+            while self.size > BOUND_BYTES and len(self.entries) > 1:
+                _, _, gone = self.entries.pop(0)
+                self.size -= gone
+                self.dropped += 1
+            self._changed.notify_all()
+
+    def end(self, outcome: dict) -> None:
+        with self._changed:
+            self.outcome, self.ended = outcome, time.time()
+            self._changed.notify_all()
+
+    def since(self, cursor: int, wait_s: float = 0.0) -> dict:
+        """Every entry from ``cursor`` on, merged as one drain ({"ranks": {rank: {"output",
+        "samples"}}, "nodes": [...]}), with "next" (the reader's next cursor), "dropped" (entries
+        before it that the bound let go), "running", "step", and "outcome" once the cell ended.
+        Held up to ``wait_s`` for something new."""
+        with self._changed:
+            if wait_s > 0 and self.outcome is None and self.next <= cursor:
+                self._changed.wait(wait_s)
+            self.read_at = time.monotonic()
+            kept = [(n, d) for n, d, _ in self.entries if n >= cursor]
+            first = self.entries[0][0] if self.entries else self.next
+            lost = max(0, min(first, self.next) - cursor)
+            return {**merge([d for _, d in kept]), "next": self.next, "dropped": lost,
+                    "running": self.outcome is None, "step": self.step, "cell": self.cell_id, "job": self.job,
+                    "outcome": self.outcome}
+
+    @property
+    def state(self) -> str:
+        """running, finished, failed or interrupted."""
+        outcome = self.outcome
+        if outcome is None:
+            return "running"
+        results = outcome.get("results", {})
+        if any(r.get("interrupted") for r in results.values()):
+            return "interrupted"
+        return "failed" if outcome.get("failed") is not None or outcome.get("dead") is not None else "finished"
+
+    def unread_for(self, seconds: float) -> bool:
+        return time.monotonic() - self.read_at >= seconds
+
+
+def merge(drains: list[dict]) -> dict:
+    """Several drains as one: each rank's output joined, reports and node samples in order."""
+    ranks: dict = {}
+    nodes: list = []
+    for drained in drains:
+        for rank, part in drained["ranks"].items():
+            mine = ranks.setdefault(rank, {"output": "", "samples": []})
+            mine["output"] += part.get("output", "")
+            mine["samples"].extend(part.get("samples", ()))
+        nodes.extend(drained.get("nodes", ()))
+    return {"ranks": ranks, "nodes": nodes}
+
+
+class Journals:
+    """Rank 0's journals, the running cell's and the last ``CELLS_KEPT`` before it."""
+
+    def __init__(self):
+        self._by_cell: dict[int, Journal] = {}
+        self._lock = threading.Lock()
+
+    def open(self, cell_id: int, job: dict | None = None) -> Journal:
+        """The cell's journal, made now — or the one a drain that came first made (``drain_all``)."""
+        with self._lock:
+            journal = self._by_cell.get(cell_id)
+            if journal is None:
+                journal = self._by_cell[cell_id] = Journal(cell_id, job)
+            elif job:
+                journal.job = dict(job)
+            for old in sorted(self._by_cell)[:-CELLS_KEPT]:
+                del self._by_cell[old]
+            return journal
+
+    def summaries(self) -> list[dict]:
+        """Each kept cell as a job: the notebook's id, name and kernel, its state and step."""
+        with self._lock:
+            kept = list(self._by_cell.values())
+        return [{**j.job, "cell": j.cell_id, "state": j.state, "step": j.step, "began": j.began, "ended": j.ended}
+                for j in kept]
+
+    def get(self, cell_id: int | None = None) -> Journal | None:
+        """The cell's journal (None: the latest one)."""
+        with self._lock:
+            if cell_id is None:
+                return self._by_cell[max(self._by_cell)] if self._by_cell else None
+            return self._by_cell.get(cell_id)
+
+
+class Keeper:
+    """While a cell runs, drains into its journal whenever the notebook has not read for
+    ``KEEP_EVERY_S``: the ranks' output and reports are kept on rank 0, not left to pile up in
+    their outboxes, and the journal stays current for a kernel that comes back. It also tells the
+    cluster's watchdogs that the job works (``report``), so that no idle clock runs while it does,
+    and when it ended."""
+
+    def __init__(self, journal: Journal, drain, report=None):
+        self.journal, self.drain, self.report = journal, drain, report
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        told = 0.0
+        while not self._done.wait(KEEP_EVERY_S / 2):
+            if self.journal.unread_for(KEEP_EVERY_S):
+                self.drain()
+            if self.report is not None and time.monotonic() - told >= KEEP_EVERY_S:
+                self.report(self.journal)
+                told = time.monotonic()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=KEEP_EVERY_S)
+        if self.report is not None:
+            self.report(self.journal)        # its end, once
+
+
+def told(journal: Journal) -> dict:
+    """What the watchdogs read of a job (``raynodes.kv_all(JOB_PREFIX)``)."""
+    return {"at": time.time(), "every": KEEP_EVERY_S, "job": journal.job.get("id"),
+            "name": journal.job.get("name"), "running": journal.outcome is None, "step": journal.step,
+            "began": journal.began, "ended": journal.ended, "state": journal.state}

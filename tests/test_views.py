@@ -12,7 +12,7 @@ from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost, spend_note
-from gpugeek_jupyter.views.jobs import job_figure, job_summary, measured_rates
+from gpugeek_jupyter.views.jobs import FIGURE, MAX_POINTS, job_figure, job_summary, measured_rates
 from gpugeek_jupyter.views.utilisation import idle_dollars, utilisation_heatmap
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -153,6 +153,10 @@ def test_job_figure_per_worker_series_equal_the_samples():
     assert sorted(t.y[0] for t in memory) == [1.0, 2.0]
     note = next(a for a in fig.layout.annotations if a.text == "no GPU on these workers")
     assert (note.xref, note.yref) == ("x4 domain", "y4 domain")      # in the GPU panel
+    assert (note.x, note.y, note.xanchor, note.yanchor) == (0.5, 0.5, "center", "middle")
+    # plotly.js makes a subplot only for a trace on it: else the note's axes are the loss chart's
+    assert [(t.xaxis, t.yaxis, len(t.x), t.showlegend) for t in fig.data if t.xaxis == "x4"] == \
+        [("x4", "y4", 0, False)]
     summary = job_summary(samples)
     assert summary["step"] == 50 and summary["loss"] == pytest.approx(1.6)
     assert summary["samples_per_s"] == pytest.approx(201.0) and summary["workers"] == 2
@@ -225,3 +229,74 @@ def test_throughput_leaves_out_each_workers_warm_up_and_a_loops_tail():
     assert job_summary(samples)["samples_per_s"] == pytest.approx(100.0 + 100.0)
     rates = measured_rates(samples)
     assert sorted(rates["samples_per_s"].dropna()) == [90.0, 99.0, 100.0, 100.0, 101.0, 110.0]
+
+
+def steps_job(steps=128, every=32, logged=True):
+    """Two ranks of a job of ``steps`` steps whose workers report every ``every`` steps (about once
+    a second), each report with the loss of every step logged since the previous one."""
+    rows = []
+    for rank in (0, 1):
+        for end in range(every, steps + 1, every):
+            done = list(range(end - every + 1, end + 1))
+            rows.append({"job_id": "j", "rank": rank, "at": T0 + end / every + rank * 0.3, "step": end,
+                         "loss": 1.0 / end + rank, "samples_per_s": 100.0, "memory_bytes": 2**29,
+                         **({"logged": {"step": done, "loss": [1.0 / s + rank for s in done]}}
+                            if logged else {})})
+    return pd.DataFrame(rows)
+
+
+def test_a_finished_jobs_figure_has_every_logged_step_of_every_rank_by_step(cluster):
+    """A 128-step job whose workers reported 4 times each: the loss is drawn at all 128 steps of
+    each rank (as the ledger keeps them), and every panel's x axis is the step."""
+    job = steps_job()
+    ledger.record_samples(cluster.id, "j", [{k: v for k, v in r.items() if k not in ("job_id", "at")}
+                                            | {"t": r["at"]} for r in job.to_dict("records")])
+    fig = job_figure(ledger.samples_frame(cluster.id, "j"), title="job")
+    loss = {t.name: t for t in fig.data if t.xaxis == "x"}
+    assert set(loss) == {"rank 0", "rank 1"}
+    for rank, trace in enumerate(loss[f"rank {r}"] for r in (0, 1)):
+        assert list(trace.x) == list(range(1, 129))
+        assert np.allclose(trace.y, [1.0 / s + rank for s in range(1, 129)])
+    speed = [t for t in fig.data if t.xaxis == "x2"]
+    assert [list(t.x) for t in speed] == [[64, 96, 128]] * 2          # each report at its step (the first: warm-up)
+    assert fig.layout.xaxis3.title.text == fig.layout.xaxis4.title.text == "step"
+    assert {fig.layout[f"xaxis{i}"].matches for i in (2, 3, 4)} == {"x"}     # one step axis for the four
+    assert [a.text for a in fig.layout.annotations][:2] == ["loss", "samples/s"]     # nothing thinned
+
+    # reports without the logged steps: one point per report, still at its step
+    plain = job_figure(steps_job(logged=False), title="job")
+    assert [list(t.x) for t in plain.data if t.xaxis == "x"] == [[32, 64, 96, 128]] * 2
+    assert plain.layout.annotations[0].text == "loss · at each report"          # and says so
+
+
+def test_a_long_jobs_loss_is_thinned_past_the_bound_and_says_so():
+    steps = 3 * MAX_POINTS
+    fig = job_figure(steps_job(steps=steps, every=100), title="job")
+    loss = [t for t in fig.data if t.xaxis == "x"]
+    assert [len(t.x) for t in loss] == [MAX_POINTS] * 2
+    assert all(t.x[0] == 1 and t.x[-1] == steps for t in loss)            # the first and the last kept
+    assert fig.layout.annotations[0].text == f"loss · {MAX_POINTS} of {steps:,} points per worker"
+    assert fig.layout.annotations[1].text == "samples/s"                  # 15 reports: all drawn
+
+
+def _row_gap_px(fig) -> float:
+    """Pixels between the top row's plot area and the bottom row's."""
+    plot = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    return (fig.layout.yaxis.domain[0] - fig.layout.yaxis3.domain[1]) * plot
+
+
+def test_the_bottom_panels_titles_clear_what_is_under_the_top_panels():
+    """Each bottom panel's title sits above its plot area; what hangs under the top panel above it
+    (tick labels, and an axis title if there is one) must end before the title begins."""
+    fig = job_figure(job_samples(), title="job")
+    font = 12                                 # plotly's default font size; titles 16, axis titles 14
+    tick_labels = 3 + 1.3 * font              # plotly's tick label pad and one line of text
+    for title in fig.layout.annotations[2:4]:
+        assert title.yanchor == "bottom" and title.y == fig.layout.yaxis3.domain[1]
+        col = "" if title.x < 0.5 else "2"
+        above = fig.layout[f"xaxis{col}"]
+        under_top = tick_labels + (1.3 * 14 + 10 if above.title.text else 0)
+        title_px = 1.3 * 16
+        assert under_top + title_px < _row_gap_px(fig), (title.text, above.title.text, _row_gap_px(fig))
+    assert not fig.layout.xaxis.title.text and not fig.layout.xaxis2.title.text
+    assert FIGURE["height"] == fig.layout.height

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 
+import numpy as np
 import pytest
 from cluster_processes import wait_until
 
@@ -125,8 +126,8 @@ def test_the_job_monitor_redraws_at_most_once_a_second_and_keeps_few_points():
                          "samples_per_s": 100.0, "total_steps": 10**7} for r in (0, 1)])
     assert step > 2000
     assert 2 <= monitor.draws <= 4, monitor.draws
-    assert len(monitor.loss) <= 1000 and len(monitor.speed) <= 1000
-    assert monitor.loss[-1][0] == step                  # thinned, never the newest dropped
+    assert len(monitor.loss.points()) <= 1001 and len(monitor.speed) <= 1000
+    assert monitor.loss.points()[-1][0] == step         # thinned, never the newest dropped
     shown = int(re.match(r"step (\d+)/10000000 · ", monitor.progress.value).group(1))
     assert step / 3 < shown <= step and "ETA" in monitor.progress.value   # as of the last redraw
     assert monitor.bar.max == 10**7 and monitor.bar.value == shown
@@ -315,3 +316,69 @@ def test_the_live_throughput_chart_starts_at_zero_with_every_worker_counted():
     assert "120.0 samples/s" in monitor.stats.value
     layout = monitor.figure.outputs[0]["data"]["application/vnd.plotly.v1+json"]["layout"]
     assert layout["xaxis2"]["rangemode"] == "tozero" and layout["yaxis2"]["rangemode"] == "tozero"
+
+
+def _monitor(workers=2, name="m"):
+    record = registry.create(name, "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    ledger.job_started(record.id, "j1", "job", workers=workers)
+    return JobMonitor(cluster_id=record.id, job_id="j1", name="job", workers=workers, simulated=False,
+                      show_after=0.0, every=0.0)
+
+
+def _table(monitor) -> list[list[str]]:
+    return [re.findall(r"<td>(.*?)</td>", row) for row in monitor.table.value.split("<tr>")[2:]]
+
+
+def test_the_rank_table_shows_every_rank_as_of_one_step():
+    """Each rank reports on its own clock: rank 0's newest report is at step 120, rank 1's at 70.
+    The table shows both as of step 70 (the latest both have reported), each with the figures of
+    its report whose window holds step 70 — never rank 0 at 120 beside rank 1 at 70."""
+    monitor = _monitor()
+    t0 = time.time()
+
+    def report(rank, step, rate, gib):
+        return {"rank": rank, "t": t0 + step / 40, "step": step, "samples_per_s": rate,
+                "memory_bytes": gib * 2**30, "total_steps": 200}
+
+    monitor.update([report(0, 40, 10.0, 1), report(1, 30, 20.0, 2), report(0, 80, 11.0, 1),
+                    report(1, 70, 21.0, 2), report(0, 120, 12.0, 1)])
+    assert _table(monitor) == [["0", "70", "11.0", "1.00", "—"], ["1", "70", "21.0", "2.00", "—"]]
+    assert "every rank as of step 70, the latest step all of them have reported (rank 0 has reported " \
+        "step 120)" in monitor.table.value
+    assert "step 120/200" in monitor.progress.value            # the progress line: rank 0's newest
+    monitor.update([report(1, 110, 22.0, 2), report(1, 150, 23.0, 2)])
+    assert [row[:3] for row in _table(monitor)] == [["0", "120", "12.0"], ["1", "120", "23.0"]]
+
+
+def test_the_live_loss_has_every_logged_step_until_the_bound_then_says_how_few():
+    from gpugeek_jupyter.widgets.job import MAX_POINTS
+
+    monitor = _monitor()
+    t0 = time.time()
+
+    def report(rank, end, every=50):
+        done = list(range(end - every + 1, end + 1))
+        return {"rank": rank, "t": t0 + end / 50, "step": end, "loss": 1.0 / end,
+                "logged": {"step": done, "loss": [1.0 / s for s in done]}}
+
+    monitor.update([report(r, end) for end in (50, 100) for r in (0, 1)])
+    spec = monitor.figure.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert spec["data"][0]["x"] == list(range(1, 101))                      # rank 0's every logged step
+    assert spec["data"][0]["y"] == pytest.approx([1.0 / s for s in range(1, 101)])
+    assert spec["layout"]["annotations"][0]["text"] == "loss (rank 0, every logged step)"
+    assert spec["layout"]["xaxis"]["title"]["text"] == "step"
+
+    last = 5 * MAX_POINTS
+    monitor.update([report(0, end) for end in range(150, last + 1, 50)])
+    spec = monitor.figure.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    x = spec["data"][0]["x"]
+    assert len(x) <= 2 * MAX_POINTS + 1 and x[0] == 1 and x[-1] == last       # the newest kept
+    stride = monitor.loss.stride
+    assert stride == 4 and set(np.diff(x[:-1])) == {stride}                  # evenly: 1 in 4 logged steps
+    assert spec["layout"]["annotations"][0]["text"] == f"loss (rank 0, 1 in {stride} logged steps)"
+
+    monitor = _monitor(name="m2")       # reports without their steps' log: a point per report, said
+    monitor.update([{"rank": 0, "t": t0 + i, "step": 40 * i, "loss": 1.0 / i} for i in (1, 2, 3)])
+    spec = monitor.figure.outputs[0]["data"]["application/vnd.plotly.v1+json"]
+    assert spec["data"][0]["x"] == [40, 80, 120]
+    assert spec["layout"]["annotations"][0]["text"] == "loss (rank 0, at each report)"

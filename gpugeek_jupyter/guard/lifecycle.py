@@ -33,7 +33,8 @@ from . import health
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 HEARD_WINDOW_S = 30.0      # a remote cluster not heard from for longer: its $ counted to its last word
-CATCH_UP_EVERY_S = 15.0    # how often one process asks a head whose watchdog here is gone (``catch_up``)
+CATCH_UP_EVERY_S = 5.0     # how often one process asks a head whose watchdog here is gone (``catch_up``)
+CATCH_UP_UNREACHABLE_S = 60.0   # … and one unreachable for ``unreachable_after_min``: its machines may be gone
 _caught_up: dict[int, float] = {}
 WATCHDOG_GRACE_S = 2.0
 # a watchdog's stop waits this long before it stops the nodes, so that a kernel still connected
@@ -168,12 +169,16 @@ def catch_up(record: ClusterRecord) -> ClusterRecord:
     """A remote cluster whose watchdog here is gone (this machine slept, or was off): the head's
     ledger first, over SSH within its connect timeout — its dollars and a stop it made become
     this machine's — then, for a cluster still live, this machine's watchdog again, so that the
-    tunnel and the sync resume. Tried at most once every ``CATCH_UP_EVERY_S`` per process, and by
+    tunnel and the sync resume. Tried at most once every ``CATCH_UP_EVERY_S`` per process
+    (``CATCH_UP_UNREACHABLE_S`` once it is unreachable), and by
     one process at a time. Returns the record as it is then."""
     if not needs_catch_up(record):
         return record
     now = time.monotonic()
-    if now - _caught_up.get(record.id, -CATCH_UP_EVERY_S) < CATCH_UP_EVERY_S:
+    since = unheard_since(record)
+    every = CATCH_UP_UNREACHABLE_S if since is not None and time.time() - since > settings().unreachable_after_s \
+        else CATCH_UP_EVERY_S
+    if now - _caught_up.get(record.id, -every) < every:
         return record
     _caught_up[record.id] = now
     lock = home() / "guards" / f"{record.id}.lock"

@@ -9,6 +9,13 @@ worker and metric), so a 100k-step job neither floods the notebook
 nor slows training. When the job ends the live widget is replaced by a static summary and the
 job's figure, drawn from the ledger, so the saved notebook reads the same without a kernel.
 
+The loss is drawn by step, at every step rank 0 logged (``views.jobs.logged_points``) until the
+line holds 2 × ``MAX_POINTS``; from then on 1 in 2 logged steps, then 1 in 4, … — always with
+the newest — and the chart's title says which. The table shows every rank as of one step:
+the latest step all of them have reported (their reports come at different moments, so each
+rank's newest report stands at a step of its own); each rank's figures are from its report whose
+window holds that step.
+
 The live samples/s chart runs from the job's first report (0 s, on the workers' clock). Each
 point is Σ of every worker's rate over the same round of reports — never some workers' alone,
 which drew a jump wherever a batch of reports arrived — and leaves out what measures no
@@ -30,13 +37,14 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..sizing.advise import advise_job
 from ..units import duration
-from ..views.jobs import job_figure, job_summary, measured_rates, rate_counts
+from ..views.jobs import LOGGED, job_figure, job_summary, logged_points, rate_counts
 from ._base import LiveFigure, figure_json
 
 SHOW_AFTER_S = 2.0
 REDRAW_EVERY_S = 1.0
 MAX_POINTS = 500
 RATES_WAITING = 8       # per worker, for a round to be complete (a worker without rates: no points)
+KEPT_REPORTS = 32       # per worker, its newest reports with a step: the table's common step is among them
 
 
 class JobMonitor:
@@ -47,7 +55,8 @@ class JobMonitor:
         self.show_after, self.every = show_after, every
         self.started = time.monotonic()
         self.latest: dict[int, dict] = {}          # rank → its newest report
-        self.loss: list[tuple[int, float]] = []    # (step, loss) from rank 0
+        self.reports: dict[int, deque[dict]] = {}  # rank → its newest reports with a step, oldest first
+        self.loss = StepSeries(2 * MAX_POINTS)     # (step, loss) from rank 0, every logged step
         self.speed: list[tuple[float, float]] = []  # (seconds since the first report, Σ samples/s)
         self.origin: float | None = None            # the job's first report (workers' clock): 0 s
         self.reported: dict[int, float] = {}        # rank → its last report: its next rate's window opens there
@@ -65,14 +74,16 @@ class JobMonitor:
         for sample in samples:
             rank = int(sample.get("rank", 0))
             self.latest[rank] = sample
+            if sample.get("step") is not None:
+                self.reports.setdefault(rank, deque(maxlen=KEPT_REPORTS)).append(sample)
             if rank == 0 and self.first is None and sample.get("step") is not None:
                 self.first = (time.monotonic(), int(sample["step"]))
-            if rank == 0 and sample.get("loss") is not None:
-                self.loss.append((int(sample.get("step") or 0), float(sample["loss"])))
+            if rank == 0:
+                for step, loss in logged_points(sample):
+                    self.loss.add(step, loss, logged=isinstance(sample.get(LOGGED), dict))
             self._count_rate(rank, sample)
-        for series in (self.loss, self.speed):
-            if len(series) > 2 * MAX_POINTS:
-                del series[1::2]                 # thin out evenly; the shape stays
+        if len(self.speed) > 2 * MAX_POINTS:
+            del self.speed[1::2]                 # thin out evenly; the shape stays
         now = time.monotonic()
         if now - self.started < self.show_after or now - self.drawn_at < self.every:
             return
@@ -126,13 +137,13 @@ class JobMonitor:
             self.bar.max, self.bar.value = max(1, step), step
         self.stats.value = self._stats_html()
         self.figure.show_json(_live_spec(self.layout, self.loss, self.speed), "loss and samples/s")
-        self.table.value = _workers_html(self.latest)
+        self.table.value = _workers_html(self.latest, self.reports)
         self.draws += 1
 
     def _stats_html(self) -> str:
         parts = []
-        if self.loss:
-            parts.append(f"loss {self.loss[-1][1]:.4g}")
+        if self.loss.newest is not None:
+            parts.append(f"loss {self.loss.newest[1]:.4g}")
         if self.speed:                   # the chart's latest point: every worker, one round
             parts.append(f"{self.speed[-1][1]:,.1f} samples/s")
         tokens = sum(self.tokens.values())
@@ -205,8 +216,7 @@ class JobReport:
 
     def figure(self) -> go.Figure:
         title = f"{self.name} — {self.status}" + (" (simulated $)" if self.simulated else "")
-        # rates judged before thinning: a kept report's window is the one it was measured over
-        return job_figure(_thinned(measured_rates(self.samples)), title=title)
+        return job_figure(self.samples, title=title, max_points=MAX_POINTS)
 
     def figure_bundle(self) -> dict:
         figure = self.figure()
@@ -238,22 +248,41 @@ def _loop_span(samples) -> tuple[int | None, int]:
     return int(total), 0 if start is None or pd.isna(start) else int(start)
 
 
-def _thinned(samples, points: int = MAX_POINTS):
-    """At most ``points`` reports per worker, evenly spaced, the last one kept: a long job's
-    figure stays a few hundred kB in the saved notebook."""
-    if samples.empty:
-        return samples
-    parts = []
-    for _, rows in samples.sort_values("at").groupby("rank", sort=True):
-        if len(rows) > points:
-            keep = sorted({round(i * (len(rows) - 1) / (points - 1)) for i in range(points)})
-            rows = rows.iloc[keep]
-        parts.append(rows)
-    return pd.concat(parts, ignore_index=True)
+class StepSeries:
+    """A line's (step, value) points as logged: every one until there are more than ``bound``,
+    then 1 in 2 logged points, 1 in 4, … (each time the bound is passed the stride doubles
+    and every other kept point goes), and always the newest."""
+
+    def __init__(self, bound: int):
+        self.bound, self.stride, self.seen = bound, 1, 0
+        self.kept: list[tuple[int, float]] = []     # the logged points 0, stride, 2 × stride, …
+        self.newest: tuple[int, float] | None = None
+        self.sparse = False         # a point came from a report without its steps' log: one per report
+
+    def add(self, step: int, value: float, logged: bool = True) -> None:
+        self.sparse = self.sparse or not logged
+        if self.seen % self.stride == 0:
+            self.kept.append((step, value))
+            if len(self.kept) > self.bound:
+                del self.kept[1::2]
+                self.stride *= 2
+        self.seen += 1
+        self.newest = (step, value)
+
+    def points(self) -> list[tuple[int, float]]:
+        tail = [self.newest] if self.newest is not None and (self.seen - 1) % self.stride else []
+        return self.kept + tail
+
+    def said(self) -> str:
+        """Which logged steps the line holds, in a few words."""
+        if self.sparse:
+            return "at each report" if self.stride == 1 else f"1 in {self.stride} reports"
+        return "every logged step" if self.stride == 1 else f"1 in {self.stride} logged steps"
 
 
 def _live_layout() -> dict:
-    """The live chart's layout, drawn once: loss by step, samples/s by time."""
+    """The live chart's layout, drawn once (the loss title's words are set at each draw): loss
+    by step, samples/s by time."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (rank 0)", "samples/s (all workers)"))
     fig.update_layout(height=260, showlegend=False, template="plotly_white", margin=dict(l=50, r=20, t=30, b=30))
     fig.update_xaxes(title_text="step", row=1, col=1)
@@ -262,14 +291,18 @@ def _live_layout() -> dict:
     return figure_json(fig)["layout"]
 
 
-def _live_spec(layout: dict, loss: list[tuple[int, float]], speed: list[tuple[float, float]]) -> dict:
+def _live_spec(layout: dict, loss: StepSeries, speed: list[tuple[float, float]]) -> dict:
     """Plotly JSON of the live chart, written directly (a figure object per redraw costs ~50 ms
     of the kernel's CPU, which the workers share on a small machine)."""
     def trace(points, axis: str, name: str) -> dict:
         x, y = (list(v) for v in zip(*points, strict=True)) if points else ([], [])
         return {"type": "scatter", "mode": "lines+markers", "marker": {"size": 3}, "name": name,
                 "x": x, "y": y, "xaxis": f"x{axis}", "yaxis": f"y{axis}"}
-    return {"data": [trace(loss, "", "loss"), trace(speed, "2", "samples/s")], "layout": layout}
+    titles = [dict(a) for a in layout.get("annotations", [])]
+    if titles:
+        titles[0]["text"] = f"loss (rank 0, {loss.said()})"
+    return {"data": [trace(loss.points(), "", "loss"), trace(speed, "2", "samples/s")],
+            "layout": {**layout, "annotations": titles}}
 
 
 def _progress_text(step: int, total, elapsed: float, first: tuple[float, int] | None) -> str:
@@ -286,14 +319,41 @@ def _progress_text(step: int, total, elapsed: float, first: tuple[float, int] | 
     return text
 
 
-def _workers_html(latest: dict[int, dict]) -> str:
+def common_step(reports: dict[int, deque[dict]]) -> int | None:
+    """The latest step every rank has reported: the least of their newest reports' steps."""
+    newest = [int(kept[-1]["step"]) for kept in reports.values() if kept]
+    return min(newest) if newest else None
+
+
+def report_at(kept: deque[dict], step: int) -> dict:
+    """A rank's report whose window holds ``step``: the first of its newest reports at or past it
+    (its previous report came before the step)."""
+    chosen = kept[-1]
+    for report in reversed(kept):
+        if int(report["step"]) < step:
+            break
+        chosen = report
+    return chosen
+
+
+def _workers_html(latest: dict[int, dict], reports: dict[int, deque[dict]]) -> str:
+    """Every rank as of one step (``common_step``); a rank that has reported no step yet, as it is."""
+    step = common_step(reports)
     rows = []
     for rank in sorted(latest):
-        s = latest[rank]
+        s = report_at(reports[rank], step) if reports.get(rank) and step is not None else latest[rank]
         gpu = f"{s['gpu_util']:.0f} %" if s.get("gpu_util") is not None else "—"
         mem = f"{float(s['memory_bytes']) / 2**30:.2f}" if s.get("memory_bytes") is not None else "—"
         speed = f"{float(s['samples_per_s']):,.1f}" if s.get("samples_per_s") is not None else "—"
-        rows.append(f"<tr><td>{rank}</td><td>{s.get('step', '—')}</td><td>{speed}</td>"
+        shown = step if reports.get(rank) and step is not None else "—"
+        rows.append(f"<tr><td>{rank}</td><td>{shown}</td><td>{speed}</td>"
                     f"<td>{mem}</td><td>{gpu}</td></tr>")
-    return ("<table class='gpugeek-workers'><tr><th>rank</th><th>step</th><th>samples/s</th>"
+    moment = ""
+    if step is not None:
+        ahead = max(reports, key=lambda r: int(reports[r][-1]["step"]) if reports[r] else -1)
+        newest = int(reports[ahead][-1]["step"])
+        moment = (f"<div class='gpugeek-workers-moment'>every rank as of step {step}, the latest step all "
+                  "of them have reported" + (f" (rank {ahead} has reported step {newest})" if newest > step
+                                             else "") + "</div>")
+    return (moment + "<table class='gpugeek-workers'><tr><th>rank</th><th>step</th><th>samples/s</th>"
             "<th>memory GiB</th><th>GPU</th></tr>" + "".join(rows) + "</table>")

@@ -8,10 +8,9 @@ with mixed precision, gradient checkpointing, accumulation, clipping and checkpo
         gg.backward(loss)                 # scale, accumulate, no_sync, clip, step, zero_grad
         gg.log(loss=loss.item())
 
-Every switch comes from ``%%gpugeek run`` flags, so the cell's code stays the same whether it runs
-in bf16 or fp32, on one worker or eight. The library does the work: DDP / FSDP2
-(``fully_shard``), ``torch.amp``, torch's activation-checkpoint wrapper, ``DistributedSampler``
-and ``torch.distributed.checkpoint``.
+Every switch comes from ``%%gpugeek run`` flags, so the cell stays the same in bf16 or fp32, on
+one worker or eight. The library does the work: DDP / FSDP2 (``fully_shard``), ``torch.amp``,
+torch's checkpoint wrapper, ``DistributedSampler``, ``torch.distributed.checkpoint``.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from . import notice, storage
 from .options import RunOptions
 
 REPORT_EVERY_S = 1.0
+LOGGED_MAX = 2000        # values of one metric a report carries by step, at most (the rest: its latest)
 
 
 class Helper:
@@ -47,8 +47,8 @@ class Helper:
         self._resumed_from: int | None = None
         self._shared_checked: str | None = None     # the checkpoint dir every host was seen to share
         self._place: storage.Place | None = None
-        self._last_report = 0.0
-        self._metrics: dict = {}
+        self._last_report, self._metrics = 0.0, {}
+        self._logged: dict[str, list] = {}    # every gg.log since the last report, as columns by step
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
         self._sharded = False          # the model was just sharded: the optimizer must follow
         self.total_steps: int | None = None   # what the notebook's progress bar counts to
@@ -263,8 +263,13 @@ class Helper:
         self._maybe_report()
 
     def log(self, **metrics) -> None:
-        """Record metrics (loss=…, lr=…); sent to the notebook at most once a second."""
-        self._metrics.update({k: float(v) for k, v in metrics.items()})
+        """Record metrics (loss=…); reported at most once a second, with every value since by step."""
+        values = {k: float(v) for k, v in metrics.items()}
+        self._metrics.update(values)
+        done, logged = len(self._logged.get("step", ())), self._logged
+        if done < LOGGED_MAX:
+            for key in {"step"} | values.keys() | logged.keys():
+                logged.setdefault(key, [None] * done).append(self.step if key == "step" else values.get(key))
         self._maybe_report()
 
     def _maybe_report(self, force: bool = False) -> None:
@@ -275,6 +280,8 @@ class Helper:
         elapsed = max(now - t0, 1e-9)
         sample = {"t": time.time(), "rank": self.rank, "step": self.step, **self._metrics,
                   "memory_bytes": _memory_bytes(self.device)}
+        if self._logged:
+            sample["logged"], self._logged = self._logged, {}
         if samples:      # a window without batches (before the first, after a pause) has no rate
             sample["samples_per_s"] = samples / elapsed
         if tokens:

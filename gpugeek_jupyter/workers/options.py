@@ -69,6 +69,7 @@ class Report(TypedDict, total=False):
     gpu_util: float
     total_steps: int
     loop_start: float
+    logged: dict       # every gg.log since the last report, as columns: {"step": [...], "loss": [...]}
 
 
 class JobWatch(Protocol):

@@ -27,6 +27,7 @@ from lab import (
     wait_run_done,
 )
 from test_sidebar_table import SIDEBAR, cut_cells, open_card
+from test_watch_in_lab import TABLE_JS
 
 pytestmark = pytest.mark.skipif(not os.environ.get("GPUGEEK_SCREENSHOTS"),
                                 reason="writes docs/images/: run by `make screenshots`")
@@ -115,6 +116,8 @@ def test_readme_pictures_of_the_real_ui(lab, demo_page):
         arg=monitor.element_handle(), timeout=120_000)
     settle(page, monitor)
     shots = [save(monitor, "job-monitor")]
+    table = monitor.locator(".gpugeek-workers").evaluate(TABLE_JS)      # as the picture shows it
+    assert len(table["rows"]) == 2 and len({row[1] for row in table["rows"]}) == 1, table
 
     panel = cells.nth(2).locator(".gpugeek-cluster-panel")
     panel.locator(".gpugeek-spend").wait_for(timeout=120_000)

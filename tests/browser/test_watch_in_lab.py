@@ -29,6 +29,54 @@ CELLS = [
 ]
 
 
+TABLE_JS = """(table) => ({
+  caption: table.previousElementSibling?.textContent || '',
+  rows: [...table.querySelectorAll('tr')].slice(1).map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent)),
+})"""
+
+# The job's figure as drawn: its annotations (panel titles and notes), axis titles, tick labels
+# and each subplot's plot area (its drag rectangle), as page boxes.
+FIGURE_JS = """(root) => {
+  const box = (e) => { const r = e.getBoundingClientRect();
+                       return {x0: r.left, y0: r.top, x1: r.right, y1: r.bottom}; };
+  const texts = (selector) => [...root.querySelectorAll(selector)].map(e => ({text: e.textContent, ...box(e)}));
+  return {
+    annotations: texts('g.annotation'),
+    axisTitles: texts('.infolayer text[class^="x"][class$="title"]'),
+    ticks: texts('.xtick text'),
+    lossPoints: [...root.querySelectorAll('.subplot.xy .scatterlayer .trace')].map(
+      t => t.querySelectorAll('.point').length),
+    areas: Object.fromEntries([...root.querySelectorAll('.draglayer > g')].map(
+      g => [g.getAttribute('class'), box(g.querySelector('rect.nsewdrag'))])),
+  };
+}"""
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["x0"] < b["x1"] and b["x0"] < a["x1"] and a["y0"] < b["y1"] and b["y0"] < a["y1"]
+
+
+def check_job_figure(drawn: dict, steps: int) -> None:
+    """The finished job's figure on the page: the no-GPU note inside the GPU panel's plot area,
+    every panel by step, the loss at every logged step of each rank (or, where the reports did not
+    carry them, at each report, as the panel's title says), and no panel title running into an
+    axis title or tick label."""
+    boxes = {a["text"]: a for a in drawn["annotations"]}
+    loss = next(text for text in boxes if text.startswith("loss"))
+    assert loss in ("loss", "loss · at each report"), loss
+    assert drawn["lossPoints"] == [steps] * 2 if loss == "loss" else \
+        len(drawn["lossPoints"]) == 2 and min(drawn["lossPoints"]) >= 2, (loss, drawn["lossPoints"])
+    note, gpu = boxes["no GPU on these workers"], drawn["areas"]["x4y4"]
+    assert gpu["x0"] <= note["x0"] and note["x1"] <= gpu["x1"] and gpu["y0"] <= note["y0"] \
+        and note["y1"] <= gpu["y1"], (note, drawn["areas"])
+    assert not _overlap(note, drawn["areas"]["xy"])
+    assert [t["text"] for t in drawn["axisTitles"] if t["text"]] == ["step", "step"], drawn["axisTitles"]
+    titles = [boxes[t] for t in (loss, "samples/s", "memory (GiB)", "GPU utilisation (%)")]
+    for title in titles:
+        crossed = [t for t in drawn["axisTitles"] + drawn["ticks"] if _overlap(title, t)]
+        assert not crossed, (title, crossed)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
@@ -44,7 +92,13 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     monitor.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
     page.wait_for_function(
         "(el) => /step \\d+\\/256/.test(el.innerText)", arg=monitor.element_handle(), timeout=30_000)
+    # the rank table: every rank as of one step, the one its caption names
+    page.wait_for_function("(el) => el.querySelectorAll('.gpugeek-workers tr').length >= 3",
+                           arg=monitor.element_handle(), timeout=30_000)
+    table = monitor.locator(".gpugeek-workers").evaluate(TABLE_JS)
     screenshot(page, "watch-1-live-job-monitor", monitor)
+    assert [row[0] for row in table["rows"]] == ["0", "1"], table
+    assert {row[1] for row in table["rows"]} == {re.search(r"as of step (\d+)", table["caption"]).group(1)}, table
     panel = cells.nth(0).locator(".gpugeek-cluster-panel")
     assert "SIMULATED" in panel.inner_text()
 
@@ -78,6 +132,10 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     assert "lab-job: finished" in summary.inner_text() and "(simulated)" in summary.inner_text()
     done.locator(".jp-RenderedPlotly svg.main-svg").first.wait_for(timeout=30_000)
     assert done.locator(".gpugeek-job").count() == 0, "the live widget was replaced"
+    figure = done.locator(".jp-RenderedPlotly").first
+    figure.scroll_into_view_if_needed()
+    screenshot(page, "watch-5-job-figure", figure)
+    check_job_figure(figure.evaluate(FIGURE_JS), steps=256)
     assert "stopped: lab-sim" in cells.nth(4).inner_text()
     # the panel's own refresh (every 2 s, from a thread in the kernel) ends on the stop
     page.wait_for_function("(el) => el.innerText.includes('stopped (down)')",

@@ -46,6 +46,7 @@ IMAGE = ROOT / ".cache" / "lab-image"       # made by `make lab-image`: a Python
 IMAGE_AT = "/opt/image"                    # where a host sees it
 INDEX = ROOT / ".cache" / "lab-index"       # made by `make lab-files`: the wheels the hosts install
 HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
+_made = 0
 LEFT_WITHIN_S = 10.0    # after a cluster's down, its hosts' namespaces are empty within this
 
 
@@ -474,7 +475,9 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False) -> L
     """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd; the hosts
     named in ``bare`` have no machine image; with ``storage``, an S3 server on the bridge
     (``Lab.start_storage``, bucket ``lab``)."""
-    lab_id = f"{os.getpid() % 100000:05d}"
+    global _made
+    _made += 1          # labs made by this process: two at once must not share a name
+    lab_id = f"{(os.getpid() * 8 + _made) % 100000:05d}"
     # not under /tmp: every host has a /tmp of its own, and its sshd reads the lab's keys from here
     folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-", dir="/var/tmp"))
     folder.chmod(0o755)

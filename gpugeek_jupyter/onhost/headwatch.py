@@ -43,6 +43,7 @@ from .script import MARKER
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
+REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
 
 # how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the
@@ -75,6 +76,7 @@ class HeadWatch(Watch):
         self.report: dict | None = None
         self.guard_kind = "head"
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
+        self.near: float | None = None                 # the cap a stop was timed again near
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a
@@ -166,10 +168,16 @@ class HeadWatch(Watch):
         """Time a stop's Ray part (a driver, a task on every other node) once the nodes are there,
         so that a budget stop starts as far ahead of the cap as a stop takes here, not a guess."""
         others = [n for n in nodes if n.alive and not n.is_head]
-        if record.backend in CLOUDS or not record.budget_usd or not others \
-                or frozenset(n.node_id for n in others) <= self.rehearsed:
+        if record.backend in CLOUDS or not record.budget_usd or not others:
+            return
+        burn = ledger.burn_rate(self.cluster_id)
+        near = burn > 0 and self.near != record.budget_usd and \
+            (record.budget_usd - ledger.spend(self.cluster_id)) / burn * 3600 <= REHEARSE_NEAR_S
+        if frozenset(n.node_id for n in others) <= self.rehearsed and not near:
             return
         self.rehearsed = frozenset(n.node_id for n in others)
+        if near:
+            self.near = record.budget_usd
         import ray  # noqa: F401 - imported before the clock starts: a stop finds it imported
         started = time.monotonic()
         try:
@@ -181,8 +189,9 @@ class HeadWatch(Watch):
         took = time.monotonic() - started
         self.stop_allowance = took + STOP_MARGIN_S
         ledger.event(self.cluster_id, "guard", f"a stop from the head takes about {self.stop_allowance:.1f} s on "
-                                               f"{len(others) + 1} nodes (rehearsed: {took:.1f} s to reach them); "
-                                               f"a budget stop starts that far ahead of the cap")
+                                               f"{len(others) + 1} nodes (rehearsed{' near the cap' if near else ''}: "
+                                               f"{took:.1f} s to reach them); a budget stop starts that far ahead "
+                                               f"of the cap")
 
     def _on_other_nodes(self, others, fn, *args) -> None:
         """``fn(*args)`` as a task on each of these nodes, from a Ray driver here, for up to half

@@ -95,6 +95,12 @@ test-browser: $(VENV)/.installed-test chromium
 laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
 	GPUGEEK_LAPTOP_GONE_TRIALS=5 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/browser/test_laptop_gone.py
 
+# The lid closed on a running job (tests/lab/test_lid.py, about five minutes): the kernel SIGSTOPped
+# and the link cut for 120 s; the job goes on on the hosts and the same cell picks up.
+.PHONY: lid
+lid: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py
+
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.

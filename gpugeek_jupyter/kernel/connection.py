@@ -69,8 +69,8 @@ def connect(record: ClusterRecord) -> None:
         session.connection = None
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
+    use_token_auth()      # our clusters require Ray's token, a driver's as a client's
     if record.backend in CLIENT_BACKENDS or record.address.startswith(CLIENT_SCHEME):
-        use_token_auth()
         client = record.address if record.backend == "attach" else \
             ClusterSpec.from_json(record.spec).remote["client_address"]
         _client_init(client, job_env(record, remote=True))

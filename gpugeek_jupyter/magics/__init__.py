@@ -320,7 +320,7 @@ def jobs(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("job", help="a job id, as `%gpugeek jobs` lists them")
+@argument("job", help="a job id, as `%%gpugeek jobs` lists them")
 @cluster_name
 def attach(self: GpugeekMagics, line: str):
     """Follow a job from this kernel: its output, then its pulled variables into the notebook."""

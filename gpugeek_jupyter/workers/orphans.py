@@ -29,7 +29,7 @@ def reclaim() -> list[str]:
     returns their ids. A group whose cell still runs is left to finish."""
     import psutil
     import ray
-    from ray.util import placement_group as pgs
+    from ray.util.placement_group import get_placement_group, remove_placement_group
 
     groups: dict[str, list[str]] = {}
     for named in ray.util.list_named_actors(all_namespaces=True):
@@ -58,7 +58,7 @@ def reclaim() -> list[str]:
         for handle in handles:
             ray.kill(handle)
         try:
-            pgs.remove_placement_group(pgs.get_placement_group(group_name(group_id)))
+            remove_placement_group(get_placement_group(group_name(group_id)))
         except ValueError:             # no such placement group (already removed)
             pass
         gone.append(group_id)

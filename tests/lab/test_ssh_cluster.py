@@ -278,7 +278,7 @@ def test_doctor_names_a_rate_limited_host_with_its_measured_rate_within_30_s(lab
     print(f"\n{report!r}\ntbf {rate_mbit} Mbit/s: doctor took {took:.1f} s ({report.phases}); links {report.links}")
     about = _about(report, slow)
     assert about and report.problems == about, f"the rate-limited host was not the one named:\n{report!r}"
-    rates = [float(r) for p in about for r in re.findall(r"(\d+(?:\.\d+)?) Mbit/s", p.what)]
+    rates = [float(r) for p in about for r in re.findall(r"(\d+(?:\.\d+)?) Mbit/s from it", p.what)]
     assert all("slow link" in p.what for p in about) and rates, repr(report)
     assert all(0.5 * rate_mbit <= r <= 1.1 * rate_mbit for r in rates), f"measured {rates} for {rate_mbit} Mbit/s"
     assert [row[""] for row in report.rows if row["node"] == f"root@{slow.address}"] == ["✗"]

@@ -317,8 +317,8 @@ def _lost(record: ClusterRecord, job_id: str) -> str:
         return _stopped_under(now, job_id)
     guards = ("its budget cap and idle stop run on its head" if guarded(now)
               else "it may still be running and billing")
-    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — the cell's "
-            f"workers went with the connection; {guards}; `%gpugeek status {record.name}` once the network is back")
+    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — its job may go on "
+            f"there (`%gpugeek jobs {record.name}` once the network is back); {guards}")
 
 
 def _stopped_under(record: ClusterRecord, job_id: str) -> str:

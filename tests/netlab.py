@@ -228,7 +228,7 @@ class Lab:
     def add_witness(self) -> None:
         """A port on the bridge that only listens (no address, no IPv6 of its own): every frame the
         bridge floods — an ARP request for an address no host holds any more, first of all — arrives
-        at its far end, ``frames_witnessed`` counts them. It also keeps the bridge's carrier up once
+        at its far end (``frames_to`` picks them out). It also keeps the bridge's carrier up once
         every host is deleted, so what is sent towards their addresses still leaves."""
         near = self.bridge.replace("br", "wn")
         _run("ip", "link", "add", near, "type", "veth", "peer", "name", self.witness)
@@ -238,9 +238,28 @@ class Lab:
         _run("ip", "link", "set", near, "up")
         _run("ip", "link", "set", self.witness, "up")
 
-    def frames_witnessed(self) -> int:
-        stats = json.loads(_run("ip", "-s", "-j", "link", "show", self.witness).stdout)
-        return stats[0]["stats64"]["rx"]["packets"]
+    def frames_to(self, addresses: set[str], seconds: float) -> list[str]:
+        """The frames that reach the witness within ``seconds`` and are meant for one of
+        ``addresses``: an ARP request for it, or an IPv4 packet to it (what anything dialing a
+        deleted host sends). Other traffic on the bridge (the bridge's own IPv6 housekeeping, say)
+        is not counted. Captured with a raw socket on the witness's far end."""
+        wanted = {socket.inet_aton(a) for a in addresses}
+        seen = []
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003)) as raw:
+            raw.bind((self.witness, 0))
+            deadline = time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                raw.settimeout(left)
+                try:
+                    frame = raw.recv(2048)
+                except TimeoutError:
+                    break
+                kind = frame[12:14]
+                if kind == b"\x08\x06" and frame[38:42] in wanted:            # ARP: who has it
+                    seen.append(f"ARP who-has {socket.inet_ntoa(frame[38:42])}")
+                elif kind == b"\x08\x00" and frame[30:34] in wanted:          # IPv4 to it
+                    seen.append(f"IPv4 to {socket.inet_ntoa(frame[30:34])} (protocol {frame[23]})")
+        return seen
 
     @property
     def subnet(self) -> str:

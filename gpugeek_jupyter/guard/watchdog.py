@@ -156,7 +156,8 @@ class Watch:
         if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
-        elif record.backend in tunnel.BACKENDS and time.time() - self.unreached_since > self.unreachable_after:
+        elif record.backend in tunnel.BACKENDS and \
+                time.time() - (record.heard or self.unreached_since) > self.unreachable_after:   # as readers say
             return self._go_quiet(record)
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
             # a cloud head we cannot reach may still be running: keep billing its open nodes, and

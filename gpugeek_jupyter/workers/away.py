@@ -23,6 +23,17 @@ def link_errors() -> tuple:
     return ConnectionError, grpc.RpcError
 
 
+def link_lost(group, exc: BaseException) -> bool:
+    """Whether ``exc``, raised under a running cell, is the link to a remote cluster going down
+    (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client that can
+    connect again, and the error is a link's, or the client is no longer steady."""
+    from .results import RemoteError
+
+    if not group.led or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
+        return False
+    return isinstance(exc, link_errors()) or not connection.steady()
+
+
 def ride_out(group, cell_id: int, printer, on_samples) -> dict:
     """The link to the cluster went down under a running cell: the job goes on there (its
     workers are detached, rank 0 keeps its journal). Said once; then this kernel connects
@@ -38,7 +49,8 @@ def ride_out(group, cell_id: int, printer, on_samples) -> dict:
     while True:
         if time.monotonic() - gone_at > give_up:
             job = group.job or {}
-            raise GpugeekError(f"the cluster has not answered for {give_up / 60:.0f} min — the job may go on there: "
+            raise GpugeekError(f"the cluster has not answered for {give_up / 60:.0f} min "
+                               f"({getattr(group, 'last_trouble', 'no answer')}) — the job may go on there: "
                                f"`%gpugeek attach {job.get('id', 'JOB')}` follows it once the cluster answers")
         try:
             connection.check_stop()
@@ -59,7 +71,9 @@ def ride_out(group, cell_id: int, printer, on_samples) -> dict:
                 for worker in group.workers:
                     worker.interrupt.remote(cell_id)
             raise Interrupted(f"interrupted on all {len(group.workers)} workers") from None
-        except (*link_errors(), ray.exceptions.RayError, TimeoutError, GpugeekError):
-            pass          # still out of reach (the tunnel, the client, the head): ask again
+        except (WorkerDied, connection.StoppedElsewhere):
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - out of reach: the tunnel, the client, the head
+            group.last_trouble = f"{type(exc).__name__}: {exc}"    # asked again; named if it never answers
         time.sleep(REJOIN_EVERY_S)     # the link is down: nothing to poll but the link itself
 

@@ -253,14 +253,14 @@ class WorkerGroup:
                     except WorkerDied:
                         self.broken = True
                         raise
-        except away.link_errors():
-            if not self.led or self.rejoin is None:
-                raise
-            poll = asked = None
-            outcome = away.ride_out(self, cell_id, printer, on_samples)
         except connection.StoppedElsewhere:
             self.broken = stopped = True
             raise
+        except (Exception, SystemExit) as exc:      # Ray's client raises many kinds once its link is gone
+            if not away.link_lost(self, exc):
+                raise
+            poll = asked = None
+            outcome = away.ride_out(self, cell_id, printer, on_samples)
         except KeyboardInterrupt:
             self._cancel(cell)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"

@@ -60,6 +60,7 @@ print('pulled', run.pulled['final_step'], 'same' if same else 'DIFFERENT', flush
 """
 
 
+@pytest.mark.timeout(900)
 def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(lab, gpugeek_home):
     settings(gpugeek_home, meter_interval_s=1.0)
     hosts = ",".join(f"root@{h.address}" for h in lab.hosts)

@@ -44,10 +44,12 @@ SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer mo
 class RemoteError(GpugeekError):
     """An exception in the user's cell on a worker: its traceback, labelled with the rank."""
 
-    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None):
+    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None,
+                 memory: dict | None = None):
         super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
         self.rank, self.traceback_text, self.extra = rank, traceback_text, extra
         self.preempted = preempted    # the job stopped on a preemption notice: {step, deadline, nodes}
+        self.memory = memory          # out of GPU memory: the rank's reading then (``oom.memory_at``)
 
     def _render_traceback_(self) -> list[str]:
         lines = [f"\x1b[0;31mgpugeek: the cell failed on rank {self.rank}\x1b[0m",
@@ -348,7 +350,7 @@ class WorkerGroup:
                          "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
             if results[failed].get("said") and not extra:
                 raise GpugeekError(results[failed]["said"])
-            raise RemoteError(failed, results[failed]["error"], extra, preempted)
+            raise RemoteError(failed, results[failed]["error"], extra, preempted, results[failed].get("memory"))
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""

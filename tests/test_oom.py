@@ -26,7 +26,8 @@ def test_the_reading_becomes_how_far_off_the_step_was():
     memory = {"peak": int(131.5 * GIB), "held": int(130 * GIB), "total": int(139.8 * GIB), "asked": 12 * GIB}
     text = oom.diagnosis("torch.OutOfMemoryError: " + MESSAGE, RunOptions(workers=1, amp="bf16"), memory, 20.14)
     lines = text.splitlines()
-    assert lines[1].startswith("gpugeek: out of GPU memory. torch.OutOfMemoryError: CUDA out of memory.")
+    assert lines[1] == ("gpugeek: out of GPU memory. torch.OutOfMemoryError: CUDA out of memory. "
+                        "Tried to allocate 12.00 GiB."), "the reading below says the rest"
     assert lines[2] == ("the step held 130.0 GiB (peak 131.5 GiB) of the GPU's 139.8 GiB and asked for "
                         "12.00 GiB more: it needs at least 142.0 GiB")
     assert lines[3] == "the last plan estimated 20.1 GiB per GPU for 1 worker(s)"

@@ -16,6 +16,8 @@ from .options import RunOptions
 GIB = 2**30
 _ASKED = re.compile(r"Tried to allocate ([\d.]+) (GiB|MiB|KiB|B)\b")
 _SCALE = {"GiB": GIB, "MiB": 2**20, "KiB": 2**10, "B": 1}
+# torch's own account of the GPU follows "Tried to allocate …": the reading says it in fewer words
+_TORCH_DETAIL = re.compile(r"(?<=\.) (?=GPU \d+ has a total capacity)")
 
 
 def ran_out(exc: BaseException) -> bool:
@@ -50,7 +52,8 @@ def release(device) -> None:
 def diagnosis(last_line: str, opts: RunOptions, memory: dict | None = None,
               planned_gib: float | None = None) -> str:
     """The lines shown under the traceback."""
-    lines = ["", "gpugeek: out of GPU memory. " + last_line.strip()[:300]]
+    said = _TORCH_DETAIL.split(last_line.strip(), maxsplit=1)[0] if memory else last_line.strip()
+    lines = ["", "gpugeek: out of GPU memory. " + said[:300]]
     if memory:
         need = max(memory["peak"], memory["held"] + (memory["asked"] or 0))
         said = (f"the step held {memory['held'] / GIB:.1f} GiB (peak {memory['peak'] / GIB:.1f} GiB) of the "

@@ -42,14 +42,13 @@ SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer mo
 
 
 class RemoteError(GpugeekError):
-    """An exception in the user's cell on a worker: its traceback, labelled with the rank."""
+    """The user's cell failed on a worker: its traceback by rank (out of GPU memory: ``oom.memory_at``)."""
 
     def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None,
                  memory: dict | None = None):
         super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
-        self.rank, self.traceback_text, self.extra = rank, traceback_text, extra
+        self.rank, self.traceback_text, self.extra, self.memory = rank, traceback_text, extra, memory
         self.preempted = preempted    # the job stopped on a preemption notice: {step, deadline, nodes}
-        self.memory = memory          # out of GPU memory: the rank's reading then (``oom.memory_at``)
 
     def _render_traceback_(self) -> list[str]:
         lines = [f"\x1b[0;31mgpugeek: the cell failed on rank {self.rank}\x1b[0m",
@@ -358,8 +357,7 @@ class WorkerGroup:
         return self._record_node_samples(self._get(asked, 2.0) or []) if asked is not None else 0
 
     def _ask_nodes(self, every: float):
-        """Rank 0 asked for the node samplers' reports if the last ask is ``every`` seconds old
-        (they have nothing newer before): the ref, else None."""
+        """Rank 0's ask for the node samplers' reports, once ``every`` s since the last; else None."""
         now = time.monotonic()
         if not self.samplers or not self.workers or now - self.sampled_at < every or not self.connected():
             return None

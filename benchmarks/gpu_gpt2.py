@@ -11,7 +11,9 @@ One GPU needs no Ray to measure MFU: this drives the same `Helper` a worker uses
   paper; the peak is the spec sheet's: H100 SXM 989 TFLOP/s, H200 989, A100 312);
 - the same model trained by a bare loop (no helper): the ratio gg / bare (goal ≥ 0.98);
 - bf16 vs fp32 step time;
-- `--grad-ckpt`: peak activation memory saved vs step time added (goal ≥ 60 % saved for ≤ 30 %).
+- `--grad-ckpt`: peak activation memory saved vs step time added (goal ≥ 60 % saved for ≤ 30 %);
+- the node sampler (``meter.telemetry.NodeSampler``, NVML at 1 Hz) beside the bf16 run: what it
+  reads (utilisation, memory against torch's own count, power) and the step time with it on vs off.
 
 Without CUDA it says so and exits 0 (unless --smoke). It imports the helper straight from its file
 so the GPU machine needs only torch (and nvidia-ml-py for utilisation), not the notebook stack.
@@ -82,7 +84,7 @@ class GPT(nn.Module):
 
 
 def run(helper_mod, *, device, amp: str, grad_ckpt: bool, use_helper: bool, steps: int, batch: int,
-        config: dict, compile_model: bool) -> dict:
+        config: dict, compile_model: bool, sample_s: float = 0.0) -> dict:
     torch.manual_seed(0)
     model = GPT(**config)
     flops = model.flops_per_token()
@@ -128,9 +130,45 @@ def run(helper_mod, *, device, amp: str, grad_ckpt: bool, use_helper: bool, step
     seconds = (time.perf_counter() - start) / steps
     tokens_per_s = batch * config["seq"] / seconds
     out = {"step_s": seconds, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
-           "loss": float(loss)}
+           "loss": float(loss.detach())}
     if device.type == "cuda":
         out["peak_activation_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
+    if sample_s:
+        out["sampler"] = sampled(step, sync, sample_s, device, seconds)
+    return out
+
+
+def sampled(step, sync, window_s: float, device, step_s: float) -> dict:
+    """Train for ``window_s`` with the node sampler on, then as long with it off: its readings,
+    and the step time each way (alternating halves, so drift hits both)."""
+    from gpugeek_jupyter.meter import telemetry
+
+    sampler = telemetry.NodeSampler(interval=1.0, node_id="bench")
+    times: dict = {"on": [], "off": []}
+    readings: list = []
+    n = max(1, int(window_s / 4 / step_s))
+    for half in ("on", "off", "on", "off"):
+        if half == "off" and sampler is not None:
+            readings += sampler.stop()
+            info, sampler = sampler.info(), None
+        elif half == "on" and sampler is None:
+            sampler = telemetry.NodeSampler(interval=1.0, node_id="bench")
+        sync()
+        began = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        times[half].append((time.perf_counter() - began) / n)
+    gpus = [g for r in readings for g in r.get("gpus", [])]
+    out = {"info": info, "samples": len(readings), "steps_each": n,
+           "step_s_on": sum(times["on"]) / 2, "step_s_off": sum(times["off"]) / 2,
+           "gpu_rows": gpus[-3:]}
+    if gpus:
+        out["gpu_util_median"] = sorted(g["gpu_util"] for g in gpus if "gpu_util" in g)[len(gpus) // 2]
+        out["power_w_max"] = max((g.get("power_w", 0) for g in gpus), default=None)
+        out["nvml_mem_used_gib"] = gpus[-1].get("gpu_mem_used", 0) / 2**30
+    if device.type == "cuda":
+        out["torch_reserved_gib"] = torch.cuda.memory_reserved(device) / 2**30
     return out
 
 
@@ -140,6 +178,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny model, CPU, 2 steps")
+    parser.add_argument("--sample-s", type=float, default=12.0, help="seconds of training beside the sampler")
+    parser.add_argument("--out", help="also write the JSON here, after each run")
+    parser.add_argument("--only", help="comma-separated runs (gg_bf16,bare_bf16,…): a partial report")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.smoke:
         print("skipped: no CUDA device here (run it on a GPU machine; --smoke checks the code on CPU)")
@@ -153,12 +194,29 @@ def main() -> None:
         config = dict(vocab=50304, seq=1024, width=768, depth=12, heads=12)
         compile_model = not args.no_compile
     common = dict(device=device, steps=steps, batch=batch, config=config, compile_model=compile_model)
-    results = {
-        "gg_bf16": run(helper, amp="bf16", grad_ckpt=False, use_helper=True, **common),
-        "bare_bf16": run(helper, amp="bf16", grad_ckpt=False, use_helper=False, **common),
-        "gg_fp32": run(helper, amp="off", grad_ckpt=False, use_helper=True, **common),
-        "gg_bf16_ckpt": run(helper, amp="bf16", grad_ckpt=True, use_helper=True, **common),
+    plans = {   # the most wanted first: a run that fails leaves the others' figures
+        "gg_bf16": dict(amp="bf16", grad_ckpt=False, use_helper=True, sample_s=0.5 if args.smoke else args.sample_s),
+        "bare_bf16": dict(amp="bf16", grad_ckpt=False, use_helper=False),
+        "gg_bf16_ckpt": dict(amp="bf16", grad_ckpt=True, use_helper=True),
+        "gg_fp32": dict(amp="off", grad_ckpt=False, use_helper=True),
+        "gg_bf16_eager": dict(amp="bf16", grad_ckpt=False, use_helper=True, compile_model=False),
+        "gg_bf16_ckpt_eager": dict(amp="bf16", grad_ckpt=True, use_helper=True, compile_model=False),
     }
+    if args.only:
+        plans = {k: v for k, v in plans.items() if k in args.only.split(",")}
+    results, failed = {}, {}
+    for key, plan in plans.items():
+        try:
+            results[key] = run(helper, **{**common, **plan})
+        except Exception as exc:  # noqa: BLE001 - a benchmark reports every run it could make
+            failed[key] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if args.out:
+            Path(args.out).write_text(json.dumps({"runs": results, "failed": failed}, indent=1, default=float))
+    if failed or len(results) < 6:
+        print(json.dumps({"runs": results, "failed": failed}, indent=1, default=float))
+        sys.exit(1 if failed else 0)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
     g, bare, fp32, ckpt = (results[k] for k in ("gg_bf16", "bare_bf16", "gg_fp32", "gg_bf16_ckpt"))
@@ -172,7 +230,18 @@ def main() -> None:
     }
     if "peak_activation_gib" in g:
         summary["grad_ckpt_activation_memory_saved"] = 1 - ckpt["peak_activation_gib"] / g["peak_activation_gib"]
-    print(json.dumps({"summary": summary, "runs": results}, indent=1, default=float))
+    eager, eager_ckpt = results["gg_bf16_eager"], results["gg_bf16_ckpt_eager"]
+    summary["mfu_eager"] = (eager["tokens_per_s"] * eager["flops_per_token"] / (peak * 1e12)) if peak else None
+    summary["grad_ckpt_eager_step_time_added"] = eager_ckpt["step_s"] / eager["step_s"] - 1
+    if "peak_activation_gib" in eager:
+        summary["grad_ckpt_eager_activation_memory_saved"] = (
+            1 - eager_ckpt["peak_activation_gib"] / eager["peak_activation_gib"])
+    if "sampler" in g:
+        summary["sampler_step_time_added"] = g["sampler"]["step_s_on"] / g["sampler"]["step_s_off"] - 1
+    report = json.dumps({"summary": summary, "runs": results}, indent=1, default=float)
+    if args.out:
+        Path(args.out).write_text(report)
+    print(report)
     assert all(math.isfinite(r["loss"]) for r in results.values())
 
 

@@ -25,3 +25,15 @@ def test_gpu_gpt2_says_why_it_skips_without_cuda():
         return
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("skipped: no CUDA device")
+
+
+def test_gpu_checks_smoke_says_why_each_gpu_part_skips_on_cpu():
+    import torch
+
+    script = SCRIPT.parent / "gpu_checks.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    if not torch.cuda.is_available():
+        parts = ("nvml", "nccl", "oom")
+        assert {k: "skipped" in report[k] for k in parts} == dict.fromkeys(parts, True), report

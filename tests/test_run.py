@@ -195,6 +195,19 @@ def test_an_error_on_rank_1_shows_its_cell_line(ipython, capsys):
     assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
 
 
+def test_out_of_gpu_memory_is_explained_under_the_traceback_and_the_group_goes_on(ipython):
+    # CPU workers cannot run out of GPU memory: the cell raises torch's own error with its message
+    with pytest.raises(RemoteError) as info:
+        gg.run("import torch\nif rank == 0:\n    raise torch.cuda.OutOfMemoryError("
+               "'CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB')\n"
+               "import torch.distributed as dist\ndist.barrier()\n", workers=2)
+    text = "\n".join(info.value._render_traceback_())
+    assert "gpugeek: out of GPU memory. torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in text
+    assert "try: --grad-ckpt" in text and "--accumulate K" in text
+    assert info.value.memory is None, "a CPU worker has no GPU reading to give"
+    assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
+
+
 STUCK_AFTER_RANK_1_FAILS = """
 import time, torch, torch.distributed as dist
 if rank == 1:

@@ -141,7 +141,7 @@ def _result(outcome: dict, printer: Printer, seconds: float) -> Result:
         printer.show(rank, results[rank].get("output", ""))
     failed = outcome.get("failed")
     if failed is not None:
-        raise RemoteError(failed, results[failed]["error"])
+        raise RemoteError(failed, results[failed]["error"], memory=results[failed].get("memory"))
     if outcome.get("dead") is not None:
         raise GpugeekError(f"the job's rank {outcome['dead']} died before it ended")
     first = results.get(0, {})

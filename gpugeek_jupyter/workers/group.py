@@ -331,7 +331,7 @@ class WorkerGroup:
                          "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
             if results[failed].get("said") and not extra:
                 raise GpugeekError(results[failed]["said"])
-            raise RemoteError(failed, results[failed]["error"], extra, preempted)
+            raise RemoteError(failed, results[failed]["error"], extra, preempted, results[failed].get("memory"))
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
@@ -339,8 +339,7 @@ class WorkerGroup:
         return self._record_node_samples(self._get(asked, 2.0) or []) if asked is not None else 0
 
     def _ask_nodes(self, every: float):
-        """Rank 0 asked for the node samplers' reports if the last ask is ``every`` seconds old
-        (they have nothing newer before): the ref, else None."""
+        """Rank 0's ask for the node samplers' reports, once ``every`` s since the last; else None."""
         now = time.monotonic()
         if not self.samplers or not self.workers or now - self.sampled_at < every or not self.connected():
             return None

@@ -30,7 +30,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice, placement
+from . import notice, oom, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -182,8 +182,10 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                     if error.preempted is not None:    # checkpointed on a notice: not a failure
                         group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
                         continue
-                    if _is_oom(error):
-                        error.extra = oom_diagnosis(error, opts, plan)
+                    if "OutOfMemoryError" in error.traceback_text or "out of memory" in error.traceback_text:
+                        planned = plan.memory.per_gpu(opts.workers)["total"] if plan is not None else None
+                        error.extra = oom.diagnosis(error.traceback_text.strip().splitlines()[-1], opts,
+                                                    error.memory, planned)
                     raise
                 except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
                     # a Ray Client that gave up (the link is down), or a stop begun elsewhere
@@ -350,25 +352,3 @@ class _Watcher:
             print(f"gpugeek: the job monitor stopped ({type(exc).__name__}: {exc}); the job goes on",
                   flush=True)
             self.monitor = None
-
-
-def _is_oom(error: RemoteError) -> bool:
-    return "OutOfMemoryError" in error.traceback_text or "out of memory" in error.traceback_text
-
-
-def oom_diagnosis(error: RemoteError, opts: RunOptions, plan=None) -> str:
-    """A CUDA out-of-memory error, explained: what was asked, what the plan said, what to change."""
-    lines = ["", "gpugeek: out of GPU memory. " + error.traceback_text.strip().splitlines()[-1][:300]]
-    if plan is not None:
-        lines.append(f"the last plan estimated {plan.memory.per_gpu(opts.workers)['total']:.1f} GiB per GPU "
-                     f"for {opts.workers} worker(s)")
-    fixes = []
-    if not opts.grad_ckpt:
-        fixes.append("--grad-ckpt (recompute activations in backward)")
-    fixes.append("a smaller batch with --accumulate K (same effective batch)")
-    if opts.amp != "bf16":
-        fixes.append("--amp bf16 (half-size activations)")
-    if opts.strategy != "fsdp":
-        fixes.append("--strategy fsdp (shard weights, gradients and optimizer state)")
-    lines.append("try: " + "; ".join(fixes))
-    return "\n".join(lines)

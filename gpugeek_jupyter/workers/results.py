@@ -10,11 +10,13 @@ from ..errors import GpugeekError
 
 
 class RemoteError(GpugeekError):
-    """An exception in the user's cell on a worker: its traceback, labelled with the rank."""
+    """An exception in the user's cell on a worker: its traceback, labelled with the rank; out of
+    GPU memory, the rank's reading of the GPU then (``oom.memory_at``)."""
 
-    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None):
+    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None,
+                 memory: dict | None = None):
         super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
-        self.rank, self.traceback_text, self.extra = rank, traceback_text, extra
+        self.rank, self.traceback_text, self.extra, self.memory = rank, traceback_text, extra, memory
         self.preempted = preempted    # the job stopped on a preemption notice: {step, deadline, nodes}
 
     def _render_traceback_(self) -> list[str]:

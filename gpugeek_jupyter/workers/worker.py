@@ -27,7 +27,7 @@ from concurrent import futures
 
 from .. import ports
 from ..errors import GpugeekError
-from . import journal, line, notice, progress, rendezvous
+from . import journal, line, notice, oom, progress, rendezvous
 from .cell import Cell, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -157,10 +157,13 @@ class Worker:
                       "preempted": {"step": exc.step, "deadline": exc.deadline,
                                     "node": watch.node_id if watch is not None and watch.deadline else None}}
         except BaseException as exc:  # noqa: BLE001 - the user's error, sent back as text
-            result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__,
-                      "oom": "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc)}
+            result = {"ok": False, "error": user_traceback(exc), "type": type(exc).__name__}
             if isinstance(exc, GpugeekError):     # the gg helper's own word: one line, as in the kernel
                 result["said"] = str(exc)
+            if oom.ran_out(exc):                  # read the GPU now, before the cell's tensors go
+                result["memory"] = oom.memory_at(exc, self.ns["device"])
+        if "memory" in result:                    # the next cell starts on an emptied GPU
+            oom.release(self.ns["device"])
         return result
 
     def _stop_interrupts(self) -> None:

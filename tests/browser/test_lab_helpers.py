@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+
 import nbformat
 import pytest
-from lab import error_outputs, put_notebook, run_notebook_in_lab
+from lab import _disk_really_full, error_outputs, put_notebook, run_notebook_in_lab
 
 v4 = nbformat.v4
 
@@ -29,3 +31,19 @@ def test_run_stops_at_error_and_errors_are_collected(lab, page):
     assert [(e["cell"], e["kind"]) for e in errors] == [(2, "stderr"), (3, "error")], errors
     assert "ZeroDivisionError" in errors[1]["text"]
     assert error_outputs(page, stderr=False) == [errors[1]]
+
+
+def test_a_disk_warning_is_forgiven_only_when_the_disk_is_that_full(tmp_path):
+    usage = shutil.disk_usage(tmp_path)
+    used = round(100 * (1 - usage.free / usage.total))
+
+    def said(percent: int, extra: str = "") -> dict:
+        line = (f"(raylet) [2026-11-26 01:51:41,289 E 1 2] (raylet) file_system_monitor.cc:116: "
+                f"{tmp_path}/session_x is over {percent}% full, available space: 1 GB; capacity: 2 GB.")
+        return {"cell": 5, "kind": "stderr", "text": line + "\n" + extra}
+
+    assert _disk_really_full(said(max(used - 1, 0)))          # as full as it says: the machine's state
+    if used < 97:
+        assert not _disk_really_full(said(used + 3))          # it is not: then it counts as an error
+    assert not _disk_really_full(said(max(used - 1, 0), "Traceback (most recent call last):"))
+    assert not _disk_really_full({"cell": 1, "kind": "stderr", "text": "to stderr"})

@@ -92,12 +92,15 @@ def jobs(name: str | None = None):
     return frame
 
 
-def attach(job: str, name: str | None = None):
+def attach(job: str, name: str | None = None, *, adopt: bool = False, monitor: bool = True):
     """Follow job ``job`` (an id from ``jobs``) from this kernel: its output from the start, live
-    while it runs; returns its ``Result`` (value, pulled variables) once it ends."""
+    while it runs; returns its ``Result`` (value, pulled variables) once it ends. ``adopt``: then
+    this kernel's cells run on the job's warm worker group, its variables with it (the kernel that
+    started it must be gone). In a notebook the job monitor shows it as ``run`` does, its whole
+    curve from the start (``monitor=False`` hides it)."""
     from .workers import attach as attaching
 
-    return attaching.attach(job, name)
+    return attaching.attach(job, name, adopt=adopt, watch=display.view_maker(JobWatch) if monitor else None)
 
 
 def reset() -> bool:

@@ -321,11 +321,14 @@ def jobs(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @argument("job", help="a job id, as `%%gpugeek jobs` lists them")
+@argument("--adopt", action="store_true",
+          help="then run this kernel's cells on the job's warm worker group, its variables with it "
+               "(its own kernel must be gone)")
 @cluster_name
 def attach(self: GpugeekMagics, line: str):
     """Follow a job from this kernel: its output, then its pulled variables into the notebook."""
     args = parse_argstring(attach, line)
-    result = api.attach(args.job, args.name)
+    result = api.attach(args.job, args.name, adopt=args.adopt)
     self.shell.user_ns.update(result.pulled)
     if result.pulled:
         print(f"pulled: {', '.join(sorted(result.pulled))}")

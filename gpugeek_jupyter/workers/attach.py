@@ -11,6 +11,7 @@ from ..errors import GpugeekError
 from ..kernel import connection, session
 from ..meter import ledger
 from . import away
+from . import jobs as running
 from .orphans import NAMESPACE, PREFIX, group_name
 from .results import Interrupted, Printer, RemoteError, Result
 
@@ -69,9 +70,11 @@ def _settle_ledger(cluster_id: int, rows: list[dict]) -> None:
             ledger.job_ended(cluster_id, row["id"], row["state"], at=row.get("ended"))
 
 
-def attach(job_id: str, name: str | None = None, *, on_samples=None) -> Result:
+def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = False) -> Result:
     """Show job ``job_id``'s output from its start (or from the journal's bound), follow it while
-    it runs, and return its ``Result`` (value, pulled variables) once it ends."""
+    it runs, and return its ``Result`` (value, pulled variables) once it ends. ``adopt``: this
+    kernel then takes the job's group over (``jobs.adopt``), whether the job succeeded or failed.
+    ``watch`` makes what watches it, as for ``run`` (the notebook's job monitor, the whole curve)."""
     import ray
 
     record = session.live_cluster(name)
@@ -87,11 +90,37 @@ def attach(job_id: str, name: str | None = None, *, on_samples=None) -> Result:
         raise GpugeekError(f"no job {job_id!r} on {record.name!r} — `%gpugeek jobs` lists the ones its worker "
                            f"groups keep (the last few cells of each)")
     group_id, lead, job = found
+    if adopt:       # refused before the output, not after, when its kernel still runs here
+        running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
+    watcher = running.Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
+                                    workers=len(_names_of(group_id)), simulated=record.simulated)
+                              if watch else None)
+    status = "failed"
     try:
-        return _follow(record, group_id, lead, job, on_samples)
+        result = _follow(record, group_id, lead, job, watcher.update)
+        status = "finished"
     except KeyboardInterrupt:
+        status = "interrupted"
         _interrupt(group_id, job["cell"])
         raise Interrupted(f"job {job_id!r} interrupted on every worker") from None
+    except RemoteError:
+        if adopt:
+            _adopt(group_id, job_id)
+        raise
+    finally:
+        watcher.finish(status)
+    if adopt:
+        _adopt(group_id, job_id)
+    return result
+
+
+def _names_of(group_id: str) -> list[str]:
+    return [n for n in _names() if n.startswith(group_name(group_id) + "/")]
+
+
+def _adopt(group_id: str, job_id: str) -> None:
+    running.adopt(group_id)
+    print(f"note: this kernel's cells now run on job {job_id!r}'s worker group, with its variables", flush=True)
 
 
 def _interrupt(group_id: str, cell_id: int) -> None:
@@ -99,8 +128,7 @@ def _interrupt(group_id: str, cell_id: int) -> None:
     as its own kernel's stop button does."""
     import ray
 
-    names = [n for n in _names() if n.startswith(group_name(group_id) + "/")]
-    for name in names:
+    for name in _names_of(group_id):
         try:
             ray.get_actor(name, namespace=NAMESPACE).interrupt.remote(cell_id)
         except ValueError:          # gone meanwhile
@@ -125,7 +153,7 @@ def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
             print(f"[{drained['dropped']} earlier drains were dropped: the journal keeps the latest output]")
         for rank in sorted(drained["ranks"]):
             printer.show(rank, drained["ranks"][rank]["output"])
-            if on_samples and drained["ranks"][rank]["samples"]:
+            if drained["ranks"][rank]["samples"]:
                 on_samples(drained["ranks"][rank]["samples"])
         cursor = drained["next"]
         if drained["outcome"] is not None:

@@ -134,6 +134,24 @@ class WorkerGroup:
             # rank 0 asks them, with the ranks' output
             ray.get(lead.keep_samplers.remote(self.samplers, SAMPLE_EVERY_S), timeout=READY_TIMEOUT_S)
 
+    def adopt(self, group_id: str, owner: str) -> None:
+        """Take over the warm group of a kernel that is gone (``orphans``): its workers, their
+        variables, its node samplers; this kernel (``owner``, host:pid) is its owner from now on."""
+        import ray
+        from ray.util.client import ray as client
+        from ray.util.placement_group import get_placement_group
+
+        names = orphans.named_groups().get(group_id)
+        if not names:
+            raise GpugeekError(f"no worker group {group_id!r} on this cluster — it was removed")
+        self.group_id = group_id
+        self.workers = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+        told = ray.get(self.workers[0].adopted.remote(owner), timeout=READY_TIMEOUT_S)
+        self.info = ray.get([w.description.remote() for w in self.workers], timeout=READY_TIMEOUT_S)
+        self.options, self.samplers = told["options"], list(told["samplers"])
+        self.pg = get_placement_group(group_name(group_id))
+        self.led = client.is_connected()
+
     def refind(self) -> bool:
         """After this kernel connected again: its workers, found by name (they outlived the old
         connection). False when they are gone — the group is then broken."""

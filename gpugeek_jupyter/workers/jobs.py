@@ -30,7 +30,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice, oom, placement
+from . import notice, oom, orphans, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -75,16 +75,44 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
         old.stop()
         session.group = None
     if session.group is None:
-        cluster_id = record.id
-        group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
-                            on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
-                            notices=record.backend if record.backend in notice.SOURCES else None)
-        group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+        group = _group(opts, record)
         group.start()
         session.group = group
         for note in group.notes:
             print(f"note: {note}", flush=True)
     return session.group, record
+
+
+def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
+    cluster_id = record.id
+    group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
+                        on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
+                        notices=record.backend if record.backend in notice.SOURCES else None)
+    group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+    return group
+
+
+def check_adoptable(group_id: str, adopted_by: str | None = None) -> None:
+    """Refuses a group whose kernel (the one that started it, or the last to adopt it) still runs
+    on this machine; another machine's kernel cannot be seen from here, and is taken as gone."""
+    owner = adopted_by or group_id.rsplit(":", 1)[0]
+    if owner == f"{socket.gethostname()}:{os.getpid()}" or orphans.owner_gone(owner) is not False:
+        return
+    raise GpugeekError(f"the worker group {group_id!r} belongs to a kernel that still runs here ({owner}): "
+                       f"it keeps its group — attach without --adopt to follow its job")
+
+
+def adopt(group_id: str) -> WorkerGroup:
+    """This kernel takes over the warm group ``group_id`` of a kernel that is gone: the next cells
+    run on it, with its variables. The group this kernel had, if any, is stopped."""
+    session, record = current(), _cluster()
+    group = _group(options(), record)
+    group.adopt(group_id, f"{socket.gethostname()}:{os.getpid()}")
+    if session.group is not None and session.group.group_id != group_id:
+        print("note: this kernel's own worker group was stopped: the adopted one runs its cells now", flush=True)
+        session.group.stop()
+    session.group = group
+    return group
 
 
 def drain_telemetry() -> int:
@@ -145,7 +173,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": f"{socket.gethostname()}:{os.getpid()}",
            "started": time.time(), "pull": pull or []}
-    watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
+    watcher = Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
     def on_samples(samples: list[Report]) -> None:
@@ -331,7 +359,7 @@ def _stopped_under(record: ClusterRecord, job_id: str) -> str:
     return f"cluster {record.name!r} was stopped while the cell ran ({why}) — its workers and their variables are gone"
 
 
-class _Watcher:
+class Watcher:
     """The monitor, kept from ever breaking a job: its first error is said once and it stops."""
 
     def __init__(self, monitor):

@@ -12,6 +12,7 @@ told how many were dropped. The last ``CELLS_KEPT`` cells' journals are kept.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -176,3 +177,21 @@ def told(journal: Journal) -> dict:
     return {"at": time.time(), "every": KEEP_EVERY_S, "job": journal.job.get("id"),
             "name": journal.job.get("name"), "running": journal.outcome is None, "step": journal.step,
             "began": journal.began, "ended": journal.ended, "state": journal.state}
+
+
+def tell_watchdogs(kept: Journal) -> None:
+    """The job's state into the cluster's KV store, under this group's name: the watchdogs (the
+    head's, the notebook machine's) see a job working while no notebook watches it."""
+    import json
+
+    import ray
+    from ray.experimental import internal_kv
+
+    from ..raynodes import JOB_PREFIX, NOTICE_NAMESPACE
+
+    name = ray.get_runtime_context().get_actor_name() or f"pid-{os.getpid()}"
+    try:
+        internal_kv._internal_kv_put(f"{JOB_PREFIX}{name}", json.dumps(told(kept)), True,
+                                     namespace=NOTICE_NAMESPACE)
+    except Exception:  # noqa: BLE001 - the GCS busy or going: the next tell says it again
+        pass

@@ -1,7 +1,11 @@
 """Worker groups whose kernel is gone. A group belongs to the cluster (its workers are detached),
 so a kernel that dies leaves it running — its cell goes on, and `%gpugeek attach` can read it.
-Once that cell has ended, the group only holds GPUs: the next group started from this machine
-removes it, so a restarted kernel never finds its cluster full of a dead kernel's workers."""
+Once that cell has ended, the group only holds GPUs: a new kernel takes it over with
+`%gpugeek attach JOB --adopt` (its variables with it), or else the next group started from this
+machine removes it, so a restarted kernel never finds its cluster full of a dead kernel's workers.
+
+A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
+(rank 0 then keeps the new owner, ``Worker.adopted``)."""
 
 from __future__ import annotations
 
@@ -24,24 +28,40 @@ def new_group_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def reclaim() -> list[str]:
-    """Remove the groups of kernels of this machine that are gone, whose last cell has ended;
-    returns their ids. A group whose cell still runs is left to finish."""
-    import psutil
+def named_groups() -> dict[str, list[str]]:
+    """Every worker group on the cluster this process drives: {group id: its workers' names, by rank}."""
     import ray
-    from ray.util.placement_group import get_placement_group, remove_placement_group
 
     groups: dict[str, list[str]] = {}
     for named in ray.util.list_named_actors(all_namespaces=True):
         name = named["name"] if isinstance(named, dict) else named
         if (isinstance(named, dict) and named.get("namespace") != NAMESPACE) or not name.startswith(PREFIX):
             continue
-        group_id = name[len(PREFIX):].rsplit("/", 1)[0]
-        groups.setdefault(group_id, []).append(name)
+        groups.setdefault(name[len(PREFIX):].rpartition("/")[0], []).append(name)
+    return {g: sorted(names, key=lambda n: int(n.rpartition("/")[2])) for g, names in groups.items()}
+
+
+def owner_gone(owner: str) -> bool | None:
+    """Whether kernel ``owner`` (host:pid) is gone: None when it is another machine's, which this
+    one cannot see."""
+    import psutil
+
+    host, _, pid = owner.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    return not psutil.pid_exists(int(pid))
+
+
+def reclaim() -> list[str]:
+    """Remove the groups of kernels of this machine that are gone, whose last cell has ended;
+    returns their ids. A group whose cell still runs is left to finish, and one that a live
+    kernel adopted is that kernel's."""
+    import ray
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
     gone = []
-    for group_id, names in groups.items():
-        host, pid, _ = [*group_id.split(":"), "", "", ""][:3]
-        if host != socket.gethostname() or not pid.isdigit() or psutil.pid_exists(int(pid)):
+    for group_id, names in named_groups().items():
+        if not owner_gone(group_id.rsplit(":", 1)[0]):
             continue
         handles = []
         for name in names:
@@ -51,7 +71,8 @@ def reclaim() -> list[str]:
                 continue
         lead = next((h for n, h in zip(names, handles, strict=False) if n.endswith("/0")), None)
         try:
-            if lead is not None and ray.get(lead.state.remote(), timeout=10)["running"]:
+            state = ray.get(lead.state.remote(), timeout=10) if lead is not None else {}
+            if state.get("running") or not owner_gone(state.get("owner") or group_id.rsplit(":", 1)[0]):
                 continue
         except ray.exceptions.RayError:
             pass                       # rank 0 is dead: nothing of the group can run

@@ -53,6 +53,8 @@ class Worker:
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
         self.ns: dict = {}
         self.rank = -1
+        self.described: dict = {}          # what ``setup`` said of this rank
+        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``orphans``)
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0 hosts the rendezvous."""
@@ -94,8 +96,9 @@ class Worker:
             helper.notice = notice.NoticeWatch(notices, node_id)
         self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
                    "device": device, "torch": torch}
-        return {"rank": rank, "device": str(device), "backend": backend, "note": note,
-                "pid": os.getpid(), "node_id": node_id}
+        self.described = {"rank": rank, "device": str(device), "backend": backend, "note": note,
+                          "pid": os.getpid(), "node_id": node_id}
+        return self.described
 
     def execute(self, call: bytes, pushed: bytes | None = None, job: dict | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
@@ -202,6 +205,15 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def description(self) -> dict:
+        """What ``setup`` said of this rank: a kernel that adopts the group reads it here."""
+        return self.described
+
+    def adopted(self, owner: str) -> dict:
+        """Rank 0: kernel ``owner`` (host:pid) takes the group over; the group's options, samplers."""
+        self.owner = owner
+        return {"options": self.ns["gg"].options, "samplers": self._nodes.samplers}
+
     # -- rank 0: the lead -----------------------------------------------------------------------
 
     def meet(self, peers: list) -> list[int]:
@@ -235,7 +247,7 @@ class Worker:
         """``run()`` with the cell's journal open and its keeper draining while nobody reads;
         the journal ends with ``outcome_of(run's result)``."""
         kept = self._journals.open(cell_id, job)
-        keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=_tell_watchdogs)
+        keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=journal.tell_watchdogs)
         outcome = None
         try:
             result = run()
@@ -347,7 +359,7 @@ class Worker:
         return {"cell": kept.cell_id if kept else None, "job": kept.job if kept else None,
                 "running": bool(kept and kept.outcome is None),
                 "step": kept.step if kept else None, "began": kept.began if kept else None,
-                "ended": kept.ended if kept else None}
+                "ended": kept.ended if kept else None, "owner": self.owner}
 
     def jobs(self) -> list[dict]:
         """Rank 0: the cells it keeps journals of, as jobs (``attach.jobs``)."""
@@ -363,26 +375,6 @@ class Worker:
     def node_reports(self) -> list[dict]:
         """Rank 0: the node samplers' reports, asked from inside the cluster."""
         return self._nodes.collect(self._nodes.ask(now=True))
-
-
-
-
-def _tell_watchdogs(kept: journal.Journal) -> None:
-    """The job's state into the cluster's KV store, under this group's name: the watchdogs (the
-    head's, the notebook machine's) see a job working while no notebook watches it."""
-    import json
-
-    import ray
-    from ray.experimental import internal_kv
-
-    from ..raynodes import JOB_PREFIX, NOTICE_NAMESPACE
-
-    name = ray.get_runtime_context().get_actor_name() or f"pid-{os.getpid()}"
-    try:
-        internal_kv._internal_kv_put(f"{JOB_PREFIX}{name}", json.dumps(journal.told(kept)), True,
-                                     namespace=NOTICE_NAMESPACE)
-    except Exception:  # noqa: BLE001 - the GCS busy or going: the next tell says it again
-        pass
 
 
 def for_peers(call: tuple) -> bytes:

@@ -14,7 +14,7 @@ import time
 from itertools import pairwise
 
 import pytest
-from cluster_processes import settings
+from cluster_processes import kernel_line, settings
 
 from gpugeek_jupyter.cluster import registry
 
@@ -76,8 +76,8 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     said: list[str] = []
     try:
-        _line(kernel, "up-done", 300, said)
-        _line(kernel, "step 20", 60, said)
+        kernel_line(kernel, "up-done", 300, said)
+        kernel_line(kernel, "step 20", 60, said)
         kernel.send_signal(signal.SIGSTOP)        # the lid closes: the laptop sleeps, then its network goes
         lab.cut_laptop()
         asleep = time.monotonic()
@@ -87,8 +87,8 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
             lab.reconnect_laptop()
             kernel.send_signal(signal.SIGCONT)
         print(f"\nthe kernel slept and the link was cut for {time.monotonic() - asleep:.0f} s")
-        ended = _line(kernel, "ended", STEPS * PAUSE_S + 180, said)
-        pulled = _line(kernel, "pulled", 60, said)
+        ended = kernel_line(kernel, "ended", STEPS * PAUSE_S + 180, said)
+        pulled = kernel_line(kernel, "pulled", 60, said)
         print("\n".join(line for line in said if not line.startswith("step ")))
         assert pulled == f"pulled {STEPS} same", pulled
         written = next(h.file(log) for h in lab.hosts if h.file(log).exists())     # rank 0's host
@@ -111,16 +111,4 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
             lab.reconnect_laptop()
             import gpugeek_jupyter as gg
             gg.down("lid")
-
-
-def _line(kernel, what: str, timeout: float, said: list[str]) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = kernel.stdout.readline()
-        if not line:
-            raise AssertionError(f"{said[-30:]}\n{kernel.stderr.read()[-3000:]}")
-        said.append(line.strip())
-        if what in line:
-            return line.strip()
-    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said[-30:]}")
 

@@ -176,10 +176,13 @@ def test_a_head_that_misses_rays_own_startup_wait_is_started_once_more(gpugeek_h
         return real(cmd, env, log)
 
     monkeypatch.setattr(processes, "start_detached", slow_then_real)
-    gg.up("slow")
-    assert len(starts) == 2 and "starting it once more" in capsys.readouterr().out
-    assert read_nodes(registry.live("slow").address)
-    gg.down("slow")
+    try:
+        gg.up("slow")
+        assert len(starts) == 2 and "starting it once more" in capsys.readouterr().out
+        assert read_nodes(registry.live("slow").address)
+    finally:
+        if registry.live("slow") is not None:
+            gg.down("slow")
 
     starts.clear()
     monkeypatch.setattr(processes, "start_detached", lambda cmd, env, log: slow_then_real(cmd, env, log, misses=2))
@@ -204,12 +207,18 @@ def test_a_head_whose_port_was_taken_before_ray_bound_it_starts_on_other_ports(g
         return real(cmd, env, log)
 
     monkeypatch.setattr(processes, "start_detached", taken_then_real)
-    gg.up("taken", backend="sim", gpu="A100", count=1, workers=1)
-    assert len(starts) == 2 and starts[0] != starts[1], starts
-    record = registry.live("taken")
-    assert record.address.endswith(starts[1].removeprefix("--port="))
-    assert read_nodes(record.address)
-    gg.down("taken")
+    try:
+        gg.up("taken", backend="sim", gpu="A100", count=1, workers=1)
+        # a third start is a busy machine's (Ray's own 30 s startup wait missed), said as such
+        assert len(starts) in (2, 3) and len(set(starts)) == len(starts), starts
+        said = capsys.readouterr().out
+        assert ("starting it once more" in said) == (len(starts) == 3), said
+        record = registry.live("taken")
+        assert record.address.endswith(starts[-1].removeprefix("--port="))
+        assert read_nodes(record.address)
+    finally:
+        if registry.live("taken") is not None:
+            gg.down("taken")
 
 
 def test_a_node_found_dead_by_missed_health_checks_ends_when_it_died():

@@ -29,7 +29,7 @@ from test_extension_in_lab import STATUS, dollars
 TRIALS = int(os.environ.get("GPUGEEK_LAPTOP_GONE_TRIALS", "1"))
 RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
-AHEAD_S = 25.0        # the cap is set this far ahead of the spend when the laptop goes
+AHEAD_S = 35.0        # the cap is set this far ahead of the spend when the laptop goes
 HELD_S = 60.0         # how long a reader's $ must stay put while the cluster is not heard from
 AGAIN_S = 60.0        # the readers are asked again this long after the first time
 READ_WITHIN_S = 30.0  # every reader has the head's word this soon after the link is back
@@ -42,6 +42,7 @@ KERNEL = """
 import sys, gpugeek_jupyter as gg
 gg.up({name!r}, backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
       pip_index_url={index!r})
+gg.run("pass", workers=3)     # the group built before the cap is set: the cell then starts at once
 print('up-done', flush=True)
 sys.stdin.readline()
 gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(600)", workers=3)

@@ -26,7 +26,7 @@ from gpugeek_jupyter.meter import ledger
 pytestmark = pytest.mark.slow
 
 RATE = 36.0                # $/h per host: a cent a second
-UNREACHABLE_AFTER_S = 60   # the setting (minutes in config.toml), short for the test; the $ is held from 30 s
+UNREACHABLE_AFTER_S = 40   # the setting (minutes in config.toml), short for the test; the $ is held from 30 s
 QUIET_S = 15.0             # how long nothing may be sent to the deleted addresses
 
 

@@ -157,16 +157,19 @@ def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
                 on_samples(drained["ranks"][rank]["samples"])
         cursor = drained["next"]
         if drained["outcome"] is not None:
-            return _result(drained["outcome"], printer, time.perf_counter() - began)
+            return _result(drained["outcome"], printer, on_samples, time.perf_counter() - began)
 
 
-def _result(outcome: dict, printer: Printer, seconds: float) -> Result:
-    """The ended job's outcome as ``run`` gives it back: its failure raised, else its value and pulls."""
+def _result(outcome: dict, printer: Printer, on_samples, seconds: float) -> Result:
+    """The ended job's outcome as ``run`` gives it back (the ranks' last output and reports shown):
+    its failure raised, else its value and pulls."""
     from ray import cloudpickle
 
     results = outcome["results"]
     for rank in sorted(results):
         printer.show(rank, results[rank].get("output", ""))
+        if results[rank].get("samples"):
+            on_samples(results[rank]["samples"])
     failed = outcome.get("failed")
     if failed is not None:
         raise RemoteError(failed, results[failed]["error"], memory=results[failed].get("memory"))

@@ -17,6 +17,8 @@ import threading
 import time
 
 BOUND_BYTES = 16 * 2**20     # a cell's output and reports kept on rank 0, at most
+PEERS_WAIT_S = 60.0          # how long rank 0 waits for the other ranks' results of a sent cell
+PEERS_POLL_S = 0.1
 CELLS_KEPT = 4               # journals kept: the running cell's and the last ones before it
 KEEP_EVERY_S = 2.0           # while nobody reads, rank 0 drains this often itself
 
@@ -177,6 +179,55 @@ def told(journal: Journal) -> dict:
     return {"at": time.time(), "every": KEEP_EVERY_S, "job": journal.job.get("id"),
             "name": journal.job.get("name"), "running": journal.outcome is None, "step": journal.step,
             "began": journal.began, "ended": journal.ended, "state": journal.state}
+
+
+class Ended:
+    """A rank's last results, by cell: for a cell the notebook sent to every rank (a Ray driver on
+    the cluster's network), rank 0 ends the journal with them, so it holds every rank's last
+    output and reports, as when rank 0 leads the cell."""
+
+    KEYS = ("ok", "interrupted", "error", "type", "said", "output", "samples", "memory")
+
+    def __init__(self):
+        self._by_cell: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, result: dict) -> None:
+        if result.get("cell") is None:
+            return
+        with self._lock:
+            self._by_cell[result["cell"]] = {k: result[k] for k in self.KEYS if k in result}
+            while len(self._by_cell) > CELLS_KEPT:
+                self._by_cell.pop(min(self._by_cell))
+
+    def get(self, cell_id: int) -> dict | None:
+        with self._lock:
+            return self._by_cell.get(cell_id)
+
+
+def end_with_peers(kept: Journal, outcome: dict, peers: list, judge) -> None:
+    """End ``kept`` once every other rank has its result of the cell (``Worker.ended``), asked
+    without waiting on them — their second thread stays free for interrupts; a rank that never
+    answers within ``PEERS_WAIT_S`` is named stuck, one that died dead."""
+    import ray
+
+    missing = dict(enumerate(peers, 1))
+    deadline = time.monotonic() + PEERS_WAIT_S
+    while missing and time.monotonic() < deadline:
+        for rank, peer in list(missing.items()):
+            try:
+                got = ray.get(peer.ended.remote(kept.cell_id), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or unreachable rank: the outcome says so
+                outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                del missing[rank]
+                continue
+            if got is not None:
+                judge(rank, got, outcome)
+                del missing[rank]
+        if missing:
+            time.sleep(PEERS_POLL_S)          # the ranks' cells are ending: asked again shortly
+    outcome["stuck"] = sorted({*outcome["stuck"], *missing})
+    kept.end(outcome)
 
 
 def tell_watchdogs(kept: Journal) -> None:

@@ -28,11 +28,10 @@ from concurrent import futures
 from .. import ports
 from ..errors import GpugeekError
 from . import journal, line, notice, oom, progress, rendezvous
-from .cell import Cell, user_traceback
+from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
 
-MAX_VALUE_BYTES = 20 * 2**20
 CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
 LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
                         # (its cell has its own)
@@ -51,6 +50,7 @@ class Worker:
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
+        self._ended = journal.Ended()      # this rank's last results, for rank 0's journal
         self.ns: dict = {}
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
@@ -105,10 +105,10 @@ class Worker:
         (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
         each argument on its own. ``job`` (rank 0, sent by a notebook that is a Ray driver): the
         cell is kept in a journal, as the lead keeps it (``execute_all``)."""
-        if job is not None:
+        if job is not None:     # the other ranks' results come to the journal later (``end_with_peers``)
             return self._journaled(pickle.loads(call)[-1], job, lambda: self.execute(call, pushed),
                                    lambda result: {"results": {0: result}, "failed": None if result["ok"] else 0,
-                                                   "dead": None, "stuck": []})
+                                                   "dead": None, "stuck": []}, peers_too=True)
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -121,6 +121,7 @@ class Worker:
                 sys.stdout, sys.stderr = stdout, stderr
                 result.update(self.drain())
                 self._outbox.end()
+                self._ended.keep(result)
                 return result
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
@@ -146,12 +147,12 @@ class Worker:
             value = eval(last, self.ns) if last is not None else None
             self.ns["gg"].flush()
             if want_value and value is not None:
-                result["value"] = _portable(value)
+                result["value"] = portable(value)
             if pull:
                 missing = [name for name in pull if name not in self.ns]
                 if missing:
                     raise NameError(f"--pull: no variable {', '.join(missing)} on rank {self.rank}")
-                result["pulled"] = cloudpickle.dumps({name: _cpu(self.ns[name]) for name in pull})
+                result["pulled"] = cloudpickle.dumps({name: on_cpu(self.ns[name]) for name in pull})
         except KeyboardInterrupt:
             result = {"ok": False, "interrupted": True}
         except notice.Preempted as exc:       # every rank stops at the same step, checkpointed
@@ -167,6 +168,7 @@ class Worker:
                 result["memory"] = oom.memory_at(exc, self.ns["device"])
         if "memory" in result:                    # the next cell starts on an emptied GPU
             oom.release(self.ns["device"])
+        result["cell"] = cell_id
         return result
 
     def _stop_interrupts(self) -> None:
@@ -204,6 +206,11 @@ class Worker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def ended(self, cell_id: int) -> dict | None:
+        """This rank's result of cell ``cell_id`` once it ended (its last output and reports), for
+        rank 0's journal; None while it runs."""
+        return self._ended.get(cell_id)
 
     def description(self) -> dict:
         """What ``setup`` said of this rank: a kernel that adopts the group reads it here."""
@@ -243,9 +250,10 @@ class Worker:
         finally:
             self._outbox.end(lead=True)
 
-    def _journaled(self, cell_id: int, job: dict, run, outcome_of) -> dict:
+    def _journaled(self, cell_id: int, job: dict, run, outcome_of, peers_too: bool = False) -> dict:
         """``run()`` with the cell's journal open and its keeper draining while nobody reads;
-        the journal ends with ``outcome_of(run's result)``."""
+        the journal ends with ``outcome_of(run's result)`` — and with the other ranks' results,
+        read on a thread of its own, for a cell the notebook sent to every rank (``peers_too``)."""
         kept = self._journals.open(cell_id, job)
         keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=journal.tell_watchdogs)
         outcome = None
@@ -255,7 +263,12 @@ class Worker:
             return result
         finally:
             keeper.stop()
-            kept.end(outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []})
+            outcome = outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []}
+            if peers_too and self._peers:
+                threading.Thread(target=journal.end_with_peers, args=(kept, outcome, self._peers, self.judge),
+                                 name="journal-end", daemon=True).start()
+            else:
+                kept.end(outcome)
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray
@@ -381,28 +394,3 @@ def for_peers(call: tuple) -> bytes:
     """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
     source, filename, _pull, _want_value, options, cell_id = call
     return pickle.dumps((source, filename, [], False, options, cell_id))
-
-
-def _cpu(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, torch.nn.Module):   # a copy: the worker keeps training its own
-        import copy
-
-        return copy.deepcopy(getattr(value, "module", value)).to("cpu")
-    return value
-
-
-def _portable(value) -> dict:
-    """The cell's value as the notebook can show it: pickled if small and picklable, else repr."""
-    from ray import cloudpickle
-
-    try:
-        data = cloudpickle.dumps(_cpu(value))
-        if len(data) <= MAX_VALUE_BYTES:
-            return {"pickle": data}
-    except Exception:  # noqa: BLE001 - fall back to its text
-        pass
-    return {"repr": repr(value)}

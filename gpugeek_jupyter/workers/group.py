@@ -237,7 +237,7 @@ class WorkerGroup:
         sampled = asked is not None
         printer = _Printer(all_ranks)
         outcome = poll = None
-        stopped = False
+        stopped = cancelled = False
         try:
             gathered = self._gather(cell, asked, FIRST_WAIT_S)
             if gathered is not None:           # done at once: no loop, no drains
@@ -281,13 +281,14 @@ class WorkerGroup:
             raise
         except KeyboardInterrupt:
             self._cancel(cell)
+            cancelled = True               # here: the finally must not cancel it again (nothing is pending)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
                               + ("; the group is ready for the next cell" if not self.broken
                                  else "; a rank was stuck, so the group was stopped — its variables are gone, "
                                       "the next cell starts a new one")) from None
         finally:
-            if outcome is None and not self.broken and self.connected():   # left another way: nothing
-                self._cancel(cell)                                              # may keep running
+            if outcome is None and not cancelled and not self.broken and self.connected():   # left another
+                self._cancel(cell)                                              # way: nothing may keep running
             if self.connected() and not stopped:
                 if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
                     self._show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)

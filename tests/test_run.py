@@ -251,13 +251,15 @@ def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way
 
 
 def test_interrupt_stops_every_worker_and_keeps_the_group(ipython):
-    gg.run("import time", workers=2)
+    gg.run("import os, time\nkept = 41", workers=2)
+    pids = gg.run("os.getpid()", workers=2).shown()
     threading.Timer(1.0, _thread.interrupt_main).start()
     start = time.monotonic()
     with pytest.raises(Interrupted, match="interrupted on all 2 workers; the group is ready"):
         gg.run("for _ in range(600):\n    time.sleep(0.05)\n", workers=2)
     assert time.monotonic() - start < 1.0 + 2.0
-    assert gg.run("world_size", workers=2).shown() == 2
+    # the same workers, their variables with them
+    assert gg.run("kept + 1", workers=2).shown() == 42 and gg.run("os.getpid()", workers=2).shown() == pids
 
 
 def test_output_streams_and_all_ranks_are_prefixed(ipython, capsys):

@@ -143,8 +143,8 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
         assert states == {"first": "interrupted", "second": "interrupted"}, states
         assert from_own <= STOPPED_WITHIN_S and from_attached <= STOPPED_WITHIN_S, (from_own, from_attached)
         assert "Interrupted" in attached.communicate(timeout=30)[1]
-        said = kernel.communicate(timeout=30)[0]
-        assert "said first" in said and "said second" in said, said
+        said = kernel.communicate(timeout=30)[0]      # ("said first" was read on the way to the second)
+        assert "said second interrupted" in said, said
     finally:
         for proc in (kernel, attached):
             if proc is not None and proc.poll() is None:

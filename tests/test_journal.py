@@ -53,7 +53,7 @@ def test_a_held_read_wakes_on_news_and_on_the_end():
     assert kept.since(1, wait_s=5)["outcome"] is not None
 
 
-def test_the_keeper_drains_while_nobody_reads_and_tells_the_end(monkeypatch):
+def test_the_keeper_drains_while_nobody_reads_and_tells_that_the_job_works(monkeypatch):
     monkeypatch.setattr(journal, "KEEP_EVERY_S", 0.2)
     kept = Journal(1, {"id": "j1", "name": "train"})
     told = []
@@ -64,10 +64,20 @@ def test_the_keeper_drains_while_nobody_reads_and_tells_the_end(monkeypatch):
     while kept.next < 3 and time.monotonic() < deadline:
         time.sleep(0.05)          # the keeper's own pace: polled
     assert kept.next >= 3, "the keeper did not drain while nobody read"
-    kept.end({"results": {0: {"ok": True}}, "failed": None, "dead": None, "stuck": []})
     keeper.stop()
-    assert told and told[-1]["running"] is False and told[-1]["state"] == "finished" and told[-1]["job"] == "j1"
-    assert told[-1]["step"] == 3 and told[-1]["ended"] is not None
+    assert told and told[-1]["running"] is True and told[-1]["job"] == "j1" and told[-1]["step"] == 3
+
+
+def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
+    """The watchdogs start the idle clock at a job's end: the last word they get must say it ended."""
+    from gpugeek_jupyter.workers.worker import Worker
+
+    told = []
+    monkeypatch.setattr(journal, "tell_watchdogs", lambda kept: told.append(journal.told(kept)))
+    worker = Worker()
+    worker._journaled(1, {"id": "j1", "name": "train"}, lambda: {"ok": True},
+                      lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
+    assert told[-1]["running"] is False and told[-1]["state"] == "finished" and told[-1]["ended"] is not None
 
 
 def test_a_drain_before_its_cell_is_kept_and_old_cells_go():

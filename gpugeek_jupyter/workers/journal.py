@@ -149,8 +149,7 @@ class Keeper:
     """While a cell runs, drains into its journal whenever the notebook has not read for
     ``KEEP_EVERY_S``: the ranks' output and reports are kept on rank 0, not left to pile up in
     their outboxes, and the journal stays current for a kernel that comes back. It also tells the
-    cluster's watchdogs that the job works (``report``), so that no idle clock runs while it does,
-    and when it ended."""
+    cluster's watchdogs that the job works (``report``), so that no idle clock runs while it does."""
 
     def __init__(self, journal: Journal, drain, report=None):
         self.journal, self.drain, self.report = journal, drain, report
@@ -168,10 +167,9 @@ class Keeper:
                 told = time.monotonic()
 
     def stop(self) -> None:
+        """No more drains or reports; whoever ends the journal tells its end (``tell_watchdogs``)."""
         self._done.set()
         self._thread.join(timeout=KEEP_EVERY_S)
-        if self.report is not None:
-            self.report(self.journal)        # its end, once
 
 
 def told(journal: Journal) -> dict:
@@ -228,6 +226,7 @@ def end_with_peers(kept: Journal, outcome: dict, peers: list, judge) -> None:
             time.sleep(PEERS_POLL_S)          # the ranks' cells are ending: asked again shortly
     outcome["stuck"] = sorted({*outcome["stuck"], *missing})
     kept.end(outcome)
+    tell_watchdogs(kept)
 
 
 def tell_watchdogs(kept: Journal) -> None:

@@ -269,6 +269,7 @@ class Worker:
                                  name="journal-end", daemon=True).start()
             else:
                 kept.end(outcome)
+                journal.tell_watchdogs(kept)          # its end, once: the idle clock starts there
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray

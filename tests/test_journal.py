@@ -78,6 +78,10 @@ def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
     worker._journaled(1, {"id": "j1", "name": "train"}, lambda: {"ok": True},
                       lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
     assert told[-1]["running"] is False and told[-1]["state"] == "finished" and told[-1]["ended"] is not None
+    # the last step is in the ranks' last reports, which come with the outcome, not a drain
+    worker._journaled(2, {"id": "j2"}, lambda: {"ok": True, "samples": [{"rank": 0, "step": 40}]},
+                      lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
+    assert told[-1]["job"] == "j2" and told[-1]["step"] == 40
 
 
 def test_a_drain_before_its_cell_is_kept_and_old_cells_go():

@@ -49,7 +49,7 @@ class Journal:
             return
         size = sum(len(d.get("output", "")) + 200 * len(d.get("samples", ())) for d in ranks.values()) \
             + 200 * len(nodes)
-        steps = [s.get("step") for d in ranks.values() for s in d.get("samples", ()) if s.get("step") is not None]
+        steps = _steps(ranks.values())
         with self._changed:
             self.entries.append((self.next, {"ranks": ranks, "nodes": nodes}, size))
             self.next += 1
@@ -63,8 +63,12 @@ class Journal:
             self._changed.notify_all()
 
     def end(self, outcome: dict) -> None:
+        """The cell ended: its outcome, whose ranks' last reports carry its last step."""
+        steps = _steps(outcome.get("results", {}).values())
         with self._changed:
             self.outcome, self.ended = outcome, time.time()
+            if steps:
+                self.step = max(steps) if self.step is None else max(self.step, *steps)
             self._changed.notify_all()
 
     def since(self, cursor: int, wait_s: float = 0.0) -> dict:
@@ -170,6 +174,11 @@ class Keeper:
         """No more drains or reports; whoever ends the journal tells its end (``tell_watchdogs``)."""
         self._done.set()
         self._thread.join(timeout=KEEP_EVERY_S)
+
+
+def _steps(ranks) -> list[int]:
+    """The steps the ranks' reports name (a drain's ranks, or an outcome's results)."""
+    return [s["step"] for d in ranks for s in d.get("samples", ()) if s.get("step") is not None]
 
 
 def told(journal: Journal) -> dict:

@@ -35,9 +35,12 @@ gg.up('never', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1,
       idle={idle}, pip_index_url={index!r})
 print('up-done', flush=True)
 gg.run('''
-import time
-for step in range(1, {steps} + 1):
-    print("step", step, flush=True)
+import time, torch
+model = torch.nn.Linear(4, 1)
+model, optimizer = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+for batch in gg.steps([torch.randn(8, 4) for _ in range({steps})]):
+    gg.backward(model(batch).pow(2).mean())
+    print("step", gg.step, flush=True)
     time.sleep({pause})
 ''', workers=3, name='last')
 """

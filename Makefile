@@ -95,6 +95,14 @@ test-browser: $(VENV)/.installed-test chromium
 laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
 	GPUGEEK_LAPTOP_GONE_TRIALS=5 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/browser/test_laptop_gone.py
 
+# The lid closed on a running job (tests/lab/test_lid.py, about five minutes): the kernel SIGSTOPped
+# and the link cut for 120 s; the job goes on on the hosts and the same cell picks up. Then the
+# laptop that never returns (tests/lab/test_never_returns.py, about four): the job ends, the head's
+# idle stop ends the cluster one window later.
+.PHONY: lid
+lid: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py tests/lab/test_never_returns.py
+
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.

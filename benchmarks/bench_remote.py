@@ -15,7 +15,8 @@ figures are medians of the rounds' medians.
      ssh cluster — ``ray.get(actor.nop.remote())`` with an actor whose method does nothing — which
      the remote cell is held against. The Ray Client requests of one cell are counted too.
      ``--against REV`` adds a third side: the local empty cell with the package of git revision
-     REV (``git archive``d to a temporary folder put first on the path of that side and its workers).
+     REV (``git archive``d to a temporary folder put first on the path of that side and its workers),
+     and with it bench_run's P1 (the warm 20-step DDP cell) on both local sides.
 - C: rank 0's hop to a rank on another host and back, the two ways it can go: a Ray actor call,
      and the cell line (``workers/line.py``), timed call by call inside one actor, interleaved.
 - B: steps/s of the DDP loop of ``bench_run.py``'s P2 (MLP 256→1024→256, batch 64) across the three
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_run import LOOP, LOOP_GG  # noqa: E402 - the same loop as P2
+from bench_run import LOOP, LOOP_GG, STEPS20  # noqa: E402 - the same loop as P2, the same cell as P1
 
 REPLY = "@@bench@@ "          # marks a side's answer among whatever else it prints
 REMOTE, LOCAL, BEFORE = "bench-remote", "bench-local", "bench-before"
@@ -104,6 +105,8 @@ def side(kind: str) -> None:
             break
         if op == "cells":
             answer({"s": [timed(empty_cell(gg, ask["workers"])) for _ in range(ask["n"])]})
+        elif op == "p1":          # bench_run's P1: the warm 20-step DDP cell
+            answer({"s": [timed(lambda: gg.run(STEPS20, workers=2, monitor=False)) for _ in range(ask["n"])]})
         elif op == "rtt":
             import ray
 
@@ -451,6 +454,8 @@ def part_a(args, spec: dict, sides: dict, logs: Path, before_tree: str | None) -
         names = list(sides)
         for which in names if r % 2 == 0 else names[::-1]:
             got[which] = med(sides[which].ask(op="cells", n=args.cells, workers=2)["s"])
+            if which != "remote" and "before" in sides:     # P1, now and before
+                got[f"{which} P1"] = med(sides[which].ask(op="p1", n=max(5, args.cells // 4))["s"])
             if which == "remote":
                 got["rtt"] = med(remote.ask(op="rtt", n=args.cells)["s"])
         rounds.append(got)
@@ -501,6 +506,9 @@ def report_a(args, a: dict, three: dict | None) -> None:
     if "before" in rounds[0]:
         print(f"   local empty cell with the package of {args.against}: {ms(column('before'))} → now/before "
               f"{med([g['local'] / g['before'] for g in rounds]):.2f}")
+        print(f"   P1 (the warm 20-step DDP cell, local): now {ms(column('local P1'))}, with {args.against} "
+              f"{ms(column('before P1'))} → now/before {med([g['local P1'] / g['before P1'] for g in rounds]):.3f} "
+              f"(goal within 5 %)")
     for key in rounds[0]:
         print(f"   per round, {key} (ms): {listed(column(key), 1000)}")
     print(f"   Ray Client requests per remote empty cell: {json.dumps(a['requests'])} (workers=2), "

@@ -36,7 +36,8 @@ from .workers.options import JobWatch
 
 __all__ = [
     "Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
-    "clusters", "cost", "doctor", "down", "limits", "log", "offers", "plan", "preempt", "price_performance",
+    "attach", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan", "preempt",
+    "price_performance",
     "reset", "run", "scale", "status", "up", "update_catalog",
 ]
 
@@ -73,6 +74,33 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
                     all_ranks=all_ranks, name=name,
                     plan=current().last_plan,
                     watch=display.view_maker(JobWatch) if monitor else None)
+
+
+def jobs(name: str | None = None):
+    """The cluster's jobs, from the cluster itself (each worker group keeps its last cells):
+    running or ended, their step, $ (this machine's ledger, where it ran them) and whose kernel
+    started each — a kernel that died included."""
+    import pandas as pd
+
+    from .workers import attach
+
+    rows = attach.jobs(name)
+    columns = ["id", "name", "state", "step", "usd", "kernel", "began", "ended"]
+    frame = pd.DataFrame(rows, columns=columns).rename(columns={"id": "job"})
+    for column in ("began", "ended"):
+        frame[column] = pd.to_datetime(frame[column], unit="s")
+    return frame
+
+
+def attach(job: str, name: str | None = None, *, adopt: bool = False, monitor: bool = True):
+    """Follow job ``job`` (an id from ``jobs``) from this kernel: its output from the start, live
+    while it runs; returns its ``Result`` (value, pulled variables) once it ends. ``adopt``: then
+    this kernel's cells run on the job's warm worker group, its variables with it (the kernel that
+    started it must be gone). In a notebook the job monitor shows it as ``run`` does, its whole
+    curve from the start (``monitor=False`` hides it)."""
+    from .workers import attach as attaching
+
+    return attaching.attach(job, name, adopt=adopt, watch=display.view_maker(JobWatch) if monitor else None)
 
 
 def reset() -> bool:

@@ -204,6 +204,26 @@ def kv_put(address: str, key: str, value: dict, timeout: float = 5.0) -> None:
                                                    NOTICE_NAMESPACE, timeout=timeout)
 
 
+JOB_PREFIX = "job/"      # + a worker group's name: its running (or last) job, told by its rank 0
+
+
+def kv_all(address: str, prefix: str, timeout: float = 5.0) -> dict[str, dict]:
+    """Every JSON value under keys starting with ``prefix``: {key: value}."""
+    import json
+
+    from ray._raylet import GcsClient
+
+    with _answering(address):
+        client = GcsClient(address=address)
+        keys = client.internal_kv_keys(prefix.encode(), NOTICE_NAMESPACE, timeout=timeout)
+        out = {}
+        for key in keys:
+            raw = client.internal_kv_get(key, NOTICE_NAMESPACE, timeout=timeout)
+            if raw:
+                out[key.decode()] = json.loads(raw)
+    return out
+
+
 def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
     """What ``kv_put`` left under ``key``, or None."""
     import json

@@ -63,3 +63,18 @@ def still_running(procs: list[psutil.Process], wait: float = 0.0) -> list[int]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.2)
+
+
+def kernel_line(kernel: subprocess.Popen, what: str, timeout: float, said: list[str] | None = None) -> str:
+    """The first line a kernel process prints with ``what`` in it (every line read goes into
+    ``said``); its last words and stderr in the failure when none comes within ``timeout``."""
+    said = [] if said is None else said
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = kernel.stdout.readline()
+        if not line:
+            raise AssertionError(f"{said[-30:]}\n{kernel.stderr.read()[-3000:]}")
+        said.append(line.strip())
+        if what in line:
+            return line.strip()
+    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said[-30:]}")

@@ -19,7 +19,8 @@ def test_an_interrupt_that_comes_before_its_cell_still_stops_it():
     worker = Worker()
     worker.ns = {"gg": SimpleNamespace(configure=lambda opts: None, flush=lambda: None)}
     assert worker.interrupt(7) is False, "nothing runs yet"
-    assert worker.execute(call("ran = True", 7)) == {"ok": False, "interrupted": True, "output": "", "samples": []}
+    assert worker.execute(call("ran = True", 7)) == {"ok": False, "interrupted": True, "output": "", "samples": [],
+                                                     "cell": 7}
     assert "ran" not in worker.ns
     result = worker.execute(call("ran = True\nran", 8))
     assert result["ok"] and "ran" in worker.ns, "the next cell runs"

@@ -40,6 +40,7 @@ from ..raynodes import ClusterUnreachable, held_by_placement_groups, read_nodes
 from ..remote import headguard, tunnel
 from ..units import clock
 from . import health
+from .clusterjobs import ClusterJobs
 from .lifecycle import shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
@@ -72,6 +73,7 @@ class Watch:
         self.beat: dict = {}             # the head watchdog's last fresh heartbeat
         self.unreached_since: float | None = None   # the cluster's GCS has not answered since
         self.unreachable_after = settings().unreachable_after_s
+        self.cluster_jobs = ClusterJobs(cluster_id)   # the jobs the cluster tells of (no notebook needed)
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
@@ -234,14 +236,20 @@ class Watch:
         worked = any(node_id not in self.idle_seen or idle is None or idle < self.idle_seen[node_id]
                      for node_id, idle in alive.items())
         self.idle_seen = {k: v for k, v in alive.items() if v is not None}
+        working, ended = self.cluster_jobs.look(self._gcs(record), now, timeout=max(1.0, self.interval))
         idle = activity.judge(self.cluster_id, nodes, record.idle_since,
                               (record.idle_minutes or DEFAULT_IDLE_WINDOW_MIN) * 60, ray_worked=worked,
                               last_cell=registry.last_cell(self.cluster_id),
                               notebook=bool(registry.attached_kernels(self.cluster_id)),
-                              readings=self.readings, held=lambda: self._held(record), now=now)
+                              readings=self.readings, held=lambda: self._held(record), now=now,
+                              working=working, job_ended=ended)
         if (idle.since, idle.why) != (record.idle_since, record.idle_why):
             registry.note_idleness(self.cluster_id, idle.since, idle.why)
         return idle
+
+    def _gcs(self, record) -> str:
+        """Where this watchdog reads the cluster's GCS (the head's reads its own)."""
+        return record.address
 
     @property
     def by(self) -> str:

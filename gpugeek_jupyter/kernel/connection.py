@@ -69,8 +69,8 @@ def connect(record: ClusterRecord) -> None:
         session.connection = None
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
+    use_token_auth()      # our clusters require Ray's token, a driver's as a client's
     if record.backend in CLIENT_BACKENDS or record.address.startswith(CLIENT_SCHEME):
-        use_token_auth()
         client = record.address if record.backend == "attach" else \
             ClusterSpec.from_json(record.spec).remote["client_address"]
         _client_init(client, job_env(record, remote=True))
@@ -125,9 +125,8 @@ def settle() -> bool:
     if client.is_connected():
         return False
     record = registry.get(connection.cluster_id)
-    print(f"note: the connection to {record.name!r} was lost; connecting again (the worker group "
-          "starts afresh: variables defined on it are gone)", flush=True)
-    reconnect(record)
+    print(f"note: the connection to {record.name!r} was lost; connecting again", flush=True)
+    rejoin(record)
     return True
 
 
@@ -163,6 +162,18 @@ def reconnect(record: ClusterRecord) -> None:
     session = current()
     if session.group is not None:
         session.group.broken = True
+    let_go()
+    connect(record)
+
+
+def rejoin(record: ClusterRecord) -> None:
+    """A Ray Client that gave up (the link was down longer than its grace), connected again. The
+    worker group is kept: its workers are detached and named, and outlive the old session
+    (``WorkerGroup.refind``). Raises what Ray raises while the cluster is still out of reach."""
+    from ray.util.client import ray as client
+
+    if client.is_connected() and steady():
+        return
     let_go()
     connect(record)
 

@@ -311,6 +311,32 @@ def run(self: GpugeekMagics, line: str, cell: str = ""):
 
 @subcommand
 @magic_arguments()
+@cluster_name
+def jobs(self: GpugeekMagics, line: str):
+    """The cluster's jobs, running or ended, whichever kernel started them."""
+    args = parse_argstring(jobs, line)
+    return api.jobs(args.name)
+
+
+@subcommand
+@magic_arguments()
+@argument("job", help="a job id, as `%%gpugeek jobs` lists them")
+@argument("--adopt", action="store_true",
+          help="then run this kernel's cells on the job's warm worker group, its variables with it "
+               "(its own kernel must be gone)")
+@cluster_name
+def attach(self: GpugeekMagics, line: str):
+    """Follow a job from this kernel: its output, then its pulled variables into the notebook."""
+    args = parse_argstring(attach, line)
+    result = api.attach(args.job, args.name, adopt=args.adopt)
+    self.shell.user_ns.update(result.pulled)
+    if result.pulled:
+        print(f"pulled: {', '.join(sorted(result.pulled))}")
+    return result.shown()
+
+
+@subcommand
+@magic_arguments()
 def reset(self: GpugeekMagics, line: str):
     """Stop the worker group (and its namespace); the next run builds a new one."""
     parse_argstring(reset, line)

@@ -38,15 +38,19 @@ class Idleness:
 def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, window_s: float, *,
           ray_worked: bool = False, last_cell: float | None = None, notebook: bool = False,
           readings: Readings | None = None, held: Callable[[], bool] = lambda: False,
-          now: float | None = None) -> Idleness:
+          now: float | None = None, working: str | None = None, job_ended: float | None = None) -> Idleness:
     """Is the cluster idle, since when, and why. ``previous`` is the last look's ``since``, carried
     forward; ``window_s`` the idle window; ``ray_worked`` whether Ray saw a node work since the
     last look; ``last_cell`` when an attached notebook last ran a cell, ``notebook`` whether one is
     attached now; ``readings`` the devices' readings kept from the last look (the watchdog's:
     it then reads only what came since); ``held`` asks whether all Ray calls busy is placement
     groups' reservations (``raynodes.held_by_placement_groups``: warm worker groups between
-    cells) — a request to the GCS, made only when no job runs."""
+    cells) — a request to the GCS, made only when no job runs. ``working``: why the cluster says
+    a job of its own works (its step moved lately: ``guard/clusterjobs.py``), whichever kernel
+    started it; ``job_ended``: when the cluster's jobs last ended (no idle clock before that)."""
     now = time.time() if now is None else now
+    if working:
+        return Idleness(None, working)
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:
         name, started = max(jobs.items(), key=lambda item: item[1])
@@ -54,7 +58,8 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
         idleness = _job(name, started, read, window_s, notebook, now)
     else:
         only_groups = held()
-        idleness = _no_job(cluster_id, nodes, None if ray_worked and not only_groups else previous, only_groups, now)
+        idleness = _no_job(cluster_id, nodes, None if ray_worked and not only_groups else previous, only_groups, now,
+                           job_ended)
     if idleness.since is not None and last_cell is not None and last_cell > idleness.since:
         return Idleness(last_cell, "since a notebook's last cell")
     return idleness
@@ -71,14 +76,14 @@ def _job(name: str, started: float, read: Readings, window_s: float, notebook: b
 
 
 def _no_job(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, held: bool,
-            now: float) -> Idleness:
+            now: float, job_ended: float | None = None) -> Idleness:
     """Ray's account: every node idle (it reports how long a node had been idle when it last
     changed state, so the time is carried forward), and not before the last job ended. Nodes that
     only warm worker groups hold (``held``) are idle for this: Ray calls them busy for good."""
     alive = [n for n in nodes if n.alive]
     if not alive:
         return Idleness(None, "no node alive")
-    last_job = ledger.last_job_end(cluster_id) or 0.0
+    last_job = max(ledger.last_job_end(cluster_id) or 0.0, job_ended or 0.0)
     if held:
         return Idleness(max(previous if previous is not None else now, last_job),
                         "no job running; warm workers wait for the next cell")

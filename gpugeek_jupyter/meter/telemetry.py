@@ -253,14 +253,16 @@ class NodeSampler:
         return self.drain()
 
 
-def start_samplers(node_ids: Iterable[str], interval: float = MIN_INTERVAL_S, gpus: bool = True) -> list:
+def start_samplers(node_ids: Iterable[str], interval: float = MIN_INTERVAL_S, gpus: bool = True,
+                   detached: bool = False) -> list:
     """One ``NodeSampler`` actor pinned to each node (hard affinity), in ``node_ids`` order.
-    ``gpus=False`` (simulated nodes) samples the host only."""
+    ``gpus=False`` (simulated nodes) samples the host only; ``detached``: they outlive this
+    process's connection (a worker group's, which its rank 0 asks)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(NodeSampler)
-    return [actor.options(num_cpus=0, name=None, lifetime=None,
+    return [actor.options(num_cpus=0, name=None, lifetime="detached" if detached else None,
                           scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
                           ).remote(interval, gpus=gpus)
             for node_id in node_ids]

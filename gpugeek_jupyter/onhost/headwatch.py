@@ -113,6 +113,9 @@ class HeadWatch(Watch):
         except ClusterUnreachable:
             pass
 
+    def _gcs(self, record) -> str:
+        return self.gcs
+
     def _head_guards(self, record, now: float) -> bool:
         return False                 # this is the head's watchdog: it enforces
 

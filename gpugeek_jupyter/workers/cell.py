@@ -40,3 +40,32 @@ def user_traceback(exc: BaseException, filename_prefix: str = "<cell") -> str:
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(kept),
              *traceback.format_exception_only(type(exc), exc)]
     return "".join(lines)
+
+
+MAX_VALUE_BYTES = 20 * 2**20    # a cell's value larger than this comes back as its repr
+
+
+def on_cpu(value):
+    """A tensor or a model as any machine can load it: on the CPU."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, torch.nn.Module):   # a copy: the worker keeps training its own
+        import copy
+
+        return copy.deepcopy(getattr(value, "module", value)).to("cpu")
+    return value
+
+
+def portable(value) -> dict:
+    """The cell's value as the notebook can show it: pickled if small and picklable, else repr."""
+    from ray import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(on_cpu(value))
+        if len(data) <= MAX_VALUE_BYTES:
+            return {"pickle": data}
+    except Exception:  # noqa: BLE001 - fall back to its text
+        pass
+    return {"repr": repr(value)}

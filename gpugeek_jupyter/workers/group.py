@@ -19,16 +19,16 @@ a second, ride along.
 
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import dataclass, field
 
 from ..errors import GpugeekError
 from ..kernel import connection
 from ..meter import telemetry
-from . import progress
+from . import away, journal, orphans, progress
 from .options import RunOptions
+from .orphans import NAMESPACE, group_name
 from .placement import keep, release_held, remove
+from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
 
@@ -39,57 +39,6 @@ DRAIN_WAIT_S = 2.0       # rank 0 holds a drain this long for a cell that prints
 DRAIN_GAP_S = 0.5        # a drain goes no sooner than this after the one before
 HELD_WAIT_S = 10.0       # how long a new group waits for room while an old one's placement group is held
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
-
-
-class RemoteError(GpugeekError):
-    """The user's cell failed on a worker: its traceback by rank (out of GPU memory: ``oom.memory_at``)."""
-
-    def __init__(self, rank: int, traceback_text: str, extra: str = "", preempted: dict | None = None,
-                 memory: dict | None = None):
-        super().__init__(f"rank {rank}: {traceback_text.strip().splitlines()[-1]}")
-        self.rank, self.traceback_text, self.extra, self.memory = rank, traceback_text, extra, memory
-        self.preempted = preempted    # the job stopped on a preemption notice: {step, deadline, nodes}
-
-    def _render_traceback_(self) -> list[str]:
-        lines = [f"\x1b[0;31mgpugeek: the cell failed on rank {self.rank}\x1b[0m",
-                 *self.traceback_text.rstrip().splitlines()]
-        return lines + (self.extra.splitlines() if self.extra else [])
-
-
-class Interrupted(GpugeekError):
-    """The stop button: every worker was interrupted."""
-
-
-@dataclass
-class Result:
-    """What a cell gave back: rank 0's last value, the pulled variables, the wall time."""
-
-    value: dict | None = None
-    pulled: dict = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def shown(self):
-        """The value as the notebook should display it (None: nothing to display)."""
-        if not self.value:
-            return None
-        if "pickle" in self.value:
-            from ray import cloudpickle
-
-            try:
-                return cloudpickle.loads(self.value["pickle"])
-            except Exception:  # noqa: BLE001 - a class the notebook does not have
-                return _Text("<a value of a type this notebook cannot load>")
-        return _Text(self.value["repr"])
-
-
-class _Text:
-    def __init__(self, text: str):
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
 class WorkerGroup:
     def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True,
                  notices: str | None = None):
@@ -107,6 +56,13 @@ class WorkerGroup:
         self.line_note: str | None = None
         self.drains = 0         # drains sent while cells ran (one a second or so: tests read it)
         self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
+        # the workers belong to the cluster, not to this kernel's connection (detached, named): a
+        # cell outlives a link that went down, and the group a Ray Client that had to reconnect
+        self.group_id = orphans.new_group_id()
+        self.rejoin = None      # connects this kernel again (``connection.rejoin``): set by whoever built it
+        self.cursor = 0         # how far the running cell's journal has been read
+        self.job: dict | None = None   # the running cell's job (id, name, kernel)
+        self.last_step: int | None = None   # the latest step the journal told of
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -117,7 +73,11 @@ class WorkerGroup:
         n, gpus = self.options.workers, self.options.gpus_per_worker
         bundle = {"GPU": gpus} if gpus else {"CPU": 1}
         held = release_held()
-        self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
+        for gone in orphans.reclaim():
+            print(f"note: removed the worker group of a kernel that is gone ({gone}): its last cell had ended",
+                  flush=True)
+        self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK",
+                                  name=group_name(self.group_id), lifetime="detached")
         ready = self.pg.ready()
         done, _ = ray.wait([ready], timeout=HELD_WAIT_S if held else READY_TIMEOUT_S)
         if not done:
@@ -149,7 +109,8 @@ class WorkerGroup:
         actor = ray.remote(Worker)
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
-                          num_gpus=gpus or 0,
+                          num_gpus=gpus or 0, name=group_name(self.group_id, i), namespace=NAMESPACE,
+                          lifetime="detached",
                           scheduling_strategy=PlacementGroupSchedulingStrategy(
                               self.pg, placement_group_bundle_index=i)).remote()
             for i in range(n)]
@@ -169,9 +130,41 @@ class WorkerGroup:
         self.led = client.is_connected()
         if self.on_node_samples is not None:       # one sampler per node the group runs on
             self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
-                                                     gpus=self.sample_gpus)
+                                                     gpus=self.sample_gpus, detached=True)
             # rank 0 asks them, with the ranks' output
             ray.get(lead.keep_samplers.remote(self.samplers, SAMPLE_EVERY_S), timeout=READY_TIMEOUT_S)
+
+    def adopt(self, group_id: str, owner: str) -> None:
+        """Take over the warm group of a kernel that is gone (``orphans``): its workers, their
+        variables, its node samplers; this kernel (``owner``, host:pid) is its owner from now on."""
+        import ray
+        from ray.util.client import ray as client
+        from ray.util.placement_group import get_placement_group
+
+        names = orphans.named_groups().get(group_id)
+        if not names:
+            raise GpugeekError(f"no worker group {group_id!r} on this cluster — it was removed")
+        self.group_id = group_id
+        self.workers = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+        told = ray.get(self.workers[0].adopted.remote(owner), timeout=READY_TIMEOUT_S)
+        self.info = ray.get([w.description.remote() for w in self.workers], timeout=READY_TIMEOUT_S)
+        self.options, self.samplers = told["options"], list(told["samplers"])
+        self.pg = get_placement_group(group_name(group_id))
+        self.led = client.is_connected()
+
+    def refind(self) -> bool:
+        """After this kernel connected again: its workers, found by name (they outlived the old
+        connection). False when they are gone — the group is then broken."""
+        import ray
+
+        try:
+            self.workers = [ray.get_actor(group_name(self.group_id, i), namespace=NAMESPACE)
+                            for i in range(len(self.workers) or self.options.workers)]
+            ray.get(self.workers[0].pid.remote(), timeout=READY_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError, *away.link_errors()):
+            self.broken = True
+            return False
+        return True
 
     def versions(self, names: list[str]) -> list[dict]:
         """Each rank's version of each module (``kernel/environment.py``), asked in parallel."""
@@ -220,7 +213,7 @@ class WorkerGroup:
     # -- a cell ---------------------------------------------------------------------------------
 
     def run(self, source: str, options: RunOptions, *, push: dict | None = None,
-            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None) -> Result:
+            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None, job: dict | None = None) -> Result:
         """Run one cell on every rank and wait for it, showing what it prints as it prints. Long
         because it is the hot path's one loop: the drain out, the cell's references and what was
         shown live in its locals, and each turn of the loop is a Ray request saved."""
@@ -232,12 +225,14 @@ class WorkerGroup:
         call = (source, f"<cell {cell_id}>", pull or [], True, options, cell_id)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
-        cell = (Led if self.led else Sent)(self.workers, call, pushed)
+        self.job = job
+        cell = (Led if self.led else Sent)(self.workers, call, pushed, job)
         asked = self._ask_nodes(SAMPLE_EVERY_S)
         sampled = asked is not None
-        printer = _Printer(all_ranks)
+        printer = Printer(all_ranks)
         outcome = poll = None
         stopped = cancelled = False
+        self.cursor = 0
         try:
             gathered = self._gather(cell, asked, FIRST_WAIT_S)
             if gathered is not None:           # done at once: no loop, no drains
@@ -250,7 +245,7 @@ class WorkerGroup:
                 connection.check_stop()       # stopped elsewhere: no more Ray calls from here
                 now = time.perf_counter()
                 if poll is None and now >= poll_at:       # one drain out at a time
-                    poll = self.workers[0].drain_all.remote(hold)
+                    poll = self.workers[0].drain_all.remote(hold, self.cursor, cell_id)
                     poll_at = now + DRAIN_GAP_S
                     self.drains += 1
                 if poll is not None and self.led:
@@ -258,7 +253,7 @@ class WorkerGroup:
                     # the drain alone is waited on, as rank 0 answers it when the cell ends (its
                     # lead stops the ranks if one fails) and a dead rank 0 fails it at once
                     drained, poll = self._get(poll, hold + progress.ANSWER_WITHIN_S), None
-                    self._show(drained, printer, on_samples)
+                    self.show(drained, printer, on_samples)
                     if drained is not None and drained["running"] and time.perf_counter() >= poll_at:
                         continue      # a quiet cell: the next drain, nothing else to ask
                     waiting = cell.pending
@@ -268,7 +263,7 @@ class WorkerGroup:
                 done, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
                 if poll is not None and poll in done:
                     done.remove(poll)
-                    self._show(self._get(poll, 0.0), printer, on_samples)   # rank 0 dead: its cell says so
+                    self.show(self._get(poll, 0.0), printer, on_samples)   # rank 0 dead: its cell says so
                     poll = None
                 if done:
                     try:
@@ -279,6 +274,11 @@ class WorkerGroup:
         except connection.StoppedElsewhere:
             self.broken = stopped = True
             raise
+        except (Exception, SystemExit) as exc:      # Ray's client raises many kinds once its link is gone
+            if not away.link_lost(self, exc):
+                raise
+            poll = asked = None
+            outcome = away.ride_out(self, cell_id, printer, on_samples)
         except KeyboardInterrupt:
             self._cancel(cell)
             cancelled = True               # here: the finally must not cancel it again (nothing is pending)
@@ -291,7 +291,7 @@ class WorkerGroup:
                 self._cancel(cell)                                              # way: nothing may keep running
             if self.connected() and not stopped:
                 if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
-                    self._show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)
+                    self.show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)
                 if asked is not None:     # asked with the cell: their reports are not lost
                     self._record_node_samples(self._get(asked, 0.5) or [])
         self._settle(outcome, printer, on_samples)
@@ -370,10 +370,16 @@ class WorkerGroup:
             self.on_node_samples(samples)
         return len(samples)
 
-    def _show(self, drained: dict | None, printer, on_samples) -> None:
+    def show(self, drained: dict | None, printer, on_samples) -> None:
         """A drain's answer (``progress.gather``): the ranks' output and reports, the nodes' reports."""
         if not drained:
             return
+        if "next" in drained:           # read from the cell's journal: where to read on from
+            if drained["dropped"] and drained["dropped"] > 0:
+                print(f"\n[{drained['dropped']} earlier drains of this cell's output were dropped: rank 0 keeps the "
+                      f"last {journal.BOUND_BYTES >> 20} MiB]", flush=True)
+            self.cursor = drained["next"]
+            self.last_step = drained.get("step", self.last_step)
         ranks = drained["ranks"]
         for rank in sorted(ranks):
             printer.show(rank, ranks[rank]["output"])
@@ -397,25 +403,3 @@ class WorkerGroup:
         if stuck or outcome is None or outcome["stuck"] or outcome["dead"] is not None:
             self.broken = True
             self.stop()
-
-
-class _Printer:
-    """Worker output into the cell: rank 0 as is, or every rank with a ``[rank N]`` prefix."""
-
-    def __init__(self, all_ranks: bool):
-        self.all_ranks = all_ranks
-        self.at_line_start: dict[int, bool] = {}
-
-    def show(self, rank: int, text: str) -> None:
-        if not text or (rank != 0 and not self.all_ranks):
-            return
-        if self.all_ranks:
-            out = []
-            for piece in text.splitlines(keepends=True):
-                if self.at_line_start.get(rank, True):
-                    out.append(f"[rank {rank}] ")
-                out.append(piece)
-                self.at_line_start[rank] = piece.endswith("\n")
-            text = "".join(out)
-        sys.stdout.write(text)
-        sys.stdout.flush()

@@ -10,6 +10,8 @@ variables come back — so a cell meant to survive failures defines what it trai
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import time
 import uuid
 from dataclasses import asdict, replace
@@ -28,7 +30,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice, oom, placement
+from . import notice, oom, orphans, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -61,8 +63,9 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster, built if needed."""
     session = current()
     record = _cluster()
-    if connection.settle() and session.group is not None:
-        session.group.broken = True   # its actors went with the lost client session
+    if connection.settle() and session.group is not None and not session.group.refind():
+        print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
+              "defined on the old one are gone)", flush=True)
     old = session.group
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
@@ -72,15 +75,44 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
         old.stop()
         session.group = None
     if session.group is None:
-        cluster_id = record.id
-        group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
-                            on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
-                            notices=record.backend if record.backend in notice.SOURCES else None)
+        group = _group(opts, record)
         group.start()
         session.group = group
         for note in group.notes:
             print(f"note: {note}", flush=True)
     return session.group, record
+
+
+def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
+    cluster_id = record.id
+    group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
+                        on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
+                        notices=record.backend if record.backend in notice.SOURCES else None)
+    group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+    return group
+
+
+def check_adoptable(group_id: str, adopted_by: str | None = None) -> None:
+    """Refuses a group whose kernel (the one that started it, or the last to adopt it) still runs
+    on this machine; another machine's kernel cannot be seen from here, and is taken as gone."""
+    owner = adopted_by or group_id.rsplit(":", 1)[0]
+    if owner == f"{socket.gethostname()}:{os.getpid()}" or orphans.owner_gone(owner) is not False:
+        return
+    raise GpugeekError(f"the worker group {group_id!r} belongs to a kernel that still runs here ({owner}): "
+                       f"it keeps its group — attach without --adopt to follow its job")
+
+
+def adopt(group_id: str) -> WorkerGroup:
+    """This kernel takes over the warm group ``group_id`` of a kernel that is gone: the next cells
+    run on it, with its variables. The group this kernel had, if any, is stopped."""
+    session, record = current(), _cluster()
+    group = _group(options(), record)
+    group.adopt(group_id, f"{socket.gethostname()}:{os.getpid()}")
+    if session.group is not None and session.group.group_id != group_id:
+        print("note: this kernel's own worker group was stopped: the adopted one runs its cells now", flush=True)
+        session.group.stop()
+    session.group = group
+    return group
 
 
 def drain_telemetry() -> int:
@@ -138,7 +170,10 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
     ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, options=said)
-    watcher = _Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
+    # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
+    job = {"id": job_id, "name": job_name, "kernel": f"{socket.gethostname()}:{os.getpid()}",
+           "started": time.time(), "pull": pull or []}
+    watcher = Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
     def on_samples(samples: list[Report]) -> None:
@@ -156,7 +191,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
             while True:
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
-                                       on_samples=on_samples)
+                                       on_samples=on_samples, job=job)
                     status = "finished"
                     return result
                 except WorkerDied as died:
@@ -312,8 +347,8 @@ def _lost(record: ClusterRecord, job_id: str) -> str:
         return _stopped_under(now, job_id)
     guards = ("its budget cap and idle stop run on its head" if guarded(now)
               else "it may still be running and billing")
-    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — the cell's "
-            f"workers went with the connection; {guards}; `%gpugeek status {record.name}` once the network is back")
+    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — its job may go on "
+            f"there (`%gpugeek jobs {record.name}` once the network is back); {guards}")
 
 
 def _stopped_under(record: ClusterRecord, job_id: str) -> str:
@@ -324,7 +359,7 @@ def _stopped_under(record: ClusterRecord, job_id: str) -> str:
     return f"cluster {record.name!r} was stopped while the cell ran ({why}) — its workers and their variables are gone"
 
 
-class _Watcher:
+class Watcher:
     """The monitor, kept from ever breaking a job: its first error is said once and it stops."""
 
     def __init__(self, monitor):

@@ -65,8 +65,11 @@ class Outbox:
     def running(self) -> bool:
         return self._open > 0
 
-    def wait(self, seconds: float) -> None:
-        """Until there is output, the cell has ended, or ``seconds`` passed (not at all between cells)."""
+    def wait(self, seconds: float | None) -> None:
+        """Until there is output, the cell has ended, or ``seconds`` passed (not at all between
+        cells). None: not at all, and what woke a waiting ask stays for it (the journal's keeper)."""
+        if seconds is None:
+            return
         if self.running and seconds > 0:
             self._news.wait(seconds)
         self._news.clear()
@@ -89,7 +92,7 @@ class Stream:
         return False
 
 
-def gather(own: Outbox, peers: list, nodes: Nodes, wait_s: float = 0.0) -> dict:
+def gather(own: Outbox, peers: list, nodes: Nodes, wait_s: float | None = 0.0) -> dict:
     """Rank 0's answer to the notebook: {"ranks": {rank: Outbox.take()}, "nodes": [node samples],
     "running": whether its cell (the lead, on a Ray Client) still runs — if not, the cell's own
     answer is there to take, and until then the notebook need ask nothing else}.

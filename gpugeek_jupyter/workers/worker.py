@@ -27,12 +27,11 @@ from concurrent import futures
 
 from .. import ports
 from ..errors import GpugeekError
-from . import line, notice, oom, progress, rendezvous
-from .cell import Cell, user_traceback
+from . import journal, line, notice, oom, progress, rendezvous
+from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
 
-MAX_VALUE_BYTES = 20 * 2**20
 CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
 LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
                         # (its cell has its own)
@@ -50,8 +49,12 @@ class Worker:
         self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
+        self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
+        self._ended = journal.Ended()      # this rank's last results, for rank 0's journal
         self.ns: dict = {}
         self.rank = -1
+        self.described: dict = {}          # what ``setup`` said of this rank
+        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``orphans``)
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0 hosts the rendezvous."""
@@ -93,13 +96,19 @@ class Worker:
             helper.notice = notice.NoticeWatch(notices, node_id)
         self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
                    "device": device, "torch": torch}
-        return {"rank": rank, "device": str(device), "backend": backend, "note": note,
-                "pid": os.getpid(), "node_id": node_id}
+        self.described = {"rank": rank, "device": str(device), "backend": backend, "note": note,
+                          "pid": os.getpid(), "node_id": node_id}
+        return self.described
 
-    def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
+    def execute(self, call: bytes, pushed: bytes | None = None, job: dict | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
         (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
-        each argument on its own."""
+        each argument on its own. ``job`` (rank 0, sent by a notebook that is a Ray driver): the
+        cell is kept in a journal, as the lead keeps it (``execute_all``)."""
+        if job is not None:     # the other ranks' results come to the journal later (``end_with_peers``)
+            return self._journaled(pickle.loads(call)[-1], job, lambda: self.execute(call, pushed),
+                                   lambda result: {"results": {0: result}, "failed": None if result["ok"] else 0,
+                                                   "dead": None, "stuck": []}, peers_too=True)
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -112,6 +121,7 @@ class Worker:
                 sys.stdout, sys.stderr = stdout, stderr
                 result.update(self.drain())
                 self._outbox.end()
+                self._ended.keep(result)
                 return result
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
@@ -137,12 +147,12 @@ class Worker:
             value = eval(last, self.ns) if last is not None else None
             self.ns["gg"].flush()
             if want_value and value is not None:
-                result["value"] = _portable(value)
+                result["value"] = portable(value)
             if pull:
                 missing = [name for name in pull if name not in self.ns]
                 if missing:
                     raise NameError(f"--pull: no variable {', '.join(missing)} on rank {self.rank}")
-                result["pulled"] = cloudpickle.dumps({name: _cpu(self.ns[name]) for name in pull})
+                result["pulled"] = cloudpickle.dumps({name: on_cpu(self.ns[name]) for name in pull})
         except KeyboardInterrupt:
             result = {"ok": False, "interrupted": True}
         except notice.Preempted as exc:       # every rank stops at the same step, checkpointed
@@ -158,6 +168,7 @@ class Worker:
                 result["memory"] = oom.memory_at(exc, self.ns["device"])
         if "memory" in result:                    # the next cell starts on an emptied GPU
             oom.release(self.ns["device"])
+        result["cell"] = cell_id
         return result
 
     def _stop_interrupts(self) -> None:
@@ -196,6 +207,20 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def ended(self, cell_id: int) -> dict | None:
+        """This rank's result of cell ``cell_id`` once it ended (its last output and reports), for
+        rank 0's journal; None while it runs."""
+        return self._ended.get(cell_id)
+
+    def description(self) -> dict:
+        """What ``setup`` said of this rank: a kernel that adopts the group reads it here."""
+        return self.described
+
+    def adopted(self, owner: str) -> dict:
+        """Rank 0: kernel ``owner`` (host:pid) takes the group over; the group's options, samplers."""
+        self.owner = owner
+        return {"options": self.ns["gg"].options, "samplers": self._nodes.samplers}
+
     # -- rank 0: the lead -----------------------------------------------------------------------
 
     def meet(self, peers: list) -> list[int]:
@@ -210,7 +235,7 @@ class Worker:
             self._switchboard = None
         return sorted(missing)
 
-    def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
+    def execute_all(self, call: bytes, pushed: list | None = None, job: dict | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' over the
         cell line (by actor call where there is none) — and wait for them all. A rank that fails
         (or dies) stops the others: they are interrupted and get ``CANCEL_WAIT_S`` to end; any
@@ -221,9 +246,30 @@ class Worker:
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
         self._outbox.begin()     # a drain held on rank 0 is answered when every rank is done
         try:
-            return self._lead(call, pushed)
+            return self._journaled(pickle.loads(call)[-1], job or {}, lambda: self._lead(call, pushed), dict)
         finally:
             self._outbox.end(lead=True)
+
+    def _journaled(self, cell_id: int, job: dict, run, outcome_of, peers_too: bool = False) -> dict:
+        """``run()`` with the cell's journal open and its keeper draining while nobody reads;
+        the journal ends with ``outcome_of(run's result)`` — and with the other ranks' results,
+        read on a thread of its own, for a cell the notebook sent to every rank (``peers_too``)."""
+        kept = self._journals.open(cell_id, job)
+        keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=journal.tell_watchdogs)
+        outcome = None
+        try:
+            result = run()
+            outcome = outcome_of(result)
+            return result
+        finally:
+            keeper.stop()
+            outcome = outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []}
+            if peers_too and self._peers:
+                threading.Thread(target=journal.end_with_peers, args=(kept, outcome, self._peers, self.judge),
+                                 name="journal-end", daemon=True).start()
+            else:
+                kept.end(outcome)
+                journal.tell_watchdogs(kept)          # its end, once: the idle clock starts there
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray
@@ -306,44 +352,46 @@ class Worker:
         """Rank 0: the node samplers, which it asks with the ranks (``drain_all``, ``node_reports``)."""
         self._nodes = progress.Nodes(samplers, every)
 
-    def drain_all(self, wait_s: float = 0.0) -> dict:
+    def drain_all(self, wait_s: float = 0.0, since: int | None = None, cell_id: int | None = None) -> dict:
         """Rank 0: every rank's output and reports so far, and the node samplers' when due; held
-        up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``)."""
+        up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``). With ``since``,
+        what the cell's journal holds from that cursor on (``journal.Journal.since``): what the
+        keeper took meanwhile too."""
+        if since is None or cell_id is None:
+            return self._gather(wait_s)
+        kept = self._journals.open(cell_id)       # a drain can come before its cell: it is kept too
+        kept.read_at = time.monotonic()        # the keeper leaves the drains to this reader
+        kept.add(self._gather(wait_s))
+        return kept.since(since)
+
+    def _gather(self, wait_s: float | None) -> dict:
         return progress.gather(self._outbox, self._peers, self._nodes, wait_s)
+
+    def state(self) -> dict:
+        """Rank 0: its latest cell, whether it still runs, and its latest step."""
+        kept = self._journals.get()
+        return {"cell": kept.cell_id if kept else None, "job": kept.job if kept else None,
+                "running": bool(kept and kept.outcome is None),
+                "step": kept.step if kept else None, "began": kept.began if kept else None,
+                "ended": kept.ended if kept else None, "owner": self.owner}
+
+    def jobs(self) -> list[dict]:
+        """Rank 0: the cells it keeps journals of, as jobs (``attach.jobs``)."""
+        return self._journals.summaries()
+
+    def journal(self, cell_id: int | None, since: int = 0, wait_s: float = 0.0) -> dict | None:
+        """Rank 0: the cell's journal from ``since`` on, held up to ``wait_s`` for news — for a
+        notebook that lost its drain (its link went down) or attaches later. None: no such cell
+        is kept."""
+        kept = self._journals.get(cell_id)
+        return kept.since(since, wait_s) if kept is not None else None
 
     def node_reports(self) -> list[dict]:
         """Rank 0: the node samplers' reports, asked from inside the cluster."""
         return self._nodes.collect(self._nodes.ask(now=True))
 
 
-
-
 def for_peers(call: tuple) -> bytes:
     """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
     source, filename, _pull, _want_value, options, cell_id = call
     return pickle.dumps((source, filename, [], False, options, cell_id))
-
-
-def _cpu(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, torch.nn.Module):   # a copy: the worker keeps training its own
-        import copy
-
-        return copy.deepcopy(getattr(value, "module", value)).to("cpu")
-    return value
-
-
-def _portable(value) -> dict:
-    """The cell's value as the notebook can show it: pickled if small and picklable, else repr."""
-    from ray import cloudpickle
-
-    try:
-        data = cloudpickle.dumps(_cpu(value))
-        if len(data) <= MAX_VALUE_BYTES:
-            return {"pickle": data}
-    except Exception:  # noqa: BLE001 - fall back to its text
-        pass
-    return {"repr": repr(value)}

@@ -21,7 +21,7 @@ import nbformat
 import netlab
 import psutil
 import pytest
-from cluster_processes import new_kernel, of_cluster, settings, still_running, wait_until
+from cluster_processes import kernel_line, new_kernel, of_cluster, settings, still_running, wait_until
 from lab import open_notebook_in_lab, put_notebook, screenshot
 from laptop_gone import head_ledger, holds, row, spend, terminal
 from test_extension_in_lab import STATUS, dollars
@@ -53,19 +53,6 @@ gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(600)", workers=3
 def hosts():
     with netlab.fixture(3) as made:
         yield made
-
-
-def _line(kernel, what: str, timeout: float) -> str:
-    """The kernel's next line of output that contains ``what``."""
-    said, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = kernel.stdout.readline()
-        if not line:
-            raise AssertionError(f"{said}\n{kernel.stderr.read()[-3000:]}")
-        said.append(line.strip())
-        if what in line:
-            return line.strip()
-    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said}")
 
 
 def _read(reader: str, name: str, home, page) -> tuple[str, float, str]:
@@ -132,7 +119,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
         env={**os.environ, "GPUGEEK_HOME": str(home)})
     record = None
     try:
-        _line(kernel, "up-done", 240)
+        kernel_line(kernel, "up-done", 240)
         record = registry.live(name)
         spec = ClusterSpec.from_json(record.spec)
         wait_until(lambda: headguard.beating(record), 20, "the head watchdog's heartbeat")
@@ -159,7 +146,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
         # the laptop goes: a cell running, its kernel SIGKILLed, its watchdog and tunnel killed, its link cut
         kernel.stdin.write("\n")
         kernel.stdin.flush()
-        _line(kernel, "working", 60)
+        kernel_line(kernel, "working", 60)
         ours = of_cluster(record)        # by session: the watchdog's and the tunnel's
         assert record.watchdog_pid in [p.pid for p in ours] and processes_of_tunnel(ours, record)
         kernel.send_signal(signal.SIGKILL)

@@ -1,6 +1,7 @@
 """The laptop's link, on an ``ssh`` cluster on the lab's three hosts: a cell goes on through a
-10 s cut; cut for good, a running cell says so in one line, and once the link is back a terminal's
-``down`` stops every host and the tunnel's hold on the head. (The laptop gone for good, the head's
+10 s cut; through a cut past Ray Client's grace its job goes on on the hosts, the cell says so
+once and picks up when the link is back (every step shown); then a terminal's ``down`` stops every
+host and the tunnel's hold on the head. (The laptop gone for good, the head's
 watchdog at the budget and every reader afterwards: tests/browser/test_laptop_gone.py.)"""
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
 BLINK_S = 10.0        # a cut the session rides out
 LOST_WITHIN_S = 75.0  # a cell says its cluster is out of reach: SSH's keepalive (15 s), Ray Client's grace (30 s)
+CUT_S = 45.0          # a cut past Ray Client's 30 s grace: its session ends, the job does not
+STEPS = 60            # the second cell's steps, a second each
+STEP_CELL = ("import time\nfor step in range(1, {steps} + 1):\n    if rank == 0:\n"
+             "        print('step', step, flush=True)\n    time.sleep(1.0)\nfinal_step = step")
 KERNEL = """
 import sys, time, gpugeek_jupyter as gg
 gg.up('guarded', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
@@ -37,33 +42,38 @@ sys.stdin.readline()
 print('cell', gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(20)\\n6 * 7", workers=3).shown(),
       flush=True)
 sys.stdin.readline()
-began = time.monotonic()
-try:
-    gg.run("print('working', flush=True)\\nimport time\\ntime.sleep(600)", workers=3)
-except gg.GpugeekError as exc:
-    print(f'after {{time.monotonic() - began:.0f}} s: {{exc}}', flush=True)
+print('cell2', gg.run({step_cell!r}, workers=3, pull=['final_step']).pulled['final_step'], flush=True)
 time.sleep(600)
 """
 
 
 def _until(kernel, what: str, timeout: float) -> str:
-    """The kernel's next line of output that contains ``what`` (one line per print)."""
-    said, deadline = [], time.monotonic() + timeout
+    """The kernel's next line of output that contains ``what`` (one line per print); every line
+    read is kept (``_said``)."""
+    said, deadline = _said(kernel), time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = kernel.stdout.readline()
         if not line:        # the kernel ended
-            raise AssertionError(f"{said}\n{kernel.stderr.read()[-3000:]}")
+            raise AssertionError(f"{said[-30:]}\n{kernel.stderr.read()[-3000:]}")
         said.append(line.strip())
         if what in line:
             return line.strip()
-    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said}")
+    raise AssertionError(f"no {what!r} from the kernel within {timeout} s: {said[-30:]}")
 
 
-def test_a_cell_rides_out_a_blink_and_says_in_one_line_when_the_link_is_cut_for_good(lab, gpugeek_home):
+def _said(kernel) -> list[str]:
+    """Every line the kernel printed so far, as ``_until`` read them."""
+    if not hasattr(kernel, "said"):
+        kernel.said = []
+    return kernel.said
+
+
+def test_a_cell_rides_out_a_blink_and_goes_on_through_a_cut_past_the_clients_grace(lab, gpugeek_home):
     settings(gpugeek_home, meter_interval_s=INTERVAL_S)
     hosts = ",".join(f"root@{h.address}" for h in lab.hosts)
     kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL.format(hosts=hosts, key=str(lab.key), rate=RATE, index=lab.index_url)],
+        [sys.executable, "-c", KERNEL.format(hosts=hosts, key=str(lab.key), rate=RATE, index=lab.index_url,
+                                             step_cell=STEP_CELL.format(steps=STEPS))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     record = spec = None
@@ -85,18 +95,23 @@ def test_a_cell_rides_out_a_blink_and_says_in_one_line_when_the_link_is_cut_for_
         lab.reconnect_laptop()
         assert _until(kernel, "cell", 90) == "cell 42"
 
-        # cut for good, a running cell says so in one line, naming what still guards the cluster
+        # cut past Ray Client's grace: the job goes on on the hosts, the cell says so once, and it
+        # picks up when the link is back — every step shown, the pulled value the job's own
         kernel.stdin.write("\n")
         kernel.stdin.flush()
-        _until(kernel, "working", 60)
+        _until(kernel, "step 5", 90)
         lab.cut_laptop()
         try:
-            lost = _until(kernel, "after", LOST_WITHIN_S + 15)
-            print(f"\n{lost}")
-            assert "'guarded' does not answer from here" in lost and "run on its head" in lost, lost
-            assert int(lost.split()[1]) <= LOST_WITHIN_S
+            said = _until(kernel, "out of reach", LOST_WITHIN_S + 15)
+            print(f"\n{said}")
+            assert "the job goes on there" in said and "this cell picks up when it answers" in said, said
+            time.sleep(CUT_S)            # the cut itself: past the client's grace, nothing to poll for
         finally:
             lab.reconnect_laptop()
+        ended = _until(kernel, "cell2", STEPS + 120)
+        assert ended == f"cell2 {STEPS}", ended
+        shown = [int(line.split()[1]) for line in _said(kernel) if line.startswith("step ")]
+        assert shown == list(range(1, STEPS + 1)), f"the cell did not show every step: {shown}"
         kernel.send_signal(signal.SIGKILL)
         # back on the network: `down` from a terminal stops every host and the tunnel
         done = subprocess.run([sys.executable, "-m", "gpugeek_jupyter.cli", "down", "guarded", "--yes"],

@@ -1,0 +1,180 @@
+"""The cluster's jobs, whoever started them: ``jobs`` lists them from the cluster itself (each
+worker group's rank 0 keeps its last cells' journals), and ``attach`` shows one — its output from
+the start (or from the journal's bound), live while it runs — and returns its pulled variables
+once it ends. A kernel that died, or another one, finds its work this way."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import GpugeekError
+from ..kernel import connection, session
+from ..meter import ledger
+from . import away
+from . import jobs as running
+from .orphans import NAMESPACE, PREFIX, group_name
+from .results import Interrupted, Printer, RemoteError, Result
+
+READ_WAIT_S = 2.0     # rank 0 holds a read of a running job's journal this long for news
+
+
+def _names() -> list[str]:
+    """The names of every worker of every group on the cluster this kernel is connected to."""
+    import ray
+
+    return [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors(all_namespaces=True)
+            if (not isinstance(n, dict) or n.get("namespace") == NAMESPACE)
+            and (n["name"] if isinstance(n, dict) else n).startswith(PREFIX)]
+
+
+def _leads() -> dict[str, object]:
+    """Every worker group on the cluster this kernel is connected to: {group id: its rank 0}."""
+    import ray
+
+    leads = {}
+    for name in _names():
+        group_id, _, rank = name[len(PREFIX):].rpartition("/")
+        if rank == "0":
+            leads[group_id] = ray.get_actor(name, namespace=NAMESPACE)
+    return leads
+
+
+def jobs(name: str | None = None) -> list[dict]:
+    """The cluster's jobs, newest first: job id, name, state (running, finished, failed,
+    interrupted), step, when it began and ended, and whose kernel started it (host:pid)."""
+    import ray
+
+    record = session.live_cluster(name)
+    connection.connect(record)
+    rows = []
+    for group_id, lead in _leads().items():
+        try:
+            kept = ray.get(lead.jobs.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            continue               # a group going away as we ask
+        for job in kept:
+            rows.append({**job, "group": group_id})
+    _settle_ledger(record.id, rows)
+    usd = {row["job_id"]: row["usd"] for row in ledger.cost_table(record.id, by="job").to_dict("records")}
+    for row in rows:
+        row["usd"] = usd.get(row.get("id"))     # None: a job this machine's ledger never saw
+    return sorted(rows, key=lambda r: r.get("began") or 0, reverse=True)
+
+
+def _settle_ledger(cluster_id: int, rows: list[dict]) -> None:
+    """A job the ledger here still calls running (its kernel died before it could say) that the
+    cluster says has ended: ended in the ledger too, at the cluster's moment — its $ and the
+    idle clock then stop there."""
+    for row in rows:
+        if row.get("id") and row["state"] != "running" and ledger.job_status(cluster_id, row["id"]) == "running":
+            ledger.job_ended(cluster_id, row["id"], row["state"], at=row.get("ended"))
+
+
+def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = False) -> Result:
+    """Show job ``job_id``'s output from its start (or from the journal's bound), follow it while
+    it runs, and return its ``Result`` (value, pulled variables) once it ends. ``adopt``: this
+    kernel then takes the job's group over (``jobs.adopt``), whether the job succeeded or failed.
+    ``watch`` makes what watches it, as for ``run`` (the notebook's job monitor, the whole curve)."""
+    import ray
+
+    record = session.live_cluster(name)
+    connection.connect(record)
+    found = None
+    for group_id, lead in _leads().items():
+        try:
+            kept = ray.get(lead.jobs.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            continue
+        found = next(((group_id, lead, job) for job in kept if job.get("id") == job_id), found)
+    if found is None:
+        raise GpugeekError(f"no job {job_id!r} on {record.name!r} — `%gpugeek jobs` lists the ones its worker "
+                           f"groups keep (the last few cells of each)")
+    group_id, lead, job = found
+    if adopt:       # refused before the output, not after, when its kernel still runs here
+        running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
+    watcher = running.Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
+                                    workers=len(_names_of(group_id)), simulated=record.simulated)
+                              if watch else None)
+    status = "failed"
+    try:
+        result = _follow(record, group_id, lead, job, watcher.update)
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        _interrupt(group_id, job["cell"])
+        raise Interrupted(f"job {job_id!r} interrupted on every worker") from None
+    except RemoteError:
+        if adopt:
+            _adopt(group_id, job_id)
+        raise
+    finally:
+        watcher.finish(status)
+    if adopt:
+        _adopt(group_id, job_id)
+    return result
+
+
+def _names_of(group_id: str) -> list[str]:
+    return [n for n in _names() if n.startswith(group_name(group_id) + "/")]
+
+
+def _adopt(group_id: str, job_id: str) -> None:
+    running.adopt(group_id)
+    print(f"note: this kernel's cells now run on job {job_id!r}'s worker group, with its variables", flush=True)
+
+
+def _interrupt(group_id: str, cell_id: int) -> None:
+    """The stop button, from a kernel that attached: every rank of the job's group interrupted,
+    as its own kernel's stop button does."""
+    import ray
+
+    for name in _names_of(group_id):
+        try:
+            ray.get_actor(name, namespace=NAMESPACE).interrupt.remote(cell_id)
+        except ValueError:          # gone meanwhile
+            continue
+
+
+def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
+    import ray
+
+    began = time.perf_counter()
+    printer, cursor = Printer(all_ranks=False), 0
+    while True:
+        try:
+            drained = ray.get(lead.journal.remote(job["cell"], cursor, READ_WAIT_S), timeout=READ_WAIT_S + 20)
+        except away.link_errors():
+            connection.rejoin(record)
+            lead = ray.get_actor(group_name(group_id, 0), namespace=NAMESPACE)
+            continue
+        if drained is None:
+            raise GpugeekError(f"job {job['id']!r}'s journal is no longer kept on the cluster")
+        if drained["dropped"]:
+            print(f"[{drained['dropped']} earlier drains were dropped: the journal keeps the latest output]")
+        for rank in sorted(drained["ranks"]):
+            printer.show(rank, drained["ranks"][rank]["output"])
+            if drained["ranks"][rank]["samples"]:
+                on_samples(drained["ranks"][rank]["samples"])
+        cursor = drained["next"]
+        if drained["outcome"] is not None:
+            return _result(drained["outcome"], printer, on_samples, time.perf_counter() - began)
+
+
+def _result(outcome: dict, printer: Printer, on_samples, seconds: float) -> Result:
+    """The ended job's outcome as ``run`` gives it back (the ranks' last output and reports shown):
+    its failure raised, else its value and pulls."""
+    from ray import cloudpickle
+
+    results = outcome["results"]
+    for rank in sorted(results):
+        printer.show(rank, results[rank].get("output", ""))
+        if results[rank].get("samples"):
+            on_samples(results[rank]["samples"])
+    failed = outcome.get("failed")
+    if failed is not None:
+        raise RemoteError(failed, results[failed]["error"], memory=results[failed].get("memory"))
+    if outcome.get("dead") is not None:
+        raise GpugeekError(f"the job's rank {outcome['dead']} died before it ended")
+    first = results.get(0, {})
+    return Result(value=first.get("value"),
+                  pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {}, seconds=seconds)

@@ -1,0 +1,79 @@
+"""A cell whose cluster went out of reach: the job goes on there, and the cell picks up when the
+cluster answers again (the workers are detached, and rank 0 keeps the cell's journal)."""
+
+from __future__ import annotations
+
+import time
+
+from ..config import settings
+from ..errors import GpugeekError
+from ..kernel import connection
+from . import progress
+from .results import Interrupted
+from .sending import WorkerDied
+
+REJOIN_EVERY_S = 5.0     # a cell whose cluster is out of reach asks it again this often
+DRAIN_WAIT_S = 2.0       # how long rank 0 holds a read of the journal for news
+
+
+def link_errors() -> tuple:
+    """What a Ray Client raises once its link to the cluster is gone."""
+    import grpc
+
+    return ConnectionError, grpc.RpcError
+
+
+def link_lost(group, exc: BaseException) -> bool:
+    """Whether ``exc``, raised under a running cell, is the link to a remote cluster going down
+    (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client that can
+    connect again, and the error is a link's, or the client is no longer steady."""
+    from .results import RemoteError
+
+    if not group.led or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
+        return False
+    return isinstance(exc, link_errors()) or not connection.steady()
+
+
+def ride_out(group, cell_id: int, printer, on_samples) -> dict:
+    """The link to the cluster went down under a running cell: the job goes on there (its
+    workers are detached, rank 0 keeps its journal). Said once; then this kernel connects
+    again every ``REJOIN_EVERY_S``, finds its workers by name, reads the journal from where
+    it was, and returns the cell's outcome once it ended. The stop button still stops it."""
+    import ray
+
+    step = group.last_step
+    print(f"\nthe cluster is out of reach; the job goes on there{f' (step {step})' if step is not None else ''}"
+          " — this cell picks up when it answers", flush=True)
+    gone_at = time.monotonic()
+    give_up = settings().unreachable_after_s
+    while True:
+        if time.monotonic() - gone_at > give_up:
+            job = group.job or {}
+            raise GpugeekError(f"the cluster has not answered for {give_up / 60:.0f} min "
+                               f"({getattr(group, 'last_trouble', 'no answer')}) — the job may go on there: "
+                               f"`%gpugeek attach {job.get('id', 'JOB')}` follows it once the cluster answers")
+        try:
+            connection.check_stop()
+            group.rejoin()
+            if not group.refind():
+                raise WorkerDied(0, "its workers were gone when the cluster answered again")
+            drained = ray.get(group.workers[0].journal.remote(cell_id, group.cursor, DRAIN_WAIT_S),
+                              timeout=DRAIN_WAIT_S + progress.ANSWER_WITHIN_S)
+            gone_at = time.monotonic()
+            if drained is None:
+                raise WorkerDied(0, "rank 0 no longer keeps this cell's journal")
+            group.show(drained, printer, on_samples)
+            if drained["outcome"] is not None:
+                return drained["outcome"]
+            continue
+        except KeyboardInterrupt:
+            if group.connected() and group.workers:
+                for worker in group.workers:
+                    worker.interrupt.remote(cell_id)
+            raise Interrupted(f"interrupted on all {len(group.workers)} workers") from None
+        except (WorkerDied, connection.StoppedElsewhere):
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - out of reach: the tunnel, the client, the head
+            group.last_trouble = f"{type(exc).__name__}: {exc}"    # asked again; named if it never answers
+        time.sleep(REJOIN_EVERY_S)     # the link is down: nothing to poll but the link itself
+

@@ -1,0 +1,114 @@
+"""The lid closed on a running job: a cell on the lab's three hosts, then its kernel SIGSTOPped (as
+a sleeping laptop's is) and the laptop's link cut for 120 s — past Ray Client's 30 s grace. The
+job goes on on the hosts (its workers belong to the cluster), and once the kernel wakes and the
+link is back, the same cell picks up: it shows what it missed and ends with the same pulled
+values as a run nobody interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import pairwise
+
+import pytest
+from cluster_processes import kernel_line, settings
+
+from gpugeek_jupyter.cluster import registry
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.environ.get("GPUGEEK_LID"), reason="the lid closed for two minutes takes five: `make lid` runs it "
+    "(make test rides out a 45 s cut in test_head_guard.py)")]
+
+STEPS = 150
+PAUSE_S = 1.0          # a step's pause: the job takes STEPS × PAUSE_S
+ASLEEP_S = 120.0       # the kernel stopped and the link cut this long
+GAP_LIMIT_S = 5.0      # no gap between two steps on the hosts longer than this
+CELL = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = gg.prepare(model, optimizer)
+data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range({steps})]
+for batch in gg.steps(data):
+    loss = model(batch).pow(2).mean()
+    gg.backward(loss)
+    gg.log(loss=loss.item())
+    if rank == 0:
+        with open({log!r}, "a") as f:
+            f.write(f"{{gg.step}} {{time.time()}}\\n")
+        print("step", gg.step, flush=True)
+    time.sleep({pause})
+final_step = gg.step
+weights = [p.detach().clone() for p in model.parameters()]
+"""
+KERNEL = """
+import sys, time, torch, gpugeek_jupyter as gg
+gg.up('lid', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour=3.6,
+      pip_index_url={index!r})
+plain = gg.run({plain!r}, workers=3, pull=['final_step', 'weights'])
+print('up-done', flush=True)
+began = time.time()
+run = gg.run({cell!r}, workers=3, pull=['final_step', 'weights'])
+print('ended', time.time() - began, flush=True)
+same = run.pulled['final_step'] == plain.pulled['final_step'] and all(
+    torch.equal(a, b) for a, b in zip(run.pulled['weights'], plain.pulled['weights']))
+print('pulled', run.pulled['final_step'], 'same' if same else 'DIFFERENT', flush=True)
+"""
+
+
+@pytest.mark.timeout(900)
+def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(lab, gpugeek_home):
+    settings(gpugeek_home, meter_interval_s=1.0)
+    hosts = ",".join(f"root@{h.address}" for h in lab.hosts)
+    log = "/tmp/gpugeek-lid-steps.log"
+    for host in lab.hosts:
+        host.file(log).unlink(missing_ok=True)
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL.format(
+            hosts=hosts, key=str(lab.key), index=lab.index_url,
+            plain=CELL.format(steps=STEPS, log="/dev/null", pause=0), cell=CELL.format(steps=STEPS, log=log,
+                                                                                      pause=PAUSE_S))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+    said: list[str] = []
+    try:
+        kernel_line(kernel, "up-done", 300, said)
+        kernel_line(kernel, "step 20", 60, said)
+        kernel.send_signal(signal.SIGSTOP)        # the lid closes: the laptop sleeps, then its network goes
+        lab.cut_laptop()
+        asleep = time.monotonic()
+        try:
+            time.sleep(ASLEEP_S)                  # the lid stays closed this long: nothing to poll for
+        finally:
+            lab.reconnect_laptop()
+            kernel.send_signal(signal.SIGCONT)
+        print(f"\nthe kernel slept and the link was cut for {time.monotonic() - asleep:.0f} s")
+        ended = kernel_line(kernel, "ended", STEPS * PAUSE_S + 180, said)
+        pulled = kernel_line(kernel, "pulled", 60, said)
+        print("\n".join(line for line in said if not line.startswith("step ")))
+        assert pulled == f"pulled {STEPS} same", pulled
+        written = next(h.file(log) for h in lab.hosts if h.file(log).exists())     # rank 0's host
+        steps = [(int(a), float(b)) for a, b in (line.split() for line in written.read_text().splitlines())]
+        numbers = [s for s, _ in steps]
+        assert numbers == list(range(1, STEPS + 1)), "steps were repeated or skipped: a resume, or a lost stretch"
+        gaps = [b - a for (_, a), (_, b) in pairwise(steps)]
+        print(f"{ended}; the longest gap between two steps on the hosts: {max(gaps):.2f} s")
+        assert max(gaps) <= GAP_LIMIT_S, f"the job stalled on the hosts for {max(gaps):.1f} s"
+        after = said[said.index("up-done") + 1:]            # the uncut run before it printed its steps too
+        shown = [int(line.split()[1]) for line in after if line.startswith("step ")]
+        assert shown == list(range(1, STEPS + 1)), "the cell did not show every step (the missed ones included)"
+        assert any("out of reach; the job goes on there" in line for line in said), said
+    finally:
+        if kernel.poll() is None:
+            kernel.send_signal(signal.SIGCONT)
+            kernel.kill()
+        kernel.wait(10)
+        if registry.live("lid") is not None:
+            lab.reconnect_laptop()
+            import gpugeek_jupyter as gg
+            gg.down("lid")
+

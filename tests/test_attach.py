@@ -1,0 +1,153 @@
+"""A job belongs to the cluster, not to the kernel that started it: a kernel SIGKILLed mid-job, the
+job finishes on the cluster; a new kernel lists it (``jobs``) and follows it (``attach``): its
+output from the start and its pulled variables, equal to those of a run nobody interrupted. The
+same on a local and a ``sim`` cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster_processes import new_kernel, wait_until
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+CELL = f"""
+import time, torch
+torch.manual_seed(0)
+w = torch.zeros(3)
+for step in range(1, {STEPS} + 1):
+    w += torch.arange(3.0) * step
+    gg.log(loss=float(w.sum()))
+    print("step", step, flush=True)
+    time.sleep(PAUSE)
+final = w.tolist()
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "sim"])
+def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend):
+    up = f"gg.up('held', backend={backend!r}" + (", gpu='A100', count=1)" if backend == "sim" else ")")
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", f"import gpugeek_jupyter as gg\n{up}\nprint('up-done', flush=True)\n"
+                               f"gg.run({CELL.replace('PAUSE', '0.5')!r}, workers=2, pull=['final'], name='held')\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        said = []
+        while not any("step 3" in line for line in said):
+            line = kernel.stdout.readline()
+            assert line, kernel.stderr.read()[-3000:]
+            said.append(line)
+        kernel.send_signal(signal.SIGKILL)       # mid-job: the kernel is gone, its job is not
+        kernel.wait(10)
+        record = registry.live("held")
+        listed = new_kernel("import gpugeek_jupyter as gg\nprint(gg.jobs('held').to_json(orient='records'))",
+                            gpugeek_home)
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        row = json.loads(listed.stdout.strip().splitlines()[-1])[0]
+        assert row["name"] == "held" and row["state"] == "running", row
+        wait_until(lambda: json.loads(new_kernel(
+            "import gpugeek_jupyter as gg\nprint(gg.jobs('held').to_json(orient='records'))",
+            gpugeek_home).stdout.strip().splitlines()[-1])[0]["state"] == "finished", 60, "the job to finish")
+        attached = new_kernel(
+            "import gpugeek_jupyter as gg\nfrom gpugeek_jupyter.workers import attach\nseen = []\n"
+            "class Monitor:\n    def __init__(self, **job): pass\n"
+            "    def update(self, samples): seen.extend(samples)\n"
+            "    def finish(self, status): print('monitor', status, flush=True)\n"
+            f"r = attach.attach({row['job']!r}, 'held', adopt=True, watch=Monitor)\n"
+            "print('pulled', r.pulled['final'])\n"
+            "print('curve', sorted(s['rank'] for s in seen for _ in s.get('logged', {}).get('loss', [])))\n"
+            # the adopted group runs this kernel's next cell: the dead kernel's variables are there
+            "print('kept', gg.run('(step, w.tolist())', workers=2).shown())\n"
+            "print(gg.jobs('held').to_json(orient='records'))", gpugeek_home)
+        assert attached.returncode == 0, attached.stderr[-3000:]
+        out = attached.stdout.splitlines()
+        assert [int(x.split()[1]) for x in out if x.startswith("step ")] == list(range(1, STEPS + 1)), out
+        plain = gg.run(CELL.replace("PAUSE", "0"), workers=1, pull=["final"])
+        assert next(x for x in out if x.startswith("pulled")) == f"pulled {plain.pulled['final']}"
+        assert f"note: this kernel's cells now run on job {row['job']!r}'s worker group, with its variables" in out
+        assert next(x for x in out if x.startswith("kept")) == f"kept ({STEPS}, {plain.pulled['final']})"
+        # the monitor had the whole curve, from before this kernel came: every step of both ranks
+        assert "monitor finished" in out
+        assert next(x for x in out if x.startswith("curve")) == f"curve {[0] * STEPS + [1] * STEPS}"
+        # the ledger here says the job ended when the cluster says it did: its $ stop there
+        job = next(j for j in ledger.jobs_of(record.id) if j["job_id"] == row["job"])
+        assert job["status"] == "finished" and job["ended"] is not None
+        assert job["ended"] <= time.time()
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+        if registry.live("held") is not None:
+            gg.down("held")
+
+
+LONG = """
+import time
+for step in range(1, 2001):
+    print("step", step, flush=True)
+    time.sleep(0.1)
+"""
+STOPPED_WITHIN_S = 3.0
+
+
+def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_that_attached(gpugeek_home):
+    """SIGINT is the stop button of a kernel process. Timed from the signal to the moment the
+    cluster's own list (``jobs``, read by this process) calls the job interrupted."""
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", "import gpugeek_jupyter as gg\ngg.up('intr')\n"
+                               f"for name in ('first', 'second'):\n"
+                               f"    try:\n        gg.run({LONG!r}, workers=2, name=name)\n"
+                               f"    except Exception as exc:\n        print('said', name, exc, flush=True)\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    attached = None
+    try:
+        def running(name: str, after: int, behind: str | None = None) -> dict:
+            while True:                 # (the steps of a cell before ``behind`` do not count)
+                line = kernel.stdout.readline()
+                assert line, kernel.stderr.read()[-3000:]
+                behind = None if behind is not None and line.startswith(behind) else behind
+                if behind is None and line.startswith("step ") and int(line.split()[1]) >= after:
+                    break
+            return next(j for j in gg.jobs("intr").to_dict("records") if j["name"] == name)
+
+        def stopped_after(job: dict, signalled: float) -> float:
+            wait_until(lambda: next(j for j in gg.jobs("intr").to_dict("records")
+                                    if j["job"] == job["job"])["state"] != "running", 10, "the job to stop")
+            return time.monotonic() - signalled
+
+        first = running("first", 3)
+        signalled = time.monotonic()
+        kernel.send_signal(signal.SIGINT)
+        from_own = stopped_after(first, signalled)
+        second = running("second", 3, behind="said first")
+        attached = subprocess.Popen(
+            [sys.executable, "-c", f"import gpugeek_jupyter as gg\ngg.attach({second['job']!r}, 'intr')\n"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        while not attached.stdout.readline().startswith("step "):
+            pass                                   # it follows the job now
+        signalled = time.monotonic()
+        attached.send_signal(signal.SIGINT)
+        from_attached = stopped_after(second, signalled)
+        states = {j["name"]: j["state"] for j in gg.jobs("intr").to_dict("records")}
+        print(f"interrupt → stopped: {from_own:.2f} s from its kernel, {from_attached:.2f} s from an attached one")
+        assert states == {"first": "interrupted", "second": "interrupted"}, states
+        assert from_own <= STOPPED_WITHIN_S and from_attached <= STOPPED_WITHIN_S, (from_own, from_attached)
+        assert "Interrupted" in attached.communicate(timeout=30)[1]
+        said = kernel.communicate(timeout=30)[0]      # ("said first" was read on the way to the second)
+        assert "said second interrupted" in said, said
+    finally:
+        for proc in (kernel, attached):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        if registry.live("intr") is not None:
+            gg.down("intr")

@@ -1,0 +1,95 @@
+"""Rank 0's journal of a cell, alone (no Ray): a reader from any cursor gets what it missed, in
+order; the bound drops the oldest drains and says how many; the keeper drains while nobody reads
+and tells the watchdogs; a drain that comes before its cell is kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpugeek_jupyter.workers import journal
+from gpugeek_jupyter.workers.journal import Journal, Journals, Keeper
+
+
+def _drain(text: str, step: int | None = None, rank: int = 0) -> dict:
+    samples = [{"rank": rank, "step": step}] if step is not None else []
+    return {"ranks": {rank: {"output": text, "samples": samples}}, "nodes": [], "running": True}
+
+
+def test_a_reader_from_any_cursor_gets_what_it_missed_in_order():
+    kept = Journal(1, {"id": "j1", "name": "train"})
+    for i in range(5):
+        kept.add(_drain(f"line {i}\n", step=i, rank=i % 2))
+    kept.add(_drain(""))                          # nothing in it: not an entry
+    first = kept.since(0)
+    assert first["next"] == 5 and first["dropped"] == 0 and first["running"] and first["step"] == 4
+    assert first["ranks"][0]["output"] == "line 0\nline 2\nline 4\n"
+    assert first["ranks"][1]["output"] == "line 1\nline 3\n"
+    later = kept.since(3)
+    assert later["ranks"][1]["output"] == "line 3\n" and later["ranks"][0]["output"] == "line 4\n"
+    kept.end({"results": {0: {"ok": True}}, "failed": None, "dead": None, "stuck": []})
+    done = kept.since(5)
+    assert not done["running"] and done["outcome"]["results"][0]["ok"] and kept.state == "finished"
+    assert done["ranks"] == {}
+
+
+def test_the_bound_drops_the_oldest_and_says_how_many(monkeypatch):
+    monkeypatch.setattr(journal, "BOUND_BYTES", 1000)
+    kept = Journal(1)
+    for i in range(10):
+        kept.add(_drain(f"{i}" * 300))
+    read = kept.since(0)
+    assert read["dropped"] == 7 and read["ranks"][0]["output"] == "7" * 300 + "8" * 300 + "9" * 300
+    assert kept.since(8)["dropped"] == 0
+
+
+def test_a_held_read_wakes_on_news_and_on_the_end():
+    kept = Journal(1)
+    threading.Timer(0.2, lambda: kept.add(_drain("late\n"))).start()
+    began = time.monotonic()
+    read = kept.since(0, wait_s=5)
+    assert read["ranks"][0]["output"] == "late\n" and time.monotonic() - began < 2
+    threading.Timer(0.2, lambda: kept.end({"results": {}, "failed": None, "dead": None, "stuck": []})).start()
+    assert kept.since(1, wait_s=5)["outcome"] is not None
+
+
+def test_the_keeper_drains_while_nobody_reads_and_tells_that_the_job_works(monkeypatch):
+    monkeypatch.setattr(journal, "KEEP_EVERY_S", 0.2)
+    kept = Journal(1, {"id": "j1", "name": "train"})
+    told = []
+    drains = iter(range(1000))
+    keeper = Keeper(kept, lambda: kept.add(_drain(f"{next(drains)}\n", step=3)), report=lambda j: told.append(
+        journal.told(j)))
+    deadline = time.monotonic() + 5
+    while kept.next < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)          # the keeper's own pace: polled
+    assert kept.next >= 3, "the keeper did not drain while nobody read"
+    keeper.stop()
+    assert told and told[-1]["running"] is True and told[-1]["job"] == "j1" and told[-1]["step"] == 3
+
+
+def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
+    """The watchdogs start the idle clock at a job's end: the last word they get must say it ended."""
+    from gpugeek_jupyter.workers.worker import Worker
+
+    told = []
+    monkeypatch.setattr(journal, "tell_watchdogs", lambda kept: told.append(journal.told(kept)))
+    worker = Worker()
+    worker._journaled(1, {"id": "j1", "name": "train"}, lambda: {"ok": True},
+                      lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
+    assert told[-1]["running"] is False and told[-1]["state"] == "finished" and told[-1]["ended"] is not None
+    # the last step is in the ranks' last reports, which come with the outcome, not a drain
+    worker._journaled(2, {"id": "j2"}, lambda: {"ok": True, "samples": [{"rank": 0, "step": 40}]},
+                      lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
+    assert told[-1]["job"] == "j2" and told[-1]["step"] == 40
+
+
+def test_a_drain_before_its_cell_is_kept_and_old_cells_go():
+    kept = Journals()
+    early = kept.open(1)
+    early.add(_drain("before the cell\n"))
+    assert kept.open(1, {"id": "j1"}) is early and early.job == {"id": "j1"}
+    for cell in range(2, 2 + journal.CELLS_KEPT):
+        kept.open(cell)
+    assert kept.get(1) is None and kept.get().cell_id == 1 + journal.CELLS_KEPT
+    assert [s["cell"] for s in kept.summaries()] == list(range(2, 2 + journal.CELLS_KEPT))

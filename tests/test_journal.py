@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
+from cluster_processes import wait_until
+
 from gpugeek_jupyter.workers import journal
 from gpugeek_jupyter.workers.journal import Journal, Journals, Keeper
 
@@ -58,14 +60,18 @@ def test_the_keeper_drains_while_nobody_reads_and_tells_that_the_job_works(monke
     kept = Journal(1, {"id": "j1", "name": "train"})
     told = []
     drains = iter(range(1000))
-    keeper = Keeper(kept, lambda: kept.add(_drain(f"{next(drains)}\n", step=3)), report=lambda j: told.append(
+    keeper = Keeper(lambda k: k.add(_drain(f"{next(drains)}\n", step=3)), report=lambda j: told.append(
         journal.told(j)))
+    keeper.keep(kept)
     deadline = time.monotonic() + 5
     while kept.next < 3 and time.monotonic() < deadline:
         time.sleep(0.05)          # the keeper's own pace: polled
     assert kept.next >= 3, "the keeper did not drain while nobody read"
-    keeper.stop()
+    keeper.release(kept)
+    drained = kept.next
     assert told and told[-1]["running"] is True and told[-1]["job"] == "j1" and told[-1]["step"] == 3
+    time.sleep(3 * journal.KEEP_EVERY_S)     # nothing to poll for: no drain may come after the release
+    assert kept.next == drained
 
 
 def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
@@ -77,11 +83,12 @@ def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
     worker = Worker()
     worker._journaled(1, {"id": "j1", "name": "train"}, lambda: {"ok": True},
                       lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
-    assert told[-1]["running"] is False and told[-1]["state"] == "finished" and told[-1]["ended"] is not None
+    last = wait_until(lambda: told and told[-1]["job"] == "j1" and told[-1], 5, "the end told (off the cell's path)")
+    assert last["running"] is False and last["state"] == "finished" and last["ended"] is not None
     # the last step is in the ranks' last reports, which come with the outcome, not a drain
     worker._journaled(2, {"id": "j2"}, lambda: {"ok": True, "samples": [{"rank": 0, "step": 40}]},
                       lambda result: {"results": {0: result}, "failed": None, "dead": None, "stuck": []})
-    assert told[-1]["job"] == "j2" and told[-1]["step"] == 40
+    assert wait_until(lambda: told[-1]["job"] == "j2" and told[-1], 5, "the second end told")["step"] == 40
 
 
 def test_a_drain_before_its_cell_is_kept_and_old_cells_go():

@@ -13,6 +13,7 @@ told how many were dropped. The last ``CELLS_KEPT`` cells' journals are kept.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 
@@ -150,30 +151,55 @@ class Journals:
 
 
 class Keeper:
-    """While a cell runs, drains into its journal whenever the notebook has not read for
-    ``KEEP_EVERY_S``: the ranks' output and reports are kept on rank 0, not left to pile up in
-    their outboxes, and the journal stays current for a kernel that comes back. It also tells the
-    cluster's watchdogs that the job works (``report``), so that no idle clock runs while it does."""
+    """Rank 0's keeper, one for its life (no thread started per cell: the hot path stays as it
+    was). While a cell runs it drains into the cell's journal whenever the notebook has not read
+    for ``KEEP_EVERY_S`` — the ranks' output and reports are kept on rank 0, not left to pile up
+    in their outboxes — and tells the cluster's watchdogs that the job works (``report``), so that
+    no idle clock runs while it does. What a cell's end leaves to do (telling the watchdogs,
+    waiting for the other ranks' last results) runs on a second thread, off the cell's path."""
 
-    def __init__(self, journal: Journal, drain, report=None):
-        self.journal, self.drain, self.report = journal, drain, report
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True)
-        self._thread.start()
+    def __init__(self, drain, report=None):
+        self.drain, self.report = drain, report
+        self.current: Journal | None = None
+        self._lock = threading.Lock()          # a drain in progress: a cell's release waits for it
+        self._told_at = 0.0
+        self._later: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True).start()
+        threading.Thread(target=self._run_later, name="gpugeek-journal-end", daemon=True).start()
+
+    def keep(self, journal: Journal) -> None:
+        with self._lock:
+            self.current, self._told_at = journal, 0.0
+
+    def release(self, journal: Journal) -> None:
+        """No more drains into ``journal``: its cell ended."""
+        with self._lock:
+            if self.current is journal:
+                self.current = None
+
+    def later(self, work) -> None:
+        self._later.put(work)
 
     def _keep(self) -> None:
-        told = 0.0
-        while not self._done.wait(KEEP_EVERY_S / 2):
-            if self.journal.unread_for(KEEP_EVERY_S):
-                self.drain()
-            if self.report is not None and time.monotonic() - told >= KEEP_EVERY_S:
-                self.report(self.journal)
-                told = time.monotonic()
+        while True:
+            time.sleep(KEEP_EVERY_S / 2)
+            with self._lock:
+                kept = self.current
+                if kept is None:
+                    continue
+                if kept.unread_for(KEEP_EVERY_S):
+                    self.drain(kept)
+                if self.report is not None and time.monotonic() - self._told_at >= KEEP_EVERY_S:
+                    self.report(kept)
+                    self._told_at = time.monotonic()
 
-    def stop(self) -> None:
-        """No more drains or reports; whoever ends the journal tells its end (``tell_watchdogs``)."""
-        self._done.set()
-        self._thread.join(timeout=KEEP_EVERY_S)
+    def _run_later(self) -> None:
+        while True:
+            work = self._later.get()
+            try:
+                work()
+            except Exception:  # noqa: BLE001 - a journal's end must not stop the next one's
+                pass
 
 
 def _steps(ranks) -> list[int]:

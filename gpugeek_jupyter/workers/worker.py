@@ -51,6 +51,7 @@ class Worker:
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
         self._ended = journal.Ended()      # this rank's last results, for rank 0's journal
+        self._keeper: journal.Keeper | None = None   # rank 0: drains its journals while nobody reads
         self.ns: dict = {}
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
@@ -251,25 +252,27 @@ class Worker:
             self._outbox.end(lead=True)
 
     def _journaled(self, cell_id: int, job: dict, run, outcome_of, peers_too: bool = False) -> dict:
-        """``run()`` with the cell's journal open and its keeper draining while nobody reads;
-        the journal ends with ``outcome_of(run's result)`` — and with the other ranks' results,
-        read on a thread of its own, for a cell the notebook sent to every rank (``peers_too``)."""
+        """``run()`` with the cell's journal open and rank 0's keeper draining it while nobody
+        reads; the journal ends with ``outcome_of(run's result)`` — and, for a cell the notebook
+        sent to every rank (``peers_too``), with the other ranks' results, read off the cell's path."""
         kept = self._journals.open(cell_id, job)
-        keeper = journal.Keeper(kept, lambda: kept.add(self._gather(None)), report=journal.tell_watchdogs)
+        if self._keeper is None:
+            self._keeper = journal.Keeper(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
+        self._keeper.keep(kept)
         outcome = None
         try:
             result = run()
             outcome = outcome_of(result)
             return result
         finally:
-            keeper.stop()
+            self._keeper.release(kept)
             outcome = outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []}
             if peers_too and self._peers:
-                threading.Thread(target=journal.end_with_peers, args=(kept, outcome, self._peers, self.judge),
-                                 name="journal-end", daemon=True).start()
+                peers = self._peers
+                self._keeper.later(lambda: journal.end_with_peers(kept, outcome, peers, self.judge))
             else:
                 kept.end(outcome)
-                journal.tell_watchdogs(kept)          # its end, once: the idle clock starts there
+                self._keeper.later(lambda: journal.tell_watchdogs(kept))   # its end: the idle clock starts there
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray

@@ -37,7 +37,7 @@ class ClusterJobs:
                 if now - self._steps[key][1] <= STALLED_AFTER_S:
                     working = f"job {job.get('name')!r} working on the cluster" + \
                         (f" (step {step})" if step is not None else "")
-            elif job.get("ended"):
+            elif job.get("ended") and job.get("state") != "preempted":    # a preempted job resumes elsewhere
                 ended = max(ended or 0.0, job["ended"])
                 self._ended(job)
         return working, ended
@@ -47,7 +47,8 @@ class ClusterJobs:
         if mark in self._said:
             return
         self._said.add(mark)
-        if job.get("job") and ledger.job_status(self.cluster_id, job["job"]) == "running":
+        if job.get("job") and ledger.job_status(self.cluster_id, job["job"]) == "running" \
+                and not _kernel_alive(job.get("kernel")):    # a live kernel closes its own job (it may run again)
             ledger.job_ended(self.cluster_id, job["job"], job.get("state") or "finished", at=job["ended"])
         if not any(e.get("options") and f'"{job.get("job")}"' in e["options"]
                    for e in ledger.events(self.cluster_id, "job-ended")):
@@ -55,3 +56,13 @@ class ClusterJobs:
                          f"job {job.get('name')!r} {job.get('state') or 'ended'} on the cluster at "
                          f"{clock(job['ended'])} (step {job.get('step')}): the idle clock starts there",
                          at=job["ended"], options={"job": job.get("job"), "state": job.get("state")})
+
+
+def _kernel_alive(kernel: str | None) -> bool:
+    """Whether the kernel that ran a job (host:pid) still runs on this machine."""
+    import socket
+
+    import psutil
+
+    host, _, pid = (kernel or "").partition(":")
+    return host == socket.gethostname() and pid.isdigit() and psutil.pid_exists(int(pid))

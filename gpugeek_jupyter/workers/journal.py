@@ -90,11 +90,13 @@ class Journal:
 
     @property
     def state(self) -> str:
-        """running, finished, failed or interrupted."""
+        """running, finished, failed, interrupted, or preempted (its job resumes on other nodes)."""
         outcome = self.outcome
         if outcome is None:
             return "running"
         results = outcome.get("results", {})
+        if any(r.get("type") == "Preempted" for r in results.values()):
+            return "preempted"
         if any(r.get("interrupted") for r in results.values()):
             return "interrupted"
         return "failed" if outcome.get("failed") is not None or outcome.get("dead") is not None else "finished"
@@ -210,7 +212,8 @@ def _steps(ranks) -> list[int]:
 def told(journal: Journal) -> dict:
     """What the watchdogs read of a job (``raynodes.kv_all(JOB_PREFIX)``)."""
     return {"at": time.time(), "every": KEEP_EVERY_S, "job": journal.job.get("id"),
-            "name": journal.job.get("name"), "running": journal.outcome is None, "step": journal.step,
+            "name": journal.job.get("name"), "kernel": journal.job.get("kernel"),
+            "running": journal.outcome is None, "step": journal.step,
             "began": journal.began, "ended": journal.ended, "state": journal.state}
 
 

@@ -47,15 +47,19 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
     groups' reservations (``raynodes.held_by_placement_groups``: warm worker groups between
     cells) — a request to the GCS, made only when no job runs. ``working``: why the cluster says
     a job of its own works (its step moved lately: ``guard/clusterjobs.py``), whichever kernel
-    started it; ``job_ended``: when the cluster's jobs last ended (no idle clock before that)."""
+    started it — it decides where no notebook's readings can (the laptop away, its kernel dead),
+    so a stalled loop under a live notebook is still seen stalled; ``job_ended``: when the cluster's jobs last ended (no idle clock before that)."""
     now = time.time() if now is None else now
-    if working:
-        return Idleness(None, working)
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:
         name, started = max(jobs.items(), key=lambda item: item[1])
         read = (readings or Readings(cluster_id)).update(started)
         idleness = _job(name, started, read, window_s, notebook, now)
+        if working and idleness.since is not None and not notebook:
+            # the readings come in with a notebook's drains: without one, the cluster's own word
+            return Idleness(None, working)
+    elif working:
+        return Idleness(None, working)
     else:
         only_groups = held()
         idleness = _no_job(cluster_id, nodes, None if ray_worked and not only_groups else previous, only_groups, now,

@@ -48,7 +48,8 @@ def judge(cluster_id: int, nodes: Iterable[RayNode], previous: float | None, win
     cells) — a request to the GCS, made only when no job runs. ``working``: why the cluster says
     a job of its own works (its step moved lately: ``guard/clusterjobs.py``), whichever kernel
     started it — it decides where no notebook's readings can (the laptop away, its kernel dead),
-    so a stalled loop under a live notebook is still seen stalled; ``job_ended``: when the cluster's jobs last ended (no idle clock before that)."""
+    so a stalled loop under a live notebook is still seen stalled; ``job_ended``: when the
+    cluster's jobs last ended (no idle clock before that)."""
     now = time.time() if now is None else now
     jobs = ledger.running_job_starts(cluster_id)
     if jobs:

@@ -17,7 +17,9 @@ from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.workers import group, orphans
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +38,7 @@ final = w.tolist()
 
 
 @pytest.mark.parametrize("backend", ["local", "sim"])
-def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend):
+def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend, monkeypatch):
     up = f"gg.up('held', backend={backend!r}" + (", gpu='A100', count=1)" if backend == "sim" else ")")
     kernel = subprocess.Popen(
         [sys.executable, "-c", f"import gpugeek_jupyter as gg\n{up}\nprint('up-done', flush=True)\n"
@@ -74,6 +76,7 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
         assert attached.returncode == 0, attached.stderr[-3000:]
         out = attached.stdout.splitlines()
         assert [int(x.split()[1]) for x in out if x.startswith("step ")] == list(range(1, STEPS + 1)), out
+        monkeypatch.setattr(orphans, "UNCLAIMED_KEEP_S", 0.0)   # the adopted group's window passed: room here
         plain = gg.run(CELL.replace("PAUSE", "0"), workers=1, pull=["final"])
         assert next(x for x in out if x.startswith("pulled")) == f"pulled {plain.pulled['final']}"
         assert f"note: this kernel's cells now run on job {row['job']!r}'s worker group, with its variables" in out
@@ -99,13 +102,16 @@ for step in range(1, 2001):
     time.sleep(0.1)
 """
 STOPPED_WITHIN_S = 3.0
+# a notebook kernel's stop button: SIGINT raises KeyboardInterrupt (ipykernel sets that handler); a
+# process started in the background (``make test &``) inherits SIGINT ignored, so set it as a kernel does
+STOP_BUTTON = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
 
 
 def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_that_attached(gpugeek_home):
     """SIGINT is the stop button of a kernel process. Timed from the signal to the moment the
     cluster's own list (``jobs``, read by this process) calls the job interrupted."""
     kernel = subprocess.Popen(
-        [sys.executable, "-c", "import gpugeek_jupyter as gg\ngg.up('intr')\n"
+        [sys.executable, "-c", f"{STOP_BUTTON}import gpugeek_jupyter as gg\ngg.up('intr')\n"
                                f"for name in ('first', 'second'):\n"
                                f"    try:\n        gg.run({LONG!r}, workers=2, name=name)\n"
                                f"    except Exception as exc:\n        print('said', name, exc, flush=True)\n"],
@@ -133,11 +139,20 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
             """Rank 0's own word (``state``), asked directly: the observer costs one actor call."""
             import ray
 
-            def stopped() -> bool:
-                state = ray.get(lead.state.remote(), timeout=10)
-                return (state["job"] or {}).get("id") != job["job"] or not state["running"]
+            seen = {}
 
-            wait_until(stopped, 10, "the job to stop")
+            def stopped() -> bool:
+                seen.update(ray.get(lead.state.remote(), timeout=10))
+                return (seen["job"] or {}).get("id") != job["job"] or not seen["running"]
+
+            try:
+                wait_until(stopped, 10, "the job to stop")
+            except AssertionError:
+                for proc in (kernel, attached):
+                    if proc is not None:
+                        proc.kill()
+                told = [proc.communicate(timeout=30)[1][-3000:] for proc in (kernel, attached) if proc is not None]
+                raise AssertionError(f"the job did not stop: rank 0 says {seen}; the kernels said {told}") from None
             return time.monotonic() - signalled
 
         first = running("first", 3)
@@ -147,7 +162,8 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
         from_own = stopped_after(first, signalled, rank0)
         second = running("second", 3, behind="said first")
         attached = subprocess.Popen(
-            [sys.executable, "-c", f"import gpugeek_jupyter as gg\ngg.attach({second['job']!r}, 'intr')\n"],
+            [sys.executable, "-c", f"{STOP_BUTTON}import gpugeek_jupyter as gg\n"
+                                   f"gg.attach({second['job']!r}, 'intr')\n"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
         while not attached.stdout.readline().startswith("step "):
             pass                                   # it follows the job now
@@ -167,3 +183,59 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
                 proc.kill()
         if registry.live("intr") is not None:
             gg.down("intr")
+
+
+def test_a_gone_kernels_group_is_kept_for_attach_through_its_window_then_removed_by_the_next_group(
+        gpugeek_home, capsys, monkeypatch):
+    """Nobody adopted it. A new group that finds no room says which job holds it: first the job
+    that runs, then its finished job kept for `attach`; once the window has passed, the next group
+    removes it — its workers' processes, seen by pid, end — never before: its job ran to the end."""
+    import psutil
+
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", "import gpugeek_jupyter as gg\ngg.up('orph')\n"
+                               "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n"
+                               f"gg.run({CELL.replace('PAUSE', '1.0')!r}, workers=2, name='left')\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        pids = []
+        while True:
+            line = kernel.stdout.readline()
+            assert line, kernel.stderr.read()[-3000:]
+            pids += [int(line.split()[-1])] if line.startswith("[rank ") and " pid " in line else []
+            if line.startswith("step 2"):
+                break
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(10)
+
+        def ended(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        assert len(pids) == 2 and not any(ended(pid) for pid in pids), pids
+        job = gg.jobs("orph").set_index("name").loc["left", "job"]
+        # the cluster's 2 CPUs are the gone kernel's: a 1-worker group waits (here 3 s past the job's end)
+        monkeypatch.setattr(group, "READY_TIMEOUT_S", STEPS + 3.0)
+        capsys.readouterr()
+        with pytest.raises(GpugeekError) as refused:
+            gg.run("1", workers=1)
+        said = capsys.readouterr().out
+        assert f"note: waiting for room on the cluster: job 'left' ({job}) of kernel " in said, said
+        assert "(gone) runs on 2 workers, at step " in said, said
+        assert f"job 'left' ({job}) of kernel" in str(refused.value) and "ended at" in str(refused.value), refused.value
+        assert "kept until" in str(refused.value) and "`%gpugeek attach`" in str(refused.value), refused.value
+        left = gg.jobs("orph").set_index("name").loc["left"]
+        assert left["state"] == "finished" and not any(ended(pid) for pid in pids), left.to_dict()
+        monkeypatch.setattr(orphans, "UNCLAIMED_KEEP_S", 0.0)      # its window has passed
+        assert gg.run("1", workers=1).shown() == 1
+        said = capsys.readouterr().out
+        assert "note: removed the worker group of a kernel that is gone" in said and "job 'left' ended at " in said
+        assert ") and nobody took it over" in said, said
+        wait_until(lambda: all(ended(pid) for pid in pids), 15, "the gone kernel's workers to end")
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+        if registry.live("orph") is not None:
+            gg.down("orph")

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
+from cluster_processes import wait_until
 
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.guard import clusterjobs
@@ -56,3 +58,22 @@ def test_a_preempted_cell_is_no_end(monkeypatch, cluster_id):
     working, ended = _look(monkeypatch, cluster_id, _told("j3", "preempted", "elsewhere:1"))
     assert (working, ended) == (None, None) and ledger.job_status(cluster_id, "j3") == "running"
     assert ledger.events(cluster_id, "job-ended") == []
+
+
+def test_a_kernel_is_gone_when_its_process_ended_even_unreaped_and_unknown_on_another_machine():
+    from gpugeek_jupyter.cluster.processes import kernel_gone, this_kernel
+
+    here = socket.gethostname()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    unreaped = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_until(lambda: psutil.Process(unreaped.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    try:
+        assert this_kernel() == f"{here}:{os.getpid()}"
+        assert kernel_gone(this_kernel()) is False
+        assert kernel_gone(f"{here}:{ended.pid}") is True
+        assert kernel_gone(f"{here}:{unreaped.pid}") is True      # ended; only its parent has not read it
+        assert kernel_gone(f"elsewhere-{here}:{os.getpid()}") is None
+        assert kernel_gone(None) is None and kernel_gone(f"{here}:notapid") is None
+    finally:
+        unreaped.wait()

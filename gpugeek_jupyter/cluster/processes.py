@@ -6,6 +6,9 @@ cluster means signalling exactly the processes with that session id that were cr
 cluster was, in a session whose processes carry the cluster's marker in their environment
 (``GPUGEEK_CLUSTER``) — so a reused pid can never make us stop a stranger. Never the Ray
 CLI's own stop command, which would kill every Ray on the machine, a user's own too.
+
+A kernel is known to a cluster as host:pid (``this_kernel``): whose job, whose worker group;
+whether it still runs is asked here alone (``kernel_gone``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -99,6 +103,20 @@ def alive(proc: psutil.Process | int | None) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def this_kernel() -> str:
+    """This process as the cluster knows a kernel: host:pid (whose job, whose worker group)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def kernel_gone(kernel: str | None) -> bool | None:
+    """Whether kernel ``kernel`` (host:pid) no longer runs: None when it ran on another machine,
+    which this one cannot see."""
+    host, _, pid = (kernel or "").partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    return not alive(int(pid))
 
 
 def process_started(pid: int) -> float | None:

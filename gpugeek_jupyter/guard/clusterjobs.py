@@ -5,6 +5,7 @@ watches, and knows when it ended: the idle clock starts there, not before."""
 
 from __future__ import annotations
 
+from ..cluster.processes import kernel_gone
 from ..meter import ledger
 from ..raynodes import JOB_PREFIX, ClusterUnreachable, kv_all
 from ..units import clock
@@ -48,7 +49,7 @@ class ClusterJobs:
             return
         self._said.add(mark)
         if job.get("job") and ledger.job_status(self.cluster_id, job["job"]) == "running" \
-                and not _kernel_alive(job.get("kernel")):    # a live kernel closes its own job (it may run again)
+                and kernel_gone(job.get("kernel")) is not False:     # a live kernel closes its own job
             ledger.job_ended(self.cluster_id, job["job"], job.get("state") or "finished", at=job["ended"])
         if not any(e.get("options") and f'"{job.get("job")}"' in e["options"]
                    for e in ledger.events(self.cluster_id, "job-ended")):
@@ -56,13 +57,3 @@ class ClusterJobs:
                          f"job {job.get('name')!r} {job.get('state') or 'ended'} on the cluster at "
                          f"{clock(job['ended'])} (step {job.get('step')}): the idle clock starts there",
                          at=job["ended"], options={"job": job.get("job"), "state": job.get("state")})
-
-
-def _kernel_alive(kernel: str | None) -> bool:
-    """Whether the kernel that ran a job (host:pid) still runs on this machine."""
-    import socket
-
-    import psutil
-
-    host, _, pid = (kernel or "").partition(":")
-    return host == socket.gethostname() and pid.isdigit() and psutil.pid_exists(int(pid))

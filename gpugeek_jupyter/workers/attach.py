@@ -12,31 +12,18 @@ from ..kernel import connection, session
 from ..meter import ledger
 from . import away
 from . import jobs as running
-from .orphans import NAMESPACE, PREFIX, group_name
+from .orphans import NAMESPACE, group_name, named_groups
 from .results import Interrupted, Printer, RemoteError, Result
 
 READ_WAIT_S = 2.0     # rank 0 holds a read of a running job's journal this long for news
-
-
-def _names() -> list[str]:
-    """The names of every worker of every group on the cluster this kernel is connected to."""
-    import ray
-
-    return [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors(all_namespaces=True)
-            if (not isinstance(n, dict) or n.get("namespace") == NAMESPACE)
-            and (n["name"] if isinstance(n, dict) else n).startswith(PREFIX)]
 
 
 def _leads() -> dict[str, object]:
     """Every worker group on the cluster this kernel is connected to: {group id: its rank 0}."""
     import ray
 
-    leads = {}
-    for name in _names():
-        group_id, _, rank = name[len(PREFIX):].rpartition("/")
-        if rank == "0":
-            leads[group_id] = ray.get_actor(name, namespace=NAMESPACE)
-    return leads
+    return {group_id: ray.get_actor(names[0], namespace=NAMESPACE)
+            for group_id, names in named_groups().items() if names[0].endswith("/0")}
 
 
 def jobs(name: str | None = None) -> list[dict]:
@@ -93,7 +80,7 @@ def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = Fa
     if adopt:       # refused before the output, not after, when its kernel still runs here
         running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
     watcher = running.Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
-                                    workers=len(_names_of(group_id)), simulated=record.simulated)
+                                    workers=len(named_groups().get(group_id, [])), simulated=record.simulated)
                               if watch else None)
     status = "failed"
     try:
@@ -114,10 +101,6 @@ def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = Fa
     return result
 
 
-def _names_of(group_id: str) -> list[str]:
-    return [n for n in _names() if n.startswith(group_name(group_id) + "/")]
-
-
 def _adopt(group_id: str, job_id: str) -> None:
     running.adopt(group_id)
     print(f"note: this kernel's cells now run on job {job_id!r}'s worker group, with its variables", flush=True)
@@ -128,7 +111,7 @@ def _interrupt(group_id: str, cell_id: int) -> None:
     as its own kernel's stop button does."""
     import ray
 
-    for name in _names_of(group_id):
+    for name in named_groups().get(group_id, []):
         try:
             ray.get_actor(name, namespace=NAMESPACE).interrupt.remote(cell_id)
         except ValueError:          # gone meanwhile

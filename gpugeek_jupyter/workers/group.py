@@ -56,6 +56,7 @@ class WorkerGroup:
         self.line_note: str | None = None
         self.drains = 0         # drains sent while cells ran (one a second or so: tests read it)
         self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
+        self.keep_s: float | None = None    # a gone kernel's ended group is kept this long (the idle window)
         # the workers belong to the cluster, not to this kernel's connection (detached, named): a
         # cell outlives a link that went down, and the group a Ray Client that had to reconnect
         self.group_id = orphans.new_group_id()
@@ -73,14 +74,16 @@ class WorkerGroup:
         n, gpus = self.options.workers, self.options.gpus_per_worker
         bundle = {"GPU": gpus} if gpus else {"CPU": 1}
         held = release_held()
-        for gone in orphans.reclaim():
-            print(f"note: removed the worker group of a kernel that is gone ({gone}): its last cell had ended",
-                  flush=True)
+        orphans.reclaim(self.keep_s)
         self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK",
                                   name=group_name(self.group_id), lifetime="detached")
-        ready = self.pg.ready()
-        done, _ = ray.wait([ready], timeout=HELD_WAIT_S if held else READY_TIMEOUT_S)
-        if not done:
+        try:
+            room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S,
+                                         self.group_id, self.keep_s)
+        except BaseException:    # the stop button while it waits: no placement group left pending
+            self.stop()
+            raise
+        if not room:
             have = ray.cluster_resources()
             held = release_held()
             self.stop()
@@ -90,9 +93,11 @@ class WorkerGroup:
                     f"{n} workers × {what} do not fit while an old worker group's placement group still holds "
                     f"{sum(h.gpus for h in held):g} GPUs and {sum(h.cpus for h in held):g} CPUs (its removal "
                     f"failed: {held[-1].why}) — `%gpugeek reset` tries again; the cluster need not grow")
+            holders = orphans.holders(self.group_id, self.keep_s)
             raise GpugeekError(
                 f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
-                f"{have.get('CPU', 0):g} CPUs) — use fewer --workers, or `%gpugeek scale` the cluster")
+                f"{have.get('CPU', 0):g} CPUs" + "".join(f"; {h}" for h in holders) + ") — "
+                "use fewer --workers, or `%gpugeek scale` the cluster")
         try:
             self._start_actors(n, gpus)
         except BaseException as exc:  # a setup timeout, a port taken meanwhile, Ctrl-C: free it all

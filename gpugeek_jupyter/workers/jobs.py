@@ -10,13 +10,12 @@ variables come back — so a cell meant to survive failures defines what it trai
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import time
 import uuid
 from dataclasses import asdict, replace
 
 from ..cluster import registry
+from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home
@@ -30,7 +29,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice, oom, orphans, placement
+from . import notice, oom, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -89,6 +88,7 @@ def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
                         on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
                         notices=record.backend if record.backend in notice.SOURCES else None)
     group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+    group.keep_s = record.idle_minutes * 60 if record.idle_minutes else None
     return group
 
 
@@ -96,7 +96,7 @@ def check_adoptable(group_id: str, adopted_by: str | None = None) -> None:
     """Refuses a group whose kernel (the one that started it, or the last to adopt it) still runs
     on this machine; another machine's kernel cannot be seen from here, and is taken as gone."""
     owner = adopted_by or group_id.rsplit(":", 1)[0]
-    if owner == f"{socket.gethostname()}:{os.getpid()}" or orphans.owner_gone(owner) is not False:
+    if owner == this_kernel() or kernel_gone(owner) is not False:
         return
     raise GpugeekError(f"the worker group {group_id!r} belongs to a kernel that still runs here ({owner}): "
                        f"it keeps its group — attach without --adopt to follow its job")
@@ -107,7 +107,7 @@ def adopt(group_id: str) -> WorkerGroup:
     run on it, with its variables. The group this kernel had, if any, is stopped."""
     session, record = current(), _cluster()
     group = _group(options(), record)
-    group.adopt(group_id, f"{socket.gethostname()}:{os.getpid()}")
+    group.adopt(group_id, this_kernel())
     if session.group is not None and session.group.group_id != group_id:
         print("note: this kernel's own worker group was stopped: the adopted one runs its cells now", flush=True)
         session.group.stop()
@@ -171,7 +171,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
             if v not in (None, False, [])}
     ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, options=said)
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
-    job = {"id": job_id, "name": job_name, "kernel": f"{socket.gethostname()}:{os.getpid()}",
+    job = {"id": job_id, "name": job_name, "kernel": this_kernel(),
            "started": time.time(), "pull": pull or []}
     watcher = Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)

@@ -1,19 +1,26 @@
 """Worker groups whose kernel is gone. A group belongs to the cluster (its workers are detached),
 so a kernel that dies leaves it running — its cell goes on, and `%gpugeek attach` can read it.
-Once that cell has ended, the group only holds GPUs: a new kernel takes it over with
-`%gpugeek attach JOB --adopt` (its variables with it), or else the next group started from this
-machine removes it, so a restarted kernel never finds its cluster full of a dead kernel's workers.
+Once that cell has ended, the group is kept for the idle window (``UNCLAIMED_KEEP_S`` on a
+cluster without one) with its journal and pulled variables: a new kernel reads them with
+`%gpugeek attach JOB`, or takes the group over with `--adopt`. After that the next group started
+from this machine removes it, so a restarted kernel never finds its cluster full of a dead
+kernel's workers; a new group that finds no room says which jobs hold it.
 
 A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
 (rank 0 then keeps the new owner, ``Worker.adopted``)."""
 
 from __future__ import annotations
 
-import os
-import socket
+import time
+
+from ..cluster.processes import kernel_gone, this_kernel
+from ..units import clock
 
 NAMESPACE = "gpugeek"    # the Ray namespace of this package's named actors (``connection.connect``)
 PREFIX = "gpugeek-group/"
+UNCLAIMED_KEEP_S = 1800.0   # a gone kernel's ended job's group is kept this long, where no idle window is set
+FIRST_LOOK_S = 1.0       # a new group without room after this says what holds it…
+ROOM_LOOK_S = 5.0        # …and looks again this often for a gone kernel's group to remove
 
 
 def group_name(group_id: str, rank: int | None = None) -> str:
@@ -25,7 +32,7 @@ def new_group_id() -> str:
     """This machine, this kernel's process, and a tag: whose group it is, by its name alone."""
     import uuid
 
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return f"{this_kernel()}:{uuid.uuid4().hex[:6]}"
 
 
 def named_groups() -> dict[str, list[str]]:
@@ -41,46 +48,95 @@ def named_groups() -> dict[str, list[str]]:
     return {g: sorted(names, key=lambda n: int(n.rpartition("/")[2])) for g, names in groups.items()}
 
 
-def owner_gone(owner: str) -> bool | None:
-    """Whether kernel ``owner`` (host:pid) is gone: None when it is another machine's, which this
-    one cannot see."""
-    import psutil
+def _owner(group_id: str, state: dict | None = None) -> str:
+    """The kernel whose group it is: the last to adopt it, else the one that started it."""
+    return (state or {}).get("owner") or group_id.rsplit(":", 1)[0]
 
-    host, _, pid = owner.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+
+def _lead_state(names: list[str]) -> dict | None:
+    """Rank 0's word on its group (``Worker.state``); None when rank 0 is dead or gone."""
+    import ray
+
+    try:
+        return ray.get(ray.get_actor(names[0], namespace=NAMESPACE).state.remote(), timeout=10)
+    except (ValueError, ray.exceptions.RayError):
         return None
-    return not psutil.pid_exists(int(pid))
 
 
-def reclaim() -> list[str]:
-    """Remove the groups of kernels of this machine that are gone, whose last cell has ended;
-    returns their ids. A group whose cell still runs is left to finish, and one that a live
-    kernel adopted is that kernel's."""
+def _kept_until(state: dict, keep_s: float | None) -> float:
+    return (state.get("ended") or 0.0) + (UNCLAIMED_KEEP_S if keep_s is None else keep_s)
+
+
+def reclaim(keep_s: float | None = None) -> list[str]:
+    """Remove the groups of kernels of this machine that are gone, whose job ended more than
+    ``keep_s`` ago (the cluster's idle window) with nobody taking them over; say so, and return
+    their ids. A group whose job still runs is left to finish, one within its window is kept for
+    `%gpugeek attach`, and one that a live kernel adopted is that kernel's."""
     import ray
     from ray.util.placement_group import get_placement_group, remove_placement_group
 
     gone = []
     for group_id, names in named_groups().items():
-        if not owner_gone(group_id.rsplit(":", 1)[0]):
+        if not kernel_gone(_owner(group_id)):
             continue
-        handles = []
+        state = _lead_state(names)       # None: rank 0 is dead, and nothing of the group can run
+        if state is not None and (state["running"] or not kernel_gone(_owner(group_id, state))
+                                  or time.time() < _kept_until(state, keep_s)):
+            continue
         for name in names:
             try:
-                handles.append(ray.get_actor(name, namespace=NAMESPACE))
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
             except ValueError:         # gone meanwhile
                 continue
-        lead = next((h for n, h in zip(names, handles, strict=False) if n.endswith("/0")), None)
-        try:
-            state = ray.get(lead.state.remote(), timeout=10) if lead is not None else {}
-            if state.get("running") or not owner_gone(state.get("owner") or group_id.rsplit(":", 1)[0]):
-                continue
-        except ray.exceptions.RayError:
-            pass                       # rank 0 is dead: nothing of the group can run
-        for handle in handles:
-            ray.kill(handle)
         try:
             remove_placement_group(get_placement_group(group_name(group_id)))
         except ValueError:             # no such placement group (already removed)
             pass
         gone.append(group_id)
+        job = (state or {}).get("job") or {}
+        print(f"note: removed the worker group of a kernel that is gone ({group_id})"
+              + (f": job {job.get('name')!r} ended at {clock(state['ended'])}"
+                 + (f" (step {state['step']})" if state.get("step") else "") + " and nobody took it over"
+                 if job and state.get("ended") else ""), flush=True)
     return gone
+
+
+def holders(besides: str, keep_s: float | None = None) -> list[str]:
+    """What the cluster's other worker groups hold its room for, a phrase each: a job that runs
+    (whose kernel, how many workers, which step), or a gone kernel's ended job kept for `attach`."""
+    said = []
+    for group_id, names in named_groups().items():
+        state = None if group_id == besides else _lead_state(names)
+        if state is None or not state.get("job"):
+            continue
+        job, owner = state["job"], _owner(group_id, state)
+        gone = kernel_gone(owner)
+        what = f"job {job.get('name')!r} ({job.get('id')}) of kernel {owner}{' (gone)' if gone else ''}"
+        if state["running"]:
+            said.append(f"{what} runs on {len(names)} workers, at step {state.get('step')}")
+        elif gone is not False and state.get("ended"):
+            said.append(f"{what} ended at {clock(state['ended'])}; its {len(names)} workers are kept until "
+                        f"{clock(_kept_until(state, keep_s))} for `%gpugeek attach` (--adopt loads its variables "
+                        f"and takes them over; a cell of another size then replaces them)")
+    return said
+
+
+def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None) -> bool:
+    """Wait up to ``timeout`` for a new group's placement group (``ready``). Meanwhile a gone
+    kernel's group is removed once its window has passed, and what holds the room is said once:
+    a restarted kernel learns that its old job still runs, rather than only waiting."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    look, said = FIRST_LOOK_S, False
+    while True:
+        done, _ = ray.wait([ready], timeout=max(0.0, min(look, deadline - time.monotonic())))
+        if done or time.monotonic() >= deadline:
+            return bool(done)
+        look = ROOM_LOOK_S
+        reclaim(keep_s)
+        held = [] if said else holders(besides, keep_s)
+        if held:
+            print(f"note: waiting for room on the cluster: {'; '.join(held)} — this cell waits up to "
+                  f"{timeout:.0f} s in all", flush=True)
+            said = True

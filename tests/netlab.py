@@ -147,7 +147,7 @@ class Lab:
     index_url: str | None = None   # the wheel index the laptop serves to the hosts (``serve_index``)
     index_server: subprocess.Popen | None = None
     env: dict = field(default_factory=dict)    # set in every host's sessions (its sshd's SetEnv)
-    storage: object = None         # the S3 server on the bridge (``start_storage``)
+    storage: subprocess.Popen | None = None    # the S3 server, in a namespace on the bridge (``start_storage``)
 
     @property
     def key(self) -> Path:
@@ -365,6 +365,16 @@ class Lab:
         state = json.loads((folder / "lab.json").read_text())
         return cls(folder, state["bridge"], state["gateway"], [Host(**h) for h in state["hosts"]])
 
+    def keep_logs(self, folder: Path) -> Path:
+        """Every host's Ray logs (each session's ``logs``), copied to ``folder`` before the lab
+        goes: what a failed test leaves to read. Its sockets and pipes are left out."""
+        for host in self.hosts:
+            for logs in host.file("/tmp").glob("gg-*/session_*/logs"):
+                if not logs.parent.is_symlink():
+                    shutil.copytree(logs, folder / host.name / logs.parent.name, dirs_exist_ok=True,
+                                    ignore=lambda _, names: [n for n in names if n.endswith((".sock", ".pipe"))])
+        return folder
+
     def leftovers(self, wait: float = 5.0) -> list[str]:
         """What of the lab still exists: namespaces, links, processes. Empty after ``down`` (the
         kernel removes a namespace's links a moment after it goes, hence ``wait``)."""
@@ -376,10 +386,13 @@ class Lab:
     def _leftovers(self) -> list[str]:
         left = []
         namespaces = _run("ip", "netns", "list", check=False).stdout.split()
-        left += [f"namespace {h.netns}" for h in self.hosts if h.netns in namespaces]
+        storage_ns, storage_link, _ = self._storage_names
+        left += [f"namespace {ns}" for ns in [*(h.netns for h in self.hosts), storage_ns] if ns in namespaces]
         links = _run("ip", "-o", "link", "show", check=False).stdout
-        left += [f"link {name}" for name in [self.bridge, self.witness, *(h.link for h in self.hosts)]
+        left += [f"link {name}" for name in [self.bridge, self.witness, storage_link, *(h.link for h in self.hosts)]
                  if f" {name}:" in links or f" {name}@" in links]
+        if storage_ns in namespaces:
+            left += [f"process {pid}" for pid in _run("ip", "netns", "pids", storage_ns, check=False).stdout.split()]
         left += [f"process {pid}" for h in self.hosts if h.netns in namespaces for pid in h.pids()]
         routes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout
         left += [f"route blackhole {h.address}" for h in self.hosts if h.address in routes.split()]
@@ -388,23 +401,44 @@ class Lab:
             left.append(f"index server {self.index_server.pid}")
         return left
 
+    @property
+    def _storage_names(self) -> tuple[str, str, str]:
+        """The S3 server's namespace, its link to the bridge, and its address (``.5``)."""
+        lab_id = self.bridge[2:-2]
+        return f"{PREFIX}{lab_id}-s3", f"gl{lab_id}s3", self.gateway.rsplit(".", 1)[0] + ".5"
+
     def start_storage(self, bucket: str = "lab") -> str:
-        """An S3 server (moto's, as Ray's own tests use) on the laptop's bridge address, with
-        ``bucket`` made; every host started after this gets its address and test credentials in
-        the standard AWS variables, as a machine configured for S3 has them. Its URL."""
-        import logging
-
+        """An S3 server (moto's, as Ray's own tests use) in a namespace of its own on the bridge:
+        the cloud's object store, on the hosts' side of the laptop's link (``cut_laptop`` leaves
+        them reaching it, as a closed lid leaves a cloud's machines their S3), with ``bucket``
+        made. Every host started after this gets its address and test credentials in the standard
+        AWS variables, as a machine configured for S3 has them. Its URL."""
         import boto3
-        from moto.server import ThreadedMotoServer
 
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)     # not a line per request
-
-        with socket.socket() as probe:
-            probe.bind((self.gateway, 0))
-            port = probe.getsockname()[1]
-        self.storage = ThreadedMotoServer(ip_address=self.gateway, port=port, verbose=False)
-        self.storage.start()
-        self.env.update(AWS_ENDPOINT_URL=f"http://{self.gateway}:{port}", AWS_ACCESS_KEY_ID="lab",
+        netns, link, address = self._storage_names
+        _run("ip", "netns", "add", netns)
+        _run("ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _run("ip", "link", "set", link, "master", self.bridge)
+        _run("ip", "link", "set", link, "up")
+        for cmd in (("addr", "add", f"{address}/24", "dev", "eth0"), ("link", "set", "eth0", "up"),
+                    ("link", "set", "lo", "up")):
+            _run("ip", "netns", "exec", netns, "ip", *cmd)
+        serve = ("import logging, sys, threading\nfrom moto.server import ThreadedMotoServer\n"
+                 "logging.getLogger('werkzeug').setLevel(logging.ERROR)\n"     # not a line per request
+                 "ThreadedMotoServer(ip_address=sys.argv[1], port=9000, verbose=False).start()\n"
+                 "threading.Event().wait()\n")
+        self.storage = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", serve, address],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection((address, 9000), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.storage.poll() is not None:
+                    raise RuntimeError("the lab's S3 server did not start") from None
+                time.sleep(0.05)
+        self.env.update(AWS_ENDPOINT_URL=f"http://{address}:9000", AWS_ACCESS_KEY_ID="lab",
                         AWS_SECRET_ACCESS_KEY="lab", AWS_DEFAULT_REGION="us-east-1")
         boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], aws_access_key_id="lab",
                      aws_secret_access_key="lab", region_name="us-east-1").create_bucket(Bucket=bucket)
@@ -442,7 +476,11 @@ class Lab:
             self.index_server.kill()
             self.index_server.wait(timeout=10)
         if self.storage is not None:
-            self.storage.stop()
+            self.storage.kill()
+            self.storage.wait(timeout=10)
+        netns, link, _ = self._storage_names
+        _run("ip", "link", "del", link, check=False)
+        _run("ip", "netns", "del", netns, check=False)
         self.reconnect_laptop()
         for host in self.hosts:
             self.kill_host(host)

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
@@ -260,6 +261,32 @@ def test_interrupt_stops_every_worker_and_keeps_the_group(ipython):
     assert time.monotonic() - start < 1.0 + 2.0
     # the same workers, their variables with them
     assert gg.run("kept + 1", workers=2).shown() == 42 and gg.run("os.getpid()", workers=2).shown() == pids
+
+
+def test_a_group_found_again_is_gone_only_when_the_cluster_says_so(ipython, monkeypatch):
+    """After a reconnect the warm group is looked up by name: a link that fails again meanwhile is
+    raised (out of reach: the caller tries again), never taken for the workers being gone."""
+    import ray
+
+    from gpugeek_jupyter.kernel.session import current
+
+    gg.run("import os\nkept = 7", workers=2)
+    group = current().group
+    pids = gg.run("os.getpid()", workers=2).shown()
+    assert group.refind() and not group.broken
+
+    def link_down(*args, **kwargs):
+        raise ConnectionError("the link went down again")   # what a Ray Client raises then
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ray, "get_actor", link_down)
+        with pytest.raises(ConnectionError):
+            group.refind()
+    assert not group.broken and gg.run("(kept, os.getpid())", workers=2).shown() == (7, pids)
+    ray.kill(group.workers[1])                     # rank 1 is gone: no worker of that name any more
+    wait_until(lambda: not group.refind(), 30, "the killed worker's name to be gone")
+    assert group.broken
+    gg.reset()
 
 
 def test_output_streams_and_all_ranks_are_prefixed(ipython, capsys):

@@ -159,16 +159,18 @@ class WorkerGroup:
 
     def refind(self) -> bool:
         """After this kernel connected again: its workers, found by name (they outlived the old
-        connection). False when they are gone — the group is then broken."""
+        connection). False when the cluster says they are gone (no such name, rank 0 dead) — the
+        group is then broken. A link that fails again meanwhile raises: gone is not out of reach."""
         import ray
 
         try:
-            self.workers = [ray.get_actor(group_name(self.group_id, i), namespace=NAMESPACE)
-                            for i in range(len(self.workers) or self.options.workers)]
-            ray.get(self.workers[0].pid.remote(), timeout=READY_TIMEOUT_S)
-        except (ValueError, ray.exceptions.RayError, *away.link_errors()):
+            workers = [ray.get_actor(group_name(self.group_id, i), namespace=NAMESPACE)
+                       for i in range(len(self.workers) or self.options.workers)]
+            ray.get(workers[0].pid.remote(), timeout=READY_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayActorError):
             self.broken = True
             return False
+        self.workers = workers
         return True
 
     def versions(self, names: list[str]) -> list[dict]:

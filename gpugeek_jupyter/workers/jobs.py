@@ -29,7 +29,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import notice, oom, placement
+from . import away, notice, oom, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -62,7 +62,7 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster, built if needed."""
     session = current()
     record = _cluster()
-    if connection.settle() and session.group is not None and not session.group.refind():
+    if connection.settle() and session.group is not None and not _refound(session.group, record):
         print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
               "defined on the old one are gone)", flush=True)
     old = session.group
@@ -80,6 +80,19 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
         for note in group.notes:
             print(f"note: {note}", flush=True)
     return session.group, record
+
+
+def _refound(group: WorkerGroup, record: ClusterRecord) -> bool:
+    """The warm group found again after this kernel connected anew; a link that fails meanwhile
+    is said, and the group kept for the next cell (it is out of reach, not gone)."""
+    try:
+        return group.refind()
+    except away.link_errors() as exc:
+        raise GpugeekError(f"cluster {record.name!r} does not answer from here ({type(exc).__name__}) — "
+                           f"run the cell again once it does: its worker group is kept") from None
+    except Exception:  # noqa: BLE001 - rank 0 found but not answering: that group runs no cell
+        group.broken = True
+        return False
 
 
 def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:

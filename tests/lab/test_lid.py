@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from cluster_processes import kernel_line, settings
@@ -26,6 +27,7 @@ STEPS = 150
 PAUSE_S = 1.0          # a step's pause: the job takes STEPS × PAUSE_S
 ASLEEP_S = 120.0       # the kernel stopped and the link cut this long
 GAP_LIMIT_S = 5.0      # no gap between two steps on the hosts longer than this
+CHECKPOINT_EVERY = 10  # steps: a checkpoint into the cluster's S3 storage, written during the cut too
 CELL = """
 import time, torch
 torch.manual_seed(0)
@@ -48,11 +50,11 @@ weights = [p.detach().clone() for p in model.parameters()]
 KERNEL = """
 import sys, time, torch, gpugeek_jupyter as gg
 gg.up('lid', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour=3.6,
-      pip_index_url={index!r})
-plain = gg.run({plain!r}, workers=3, pull=['final_step', 'weights'])
+      pip_index_url={index!r}, storage='s3://lab/lid')
+plain = gg.run({plain!r}, workers=3, pull=['final_step', 'weights'], checkpoint_every={every}, name='uncut')
 print('up-done', flush=True)
 began = time.time()
-run = gg.run({cell!r}, workers=3, pull=['final_step', 'weights'])
+run = gg.run({cell!r}, workers=3, pull=['final_step', 'weights'], checkpoint_every={every}, name='lid')
 print('ended', time.time() - began, flush=True)
 same = run.pulled['final_step'] == plain.pulled['final_step'] and all(
     torch.equal(a, b) for a, b in zip(run.pulled['weights'], plain.pulled['weights']))
@@ -69,22 +71,24 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
         host.file(log).unlink(missing_ok=True)
     kernel = subprocess.Popen(
         [sys.executable, "-c", KERNEL.format(
-            hosts=hosts, key=str(lab.key), index=lab.index_url,
+            hosts=hosts, key=str(lab.key), index=lab.index_url, every=CHECKPOINT_EVERY,
             plain=CELL.format(steps=STEPS, log="/dev/null", pause=0), cell=CELL.format(steps=STEPS, log=log,
                                                                                       pause=PAUSE_S))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     said: list[str] = []
+    passed = False
     try:
         kernel_line(kernel, "up-done", 300, said)
         kernel_line(kernel, "step 20", 60, said)
         kernel.send_signal(signal.SIGSTOP)        # the lid closes: the laptop sleeps, then its network goes
         lab.cut_laptop()
-        asleep = time.monotonic()
+        asleep, cut_at = time.monotonic(), time.time()
         try:
             time.sleep(ASLEEP_S)                  # the lid stays closed this long: nothing to poll for
         finally:
             lab.reconnect_laptop()
+            back_at = time.time()
             kernel.send_signal(signal.SIGCONT)
         print(f"\nthe kernel slept and the link was cut for {time.monotonic() - asleep:.0f} s")
         ended = kernel_line(kernel, "ended", STEPS * PAUSE_S + 180, said)
@@ -102,7 +106,18 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
         shown = [int(line.split()[1]) for line in after if line.startswith("step ")]
         assert shown == list(range(1, STEPS + 1)), "the cell did not show every step (the missed ones included)"
         assert any("out of reach; the job goes on there" in line for line in said), said
+        # the checkpoints: one every CHECKPOINT_EVERY steps in the cluster's S3, those of the cut
+        # written while the laptop was away; none read back (no "resumed from" in the cell)
+        written_at = _checkpoints(lab, "lid/checkpoints/lid/")
+        during = [step for step, at in written_at.items() if cut_at <= at <= back_at]
+        print(f"checkpoints at steps {sorted(written_at)}; {len(during)} written during the cut")
+        assert sorted(written_at) == list(range(CHECKPOINT_EVERY, STEPS + 1, CHECKPOINT_EVERY)), written_at
+        assert len(during) >= (ASLEEP_S / PAUSE_S) // CHECKPOINT_EVERY - 1, (during, cut_at, back_at)
+        assert not any("resumed from" in line for line in said), said
+        passed = True
     finally:
+        if not passed:
+            print(f"the hosts' Ray logs: {lab.keep_logs(Path('artifacts') / 'lid-logs')}")
         if kernel.poll() is None:
             kernel.send_signal(signal.SIGCONT)
             kernel.kill()
@@ -112,3 +127,20 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
             import gpugeek_jupyter as gg
             gg.down("lid")
 
+
+
+def _checkpoints(lab, prefix: str) -> dict[int, float]:
+    """Each checkpoint's step and when it was complete (its last object's time), from the S3
+    server itself."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=lab.env["AWS_ENDPOINT_URL"], aws_access_key_id="lab",
+                          aws_secret_access_key="lab", region_name="us-east-1")
+    written: dict[int, float] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="lab", Prefix=prefix):
+        for item in page.get("Contents", []):
+            name = item["Key"][len(prefix):].split("/")[0]          # step-000010
+            if name.startswith("step-"):
+                step = int(name.split("-")[1])
+                written[step] = max(written.get(step, 0.0), item["LastModified"].timestamp())
+    return written

@@ -38,7 +38,7 @@ final = w.tolist()
 
 
 @pytest.mark.parametrize("backend", ["local", "sim"])
-def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend, monkeypatch):
+def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend):
     up = f"gg.up('held', backend={backend!r}" + (", gpu='A100', count=1)" if backend == "sim" else ")")
     kernel = subprocess.Popen(
         [sys.executable, "-c", f"import gpugeek_jupyter as gg\n{up}\nprint('up-done', flush=True)\n"
@@ -76,7 +76,6 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
         assert attached.returncode == 0, attached.stderr[-3000:]
         out = attached.stdout.splitlines()
         assert [int(x.split()[1]) for x in out if x.startswith("step ")] == list(range(1, STEPS + 1)), out
-        monkeypatch.setattr(orphans, "UNCLAIMED_KEEP_S", 0.0)   # the adopted group's window passed: room here
         plain = gg.run(CELL.replace("PAUSE", "0"), workers=1, pull=["final"])
         assert next(x for x in out if x.startswith("pulled")) == f"pulled {plain.pulled['final']}"
         assert f"note: this kernel's cells now run on job {row['job']!r}'s worker group, with its variables" in out
@@ -195,7 +194,7 @@ def test_a_gone_kernels_group_is_kept_for_attach_through_its_window_then_removed
     kernel = subprocess.Popen(
         [sys.executable, "-c", "import gpugeek_jupyter as gg\ngg.up('orph')\n"
                                "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n"
-                               f"gg.run({CELL.replace('PAUSE', '1.0')!r}, workers=2, name='left')\n"],
+                               f"gg.run({CELL.replace('PAUSE', '2.0')!r}, workers=2, name='left')\n"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         pids = []
@@ -216,26 +215,47 @@ def test_a_gone_kernels_group_is_kept_for_attach_through_its_window_then_removed
 
         assert len(pids) == 2 and not any(ended(pid) for pid in pids), pids
         job = gg.jobs("orph").set_index("name").loc["left", "job"]
-        # the cluster's 2 CPUs are the gone kernel's: a 1-worker group waits (here 3 s past the job's end)
-        monkeypatch.setattr(group, "READY_TIMEOUT_S", STEPS + 3.0)
+        # the cluster's 2 CPUs are the gone kernel's: a 1-worker group finds no room (waiting 3 s here)
+        monkeypatch.setattr(group, "READY_TIMEOUT_S", 3.0)
         capsys.readouterr()
-        with pytest.raises(GpugeekError) as refused:
+        with pytest.raises(GpugeekError) as refused:       # while its job runs
             gg.run("1", workers=1)
         said = capsys.readouterr().out
         assert f"note: waiting for room on the cluster: job 'left' ({job}) of kernel " in said, said
-        assert "(gone) runs on 2 workers, at step " in said, said
+        assert "(gone) runs on 2 workers, at step " in str(refused.value), refused.value
+        wait_until(lambda: gg.jobs("orph").set_index("name").loc["left", "state"] == "finished", 60,
+                   "the gone kernel's job to finish")
+        with pytest.raises(GpugeekError) as refused:       # its job ended: kept for `attach`
+            gg.run("1", workers=1)
         assert f"job 'left' ({job}) of kernel" in str(refused.value) and "ended at" in str(refused.value), refused.value
         assert "kept until" in str(refused.value) and "`%gpugeek attach`" in str(refused.value), refused.value
-        left = gg.jobs("orph").set_index("name").loc["left"]
-        assert left["state"] == "finished" and not any(ended(pid) for pid in pids), left.to_dict()
+        assert not any(ended(pid) for pid in pids)
         monkeypatch.setattr(orphans, "UNCLAIMED_KEEP_S", 0.0)      # its window has passed
         assert gg.run("1", workers=1).shown() == 1
         said = capsys.readouterr().out
-        assert "note: removed the worker group of a kernel that is gone" in said and "job 'left' ended at " in said
-        assert ") and nobody took it over" in said, said
+        assert "note: removed the worker group of a kernel that is gone" in said, said
+        assert "job 'left' ended at " in said and " and nobody took it over" in said, said
         wait_until(lambda: all(ended(pid) for pid in pids), 15, "the gone kernel's workers to end")
     finally:
         if kernel.poll() is None:
             kernel.kill()
         if registry.live("orph") is not None:
             gg.down("orph")
+
+
+def test_a_kernel_that_exits_takes_its_group_along(gpugeek_home):
+    """Shut down or restarted, a kernel leaves no workers behind (only one that dies does): its
+    workers' processes, seen by pid, end with it."""
+    import psutil
+
+    said = new_kernel("import gpugeek_jupyter as gg\ngg.up('leaves')\n"
+                      "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n", gpugeek_home)
+    try:
+        assert said.returncode == 0, said.stderr[-3000:]
+        pids = [int(line.split()[-1]) for line in said.stdout.splitlines() if line.startswith("[rank ")]
+        assert len(pids) == 2, said.stdout
+        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                   for p in pids), 15, "the exited kernel's workers to end")
+    finally:
+        if registry.live("leaves") is not None:
+            gg.down("leaves")

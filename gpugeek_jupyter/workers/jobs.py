@@ -29,7 +29,7 @@ from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import away, notice, oom, placement
+from . import away, notice, oom, orphans, placement
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, options
 
@@ -77,6 +77,7 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
         group = _group(opts, record)
         group.start()
         session.group = group
+        orphans.leave_with_this_kernel()
         for note in group.notes:
             print(f"note: {note}", flush=True)
     return session.group, record
@@ -125,6 +126,7 @@ def adopt(group_id: str) -> WorkerGroup:
         print("note: this kernel's own worker group was stopped: the adopted one runs its cells now", flush=True)
         session.group.stop()
     session.group = group
+    orphans.leave_with_this_kernel()
     return group
 
 

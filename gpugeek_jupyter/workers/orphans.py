@@ -4,13 +4,15 @@ Once that cell has ended, the group is kept for the idle window (``UNCLAIMED_KEE
 cluster without one) with its journal and pulled variables: a new kernel reads them with
 `%gpugeek attach JOB`, or takes the group over with `--adopt`. After that the next group started
 from this machine removes it, so a restarted kernel never finds its cluster full of a dead
-kernel's workers; a new group that finds no room says which jobs hold it.
+kernel's workers; a new group that finds no room says which jobs hold it. A kernel that exits
+(shut down, restarted) takes its group along, unless a job still runs there.
 
 A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
 (rank 0 then keeps the new owner, ``Worker.adopted``)."""
 
 from __future__ import annotations
 
+import atexit
 import time
 
 from ..cluster.processes import kernel_gone, this_kernel
@@ -63,6 +65,10 @@ def _lead_state(names: list[str]) -> dict | None:
         return None
 
 
+def _workers(names: list[str]) -> str:
+    return f"{len(names)} worker{'s' if len(names) != 1 else ''}"
+
+
 def _kept_until(state: dict, keep_s: float | None) -> float:
     return (state.get("ended") or 0.0) + (UNCLAIMED_KEEP_S if keep_s is None else keep_s)
 
@@ -113,11 +119,14 @@ def holders(besides: str, keep_s: float | None = None) -> list[str]:
         gone = kernel_gone(owner)
         what = f"job {job.get('name')!r} ({job.get('id')}) of kernel {owner}{' (gone)' if gone else ''}"
         if state["running"]:
-            said.append(f"{what} runs on {len(names)} workers, at step {state.get('step')}")
-        elif gone is not False and state.get("ended"):
-            said.append(f"{what} ended at {clock(state['ended'])}; its {len(names)} workers are kept until "
+            said.append(f"{what} runs on {_workers(names)}, at step {state.get('step')}")
+        elif gone and state.get("ended"):
+            said.append(f"{what} ended at {clock(state['ended'])}; its {_workers(names)} are kept until "
                         f"{clock(_kept_until(state, keep_s))} for `%gpugeek attach` (--adopt loads its variables "
                         f"and takes them over; a cell of another size then replaces them)")
+        else:
+            said.append(f"{what} ended; its {_workers(names)} wait for that kernel's next cell "
+                        f"(`%gpugeek reset` there frees them)")
     return said
 
 
@@ -140,3 +149,26 @@ def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = No
             print(f"note: waiting for room on the cluster: {'; '.join(held)} — this cell waits up to "
                   f"{timeout:.0f} s in all", flush=True)
             said = True
+
+
+def leave_with_this_kernel() -> None:
+    """A kernel that exits (shut down, restarted) takes its warm group along, unless a job still
+    runs there; only a kernel that dies leaves its group behind (kept for `attach`, above).
+    Registered anew with each group, after Ray's own exit handler (these run last first)."""
+    atexit.unregister(_stop_at_exit)
+    atexit.register(_stop_at_exit)
+
+
+def _stop_at_exit() -> None:
+    import ray
+
+    from ..kernel.session import current
+
+    group = current().group
+    if group is None or group.broken or not group.workers or not group.connected():
+        return
+    try:
+        if not ray.get(group.workers[0].state.remote(), timeout=5).get("running"):
+            group.stop()
+    except Exception:  # noqa: BLE001 - the cluster out of reach as the kernel exits: the orphan sweep
+        pass

@@ -93,7 +93,7 @@ class WorkerGroup:
                     f"{n} workers × {what} do not fit while an old worker group's placement group still holds "
                     f"{sum(h.gpus for h in held):g} GPUs and {sum(h.cpus for h in held):g} CPUs (its removal "
                     f"failed: {held[-1].why}) — `%gpugeek reset` tries again; the cluster need not grow")
-            holders = orphans.holders(self.group_id, self.keep_s)
+            holders = orphans.holders(self.group_id)
             raise GpugeekError(
                 f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
                 f"{have.get('CPU', 0):g} CPUs" + "".join(f"; {h}" for h in holders) + ") — "

@@ -73,11 +73,12 @@ def _kept_until(state: dict, keep_s: float | None) -> float:
     return (state.get("ended") or 0.0) + (UNCLAIMED_KEEP_S if keep_s is None else keep_s)
 
 
-def reclaim(keep_s: float | None = None) -> list[str]:
+def reclaim(keep_s: float | None = None, room_needed: bool = False) -> list[str]:
     """Remove the groups of kernels of this machine that are gone, whose job ended more than
-    ``keep_s`` ago (the cluster's idle window) with nobody taking them over; say so, and return
-    their ids. A group whose job still runs is left to finish, one within its window is kept for
-    `%gpugeek attach`, and one that a live kernel adopted is that kernel's."""
+    ``keep_s`` ago (the cluster's idle window) with nobody taking them over — or at once when a
+    new group needs their room; say so, and return their ids. A group whose job still runs is left
+    to finish, one within its window is kept for `%gpugeek attach`, and one that a live kernel
+    adopted is that kernel's."""
     import ray
     from ray.util.placement_group import get_placement_group, remove_placement_group
 
@@ -87,7 +88,7 @@ def reclaim(keep_s: float | None = None) -> list[str]:
             continue
         state = _lead_state(names)       # None: rank 0 is dead, and nothing of the group can run
         if state is not None and (state["running"] or not kernel_gone(_owner(group_id, state))
-                                  or time.time() < _kept_until(state, keep_s)):
+                                  or (not room_needed and time.time() < _kept_until(state, keep_s))):
             continue
         for name in names:
             try:
@@ -103,13 +104,15 @@ def reclaim(keep_s: float | None = None) -> list[str]:
         print(f"note: removed the worker group of a kernel that is gone ({group_id})"
               + (f": job {job.get('name')!r} ended at {clock(state['ended'])}"
                  + (f" (step {state['step']})" if state.get("step") else "") + " and nobody took it over"
+                 + ("; this cell needed its room, so its output and pulled variables are gone with it"
+                    if room_needed and time.time() < _kept_until(state, keep_s) else "")
                  if job and state.get("ended") else ""), flush=True)
     return gone
 
 
-def holders(besides: str, keep_s: float | None = None) -> list[str]:
+def holders(besides: str) -> list[str]:
     """What the cluster's other worker groups hold its room for, a phrase each: a job that runs
-    (whose kernel, how many workers, which step), or a gone kernel's ended job kept for `attach`."""
+    (whose kernel, how many workers, which step), or another kernel's warm group."""
     said = []
     for group_id, names in named_groups().items():
         state = None if group_id == besides else _lead_state(names)
@@ -120,11 +123,9 @@ def holders(besides: str, keep_s: float | None = None) -> list[str]:
         what = f"job {job.get('name')!r} ({job.get('id')}) of kernel {owner}{' (gone)' if gone else ''}"
         if state["running"]:
             said.append(f"{what} runs on {_workers(names)}, at step {state.get('step')}")
-        elif gone and state.get("ended"):
-            said.append(f"{what} ended at {clock(state['ended'])}; its {_workers(names)} are kept until "
-                        f"{clock(_kept_until(state, keep_s))} for `%gpugeek attach` (--adopt loads its variables "
-                        f"and takes them over; a cell of another size then replaces them)")
-        else:
+        elif gone is None:
+            said.append(f"{what} ended; that kernel, on another machine, keeps {_workers(names)} warm")
+        elif gone is False:
             said.append(f"{what} ended; its {_workers(names)} wait for that kernel's next cell "
                         f"(`%gpugeek reset` there frees them)")
     return said
@@ -132,8 +133,8 @@ def holders(besides: str, keep_s: float | None = None) -> list[str]:
 
 def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None) -> bool:
     """Wait up to ``timeout`` for a new group's placement group (``ready``). Meanwhile a gone
-    kernel's group is removed once its window has passed, and what holds the room is said once:
-    a restarted kernel learns that its old job still runs, rather than only waiting."""
+    kernel's group whose job ended is removed (this cell needs its room, window or not), and what
+    holds the room is said once: a restarted kernel learns that its old job still runs."""
     import ray
 
     deadline = time.monotonic() + timeout
@@ -143,8 +144,8 @@ def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = No
         if done or time.monotonic() >= deadline:
             return bool(done)
         look = ROOM_LOOK_S
-        reclaim(keep_s)
-        held = [] if said else holders(besides, keep_s)
+        reclaim(keep_s, room_needed=True)
+        held = [] if said else holders(besides)
         if held:
             print(f"note: waiting for room on the cluster: {'; '.join(held)} — this cell waits up to "
                   f"{timeout:.0f} s in all", flush=True)

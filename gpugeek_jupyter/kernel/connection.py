@@ -157,10 +157,12 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
 
 
 def reconnect(record: ClusterRecord) -> None:
-    """Connect again (the client gave up, or the job's ``runtime_env`` grew); the worker group
-    goes with the old connection."""
+    """Connect again (the job's ``runtime_env`` grew, or an old placement group would not go);
+    the worker group is stopped first: its workers belong to the cluster, and would outlive the
+    old connection."""
     session = current()
     if session.group is not None:
+        session.group.stop()
         session.group.broken = True
     let_go()
     connect(record)

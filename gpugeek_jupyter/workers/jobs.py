@@ -273,7 +273,6 @@ def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push:
         lost = " — the worker group starts afresh (variables defined on it are gone)" if group.cells else ""
         print(f"note: sending {what} to the workers (they do not have this kernel's version); connecting "
               f"again with it{lost}", flush=True)
-        group.stop()        # its workers are the cluster's: they would outlive the old connection
         connection.reconnect(record)
     except Exception as exc:  # noqa: BLE001 - said in one line; the connection is made without them
         environment.forget(missing)

@@ -3,8 +3,9 @@ so a kernel that dies leaves it running — its cell goes on, and `%gpugeek atta
 Once that cell has ended, the group is kept for the idle window (``UNCLAIMED_KEEP_S`` on a
 cluster without one) with its journal and pulled variables: a new kernel reads them with
 `%gpugeek attach JOB`, or takes the group over with `--adopt`. After that the next group started
-from this machine removes it, so a restarted kernel never finds its cluster full of a dead
-kernel's workers; a new group that finds no room says which jobs hold it. A kernel that exits
+from this machine removes it — sooner when that group needs its room, and says so — so a
+restarted kernel never finds its cluster full of a dead kernel's workers; a new group that finds
+no room says which jobs hold it. A kernel that exits
 (shut down, restarted) takes its group along, unless a job still runs there.
 
 A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
@@ -100,14 +101,19 @@ def reclaim(keep_s: float | None = None, room_needed: bool = False) -> list[str]
         except ValueError:             # no such placement group (already removed)
             pass
         gone.append(group_id)
-        job = (state or {}).get("job") or {}
         print(f"note: removed the worker group of a kernel that is gone ({group_id})"
-              + (f": job {job.get('name')!r} ended at {clock(state['ended'])}"
-                 + (f" (step {state['step']})" if state.get("step") else "") + " and nobody took it over"
-                 + ("; this cell needed its room, so its output and pulled variables are gone with it"
-                    if room_needed and time.time() < _kept_until(state, keep_s) else "")
-                 if job and state.get("ended") else ""), flush=True)
+              f"{_why_removed(state, room_needed and state is not None and time.time() < _kept_until(state, keep_s))}",
+              flush=True)
     return gone
+
+
+def _why_removed(state: dict | None, early: bool) -> str:
+    """What the removal note says of the group's last job (nothing when rank 0 was dead)."""
+    if not state or not state.get("job") or not state.get("ended"):
+        return ""
+    step = f" (step {state['step']})" if state.get("step") else ""
+    why = f": job {state['job'].get('name')!r} ended at {clock(state['ended'])}{step} and nobody took it over"
+    return why + ("; this cell needed its room, so its output and pulled variables are gone with it" if early else "")
 
 
 def holders(besides: str) -> list[str]:

@@ -19,6 +19,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different ports nothing listens on at ``host`` now: each socket is held until all
+    are bound, so no two calls to ``free_port`` hand out the same port just let go."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether ``port`` can be listened on at ``host``."""
     with socket.socket() as sock:

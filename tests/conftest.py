@@ -9,11 +9,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
-def gpugeek_home(tmp_path, monkeypatch):
-    """Every test gets its own state directory, so none reads or writes ~/.gpugeek."""
+def gpugeek_home(request, tmp_path, monkeypatch):
+    """Every test gets its own state directory, so none reads or writes ~/.gpugeek. A test that
+    failed has its live clusters downed, so its failure is the one reported (a passing test that
+    leaves one up is still caught, by ``no_ray_process_left_behind``)."""
     home = tmp_path / "gpugeek-home"
     monkeypatch.setenv("GPUGEEK_HOME", str(home))
-    return home
+    yield home
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed and (home / "state.db").exists():
+        import gpugeek_jupyter as gg
+        from gpugeek_jupyter.errors import GpugeekError
+
+        try:
+            gg.down(all=True)
+        except GpugeekError as exc:         # the suite's own check still names what was left
+            print(f"could not down the failed test's clusters: {exc}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps the call's report on the test, for ``gpugeek_home`` to know it failed."""
+    report = yield
+    if report.when == "call":
+        item.report_call = report
+    return report
 
 
 @pytest.fixture(scope="session")

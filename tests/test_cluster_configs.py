@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter import ports
 from gpugeek_jupyter.backends import hosts, launcher
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.onhost import script as onhost
@@ -307,10 +308,22 @@ def test_an_ssh_head_takes_other_ports_when_the_usual_ones_are_held(tmp_path, mo
         taken = held.getsockname()[1]
         order = {"role": "head", "marker": "m", "temp_dir": str(tmp_path / "ray"), "ip": "127.0.0.1", "gpus": 0,
                  "token_path": str(tmp_path / "token"), "port": taken, "client_port": taken, "free_ports": True}
+        # the system may hand the port it just let go to the next ask: never one for both
+        first, second = ports.free_ports(2)
+        handed = iter([first, first, second])
+        monkeypatch.setattr(onhost, "_any_free_port", lambda ip: next(handed))
         answer = onhost.start([json.dumps(order)])
     assert answer["ok"] and taken not in (answer["port"], answer["client_port"])
+    assert (answer["port"], answer["client_port"]) == (first, second)
     assert f"--port={answer['port']}" in _Started.cmd
     assert f"--ray-client-server-port={answer['client_port']}" in _Started.cmd
+
+
+def test_a_local_heads_ports_are_chosen_together_so_never_one_twice():
+    """Ray refuses a head whose GCS and client server share a port; ports chosen one at a time can
+    (the system hands back the one just let go): ``free_ports`` holds each until all are bound."""
+    chosen = ports.free_ports(64)
+    assert len(set(chosen)) == 64 and all(ports.is_free(port) for port in chosen)
 
 
 def test_a_ray_client_whose_server_failed_to_start_tries_again(monkeypatch):

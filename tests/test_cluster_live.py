@@ -108,10 +108,13 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     victim = current().group.info[0]["node_id"]           # rank 0's node (both ranks: PACK)
     noticed = []
 
-    def notice():
+    def notice():       # at step 5, however long the busy machine takes to start the job
+        deadline = time.time() + 60
+        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+            time.sleep(0.05)
         noticed.append((time.time(), gg.preempt(victim[-6:], notice=5)))
 
-    threading.Timer(2.0, notice).start()
+    threading.Thread(target=notice, daemon=True).start()
     result = gg.run(STEADY + "\nfinal_step", workers=2, gpus_per_worker=1, push={"log": str(log)},
                     checkpoint_dir=str(ckpt), max_failures=0, monitor=False)
     out = capsys.readouterr().out

@@ -3,6 +3,8 @@ it blames. (The lab tests in tests/lab/test_ssh_cluster.py gather the facts on r
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from gpugeek_jupyter.health.findings import DoctorReport, Link, NodeFacts, judge
@@ -198,3 +200,29 @@ def test_no_row_is_green_while_a_problem_below_names_it():
         for row in report.rows:
             named = any(row["node"] in p.host.split(" ↔ ") for p in report.problems)
             assert row[""] == ("✗" if named else "✓"), repr(report)
+
+
+def test_a_link_that_looks_slow_once_is_measured_again_and_only_a_slow_one_is_named(monkeypatch):
+    """A busy machine stalls one short TCP test now and then (seen under load: 295 Mbit/s on an
+    11 Gbit/s bridge): a link many times slower than the best is measured once more and keeps its
+    better figures, so only a link slow both times is named."""
+    from gpugeek_jupyter.health import checkup
+
+    facts = three()
+    tries = {(0, 1): [(7.6e6, None, True)] * 2,                      # shaped: slow both times
+             (1, 2): [(2.95e8, None, True), (9.0e9, None, False)],   # stalled once
+             (0, 2): [(9.4e9, None, False)]}
+    calls = collections.Counter()
+
+    def one_way(sender, receiver, address, deadline):
+        pair = (min(sender, receiver), max(sender, receiver))
+        calls[pair] += 1
+        return tries[pair][(calls[pair] - 1) // 2]                    # a try is both ways
+
+    monkeypatch.setattr(checkup, "_one_way", one_way)
+    links = checkup._links([0, 1, 2], facts)
+    assert calls == {(0, 1): 4, (1, 2): 4, (0, 2): 2}                 # measured again: the two slow ones
+    assert links[("10.0.0.2", "10.0.0.3")] == Link(9.0e9, 9.0e9, cut_short=False)
+    assert links[("10.0.0.1", "10.0.0.2")] == Link(7.6e6, 7.6e6, cut_short=True)
+    report = judge("c", KERNEL, facts, pairs(), links=links)
+    assert [p.host for p in report.problems] == ["10.0.0.1 ↔ 10.0.0.2"], report.problems

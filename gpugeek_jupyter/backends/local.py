@@ -62,11 +62,12 @@ def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | 
     each try (the sim backend's autoscaler config names it)."""
     slow = 0
     for attempt in range(1, START_TRIES + 1):
-        port = ports.free_port()
+        port, client_port, dashboard_port = ports.free_ports(3)   # three at once: never one twice
         if port_chosen is not None:
             port_chosen(port)
         try:
-            return _start_head(temp_dir, marker, port=port, **kwargs)
+            return _start_head(temp_dir, marker, port=port, client_port=client_port,
+                               dashboard_port=dashboard_port, **kwargs)
         except _PortTaken as exc:
             if attempt == START_TRIES:
                 raise GpugeekError(str(exc)) from None
@@ -81,13 +82,14 @@ def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | 
 
 def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                 autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
-                port: int, dashboard: bool = False) -> Head:
-    """``dashboard``: Ray's dashboard on a free port of 127.0.0.1 (token-protected like the rest)."""
-    dashboard_port = ports.free_port() if dashboard else None
+                port: int, client_port: int, dashboard_port: int, dashboard: bool = False) -> Head:
+    """``dashboard``: Ray's dashboard on ``dashboard_port`` of 127.0.0.1 (token-protected like the
+    rest)."""
+    dashboard_port = dashboard_port if dashboard else None
     cmd = [
         sys.executable, "-c", "from ray.scripts.scripts import main; main()",
         "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
-        f"--ray-client-server-port={ports.free_port()}", "--dashboard-agent-listen-port=0",
+        f"--ray-client-server-port={client_port}", "--dashboard-agent-listen-port=0",
         "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]
     if dashboard_port:

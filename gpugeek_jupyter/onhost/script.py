@@ -150,7 +150,9 @@ def start(args):
     if spec.get("cpus") is not None:
         cmd.append(f"--num-cpus={int(spec['cpus'])}")
     if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
-        spec.update({key: _any_free_port(ip) for key in ("port", "client_port") if not _free(ip, spec[key])})
+        for key, other in (("port", "client_port"), ("client_port", "port")):
+            while not _free(ip, spec[key]) or spec[key] == spec[other]:   # never the other's port
+                spec[key] = _any_free_port(ip)
     if spec["role"] == "head":
         cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]

@@ -40,7 +40,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     remote = spec.remote
     head = ssh.parse_hosts([remote["hosts"][0]])[0]
     gcs_port, client_port = wanted if wanted and all(ports.is_free(p) for p in wanted) else (
-        ports.free_port(), ports.free_port())
+        ports.free_ports(2))
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
                f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off

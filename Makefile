@@ -24,7 +24,7 @@ LAB_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
-PYTEST_BROWSER := $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser
+PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 
 .PHONY: lab labextension lint test test-fast test-browser chromium sshd prometheus bench clean

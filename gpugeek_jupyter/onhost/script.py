@@ -150,9 +150,7 @@ def start(args):
     if spec.get("cpus") is not None:
         cmd.append(f"--num-cpus={int(spec['cpus'])}")
     if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
-        for key, other in (("port", "client_port"), ("client_port", "port")):
-            while not _free(ip, spec[key]) or spec[key] == spec[other]:   # never the other's port
-                spec[key] = _any_free_port(ip)
+        _move_off_held_ports(spec, ip)
     if spec["role"] == "head":
         cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
@@ -220,6 +218,14 @@ def _free(ip, port):
         except OSError:
             return False
         return True
+
+
+def _move_off_held_ports(spec, ip):
+    """The head's GCS and client ports, each moved to a free one where it is held — never onto the
+    other's (the system may hand back the port it just let go)."""
+    for key, other in (("port", "client_port"), ("client_port", "port")):
+        while not _free(ip, spec[key]) or spec[key] == spec[other]:
+            spec[key] = _any_free_port(ip)
 
 
 def _any_free_port(ip):

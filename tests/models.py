@@ -49,10 +49,15 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
-def logged_steps(steps: int, pause_s: float) -> str:
+def logged_steps(steps: int, pause_s: float, *, shown: bool = False, log: str | None = None) -> str:
     """A ``%%gpugeek run`` cell: a DDP loop of ``steps`` steps through ``gg.steps`` (so it resumes
-    from a checkpoint), rank 0 appending each step and its time to the pushed path ``log``; it
-    ends with ``final_step``."""
+    from a checkpoint), rank 0 appending each step and its time to the pushed path ``log`` (or to
+    ``log`` itself, when given); it ends with ``final_step``. ``shown``: each step's loss is also
+    logged and rank 0 prints "step N", and the cell keeps its ``weights``."""
+    show = "\n    gg.log(loss=loss.item())" if shown else ""
+    say = "\n        print('step', gg.step, flush=True)" if shown else ""
+    keep = "\nweights = [p.detach().clone() for p in model.parameters()]" if shown else ""
+    path = repr(log) if log else "log"
     return f"""
 import time, torch
 torch.manual_seed(0)
@@ -61,10 +66,11 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 model, optimizer = gg.prepare(model, optimizer)
 data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range({steps})]
 for batch in gg.steps(data):
-    gg.backward(model(batch).pow(2).mean())
+    loss = model(batch).pow(2).mean()
+    gg.backward(loss){show}
     if rank == 0:
-        with open(log, "a") as f:
-            f.write(f"{{gg.step}} {{time.time()}}\\n")
+        with open({path}, "a") as f:
+            f.write(f"{{gg.step}} {{time.time()}}\\n"){say}
     time.sleep({pause_s})
-final_step = gg.step
+final_step = gg.step{keep}
 """

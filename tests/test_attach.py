@@ -244,19 +244,20 @@ def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_roo
             gg.down("orph")
 
 
-def test_a_kernel_that_exits_takes_its_group_along(gpugeek_home):
-    """Shut down or restarted, a kernel leaves no workers behind (only one that dies does): its
-    workers' processes, seen by pid, end with it."""
+def test_a_kernel_that_moves_to_another_cluster_or_exits_takes_its_group_along(gpugeek_home):
+    """Moved to another cluster, shut down or restarted, a kernel leaves no workers behind (only
+    one that dies does): its workers' processes on each cluster, seen by pid, end with it."""
     import psutil
 
-    said = new_kernel("import gpugeek_jupyter as gg\ngg.up('leaves')\n"
-                      "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n", gpugeek_home)
+    cell = "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n"
+    said = new_kernel(f"import gpugeek_jupyter as gg\ngg.up('leaves')\n{cell}gg.up('moved')\n{cell}", gpugeek_home)
     try:
         assert said.returncode == 0, said.stderr[-3000:]
         pids = [int(line.split()[-1]) for line in said.stdout.splitlines() if line.startswith("[rank ")]
-        assert len(pids) == 2, said.stdout
+        assert len(pids) == 4, said.stdout        # two on the cluster it left, two on the one it exited on
         wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                   for p in pids), 15, "the exited kernel's workers to end")
+                                   for p in pids), 15, "the kernel's workers on both clusters to end")
     finally:
-        if registry.live("leaves") is not None:
-            gg.down("leaves")
+        for name in ("leaves", "moved"):
+            if registry.live(name) is not None:
+                gg.down(name)

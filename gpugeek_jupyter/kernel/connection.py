@@ -65,6 +65,8 @@ def connect(record: ClusterRecord) -> None:
             return
         if session.connection is None:
             print(f"note: this kernel's own Ray connection is closed; it now drives {record.name!r}")
+        else:
+            _leave_group(session)
         ray.shutdown()
         session.connection = None
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
@@ -85,6 +87,17 @@ def connect(record: ClusterRecord) -> None:
     if _watcher is None:
         _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
         _watcher.start()
+
+
+def _leave_group(session) -> None:
+    """This kernel moves to another cluster: its warm group there is stopped (its workers are
+    detached, and would stay), unless a job runs on it — then the job goes on, and is said."""
+    group = session.group
+    if group is None or not group.leave():
+        return
+    left, job = registry.get(session.connection.cluster_id), (group.job or {}).get("id", "JOB")
+    print(f"note: this kernel's job {job} goes on on {left.name!r} — `%gpugeek up {left.name}` then "
+          f"`%gpugeek attach {job}` follows it", flush=True)
 
 
 def _client_init(address: str, runtime_env: dict) -> None:

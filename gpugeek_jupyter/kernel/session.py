@@ -36,11 +36,15 @@ class Connection:
 
 class WarmGroup(Protocol):
     """What the session needs of a warm worker group (``workers/group.py``'s ``WorkerGroup``):
-    to mark it lost with its connection, and to stop it."""
+    to mark it lost with its connection, to stop it, and to leave it (stopped unless a job runs
+    there: True then) when this kernel moves to another cluster."""
 
     broken: bool
+    job: dict | None      # the running cell's job (its id)
 
     def stop(self) -> None: ...
+
+    def leave(self) -> bool: ...
 
 
 @dataclass

@@ -189,6 +189,10 @@ class WorkerGroup:
         # host's IP), so it cannot be compared
         return ray.is_initialized() and connection.connected_address() == self.address
 
+    def leave(self) -> bool:
+        """Stopped unless a job still runs here (True then): ``orphans.leave``."""
+        return orphans.leave(self)
+
     def stop(self) -> None:
         import ray
 

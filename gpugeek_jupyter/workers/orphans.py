@@ -6,7 +6,8 @@ cluster without one) with its journal and pulled variables: a new kernel reads t
 from this machine removes it — sooner when that group needs its room, and says so — so a
 restarted kernel never finds its cluster full of a dead kernel's workers; a new group that finds
 no room says which jobs hold it. A kernel that exits
-(shut down, restarted) takes its group along, unless a job still runs there.
+(shut down, restarted), or moves to another cluster, takes its group along, unless a job still
+runs there (``leave``).
 
 A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
 (rank 0 then keeps the new owner, ``Worker.adopted``)."""
@@ -166,16 +167,25 @@ def leave_with_this_kernel() -> None:
     atexit.register(_stop_at_exit)
 
 
-def _stop_at_exit() -> None:
+def leave(group) -> bool:
+    """Stop ``group`` unless a job still runs there (True then): its workers are detached, so a
+    kernel that exits, or moves to another cluster, would otherwise leave them on this one."""
     import ray
 
+    if group.broken or not group.workers or not group.connected():
+        return False
+    try:
+        if ray.get(group.workers[0].state.remote(), timeout=5).get("running"):
+            return True
+        group.stop()
+    except Exception:  # noqa: BLE001 - the cluster out of reach as the kernel goes: the orphan sweep
+        pass
+    return False
+
+
+def _stop_at_exit() -> None:
     from ..kernel.session import current
 
     group = current().group
-    if group is None or group.broken or not group.workers or not group.connected():
-        return
-    try:
-        if not ray.get(group.workers[0].state.remote(), timeout=5).get("running"):
-            group.stop()
-    except Exception:  # noqa: BLE001 - the cluster out of reach as the kernel exits: the orphan sweep
-        pass
+    if group is not None:
+        leave(group)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cluster_processes import kernel_line, settings
+from models import logged_steps
 
 from gpugeek_jupyter.cluster import registry
 
@@ -28,25 +29,6 @@ PAUSE_S = 1.0          # a step's pause: the job takes STEPS × PAUSE_S
 ASLEEP_S = 120.0       # the kernel stopped and the link cut this long
 GAP_LIMIT_S = 5.0      # no gap between two steps on the hosts longer than this
 CHECKPOINT_EVERY = 10  # steps: a checkpoint into the cluster's S3 storage, written during the cut too
-CELL = """
-import time, torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer = gg.prepare(model, optimizer)
-data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range({steps})]
-for batch in gg.steps(data):
-    loss = model(batch).pow(2).mean()
-    gg.backward(loss)
-    gg.log(loss=loss.item())
-    if rank == 0:
-        with open({log!r}, "a") as f:
-            f.write(f"{{gg.step}} {{time.time()}}\\n")
-        print("step", gg.step, flush=True)
-    time.sleep({pause})
-final_step = gg.step
-weights = [p.detach().clone() for p in model.parameters()]
-"""
 KERNEL = """
 import sys, time, torch, gpugeek_jupyter as gg
 gg.up('lid', backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour=3.6,
@@ -72,8 +54,8 @@ def test_the_lid_closed_for_two_minutes_the_job_goes_on_and_the_cell_picks_up(la
     kernel = subprocess.Popen(
         [sys.executable, "-c", KERNEL.format(
             hosts=hosts, key=str(lab.key), index=lab.index_url, every=CHECKPOINT_EVERY,
-            plain=CELL.format(steps=STEPS, log="/dev/null", pause=0), cell=CELL.format(steps=STEPS, log=log,
-                                                                                      pause=PAUSE_S))],
+            plain=logged_steps(STEPS, 0, shown=True, log="/dev/null"),
+            cell=logged_steps(STEPS, PAUSE_S, shown=True, log=log))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     said: list[str] = []

@@ -20,8 +20,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` different ports nothing listens on at ``host`` now: each socket is held until all
-    are bound, so no two calls to ``free_port`` hand out the same port just let go."""
+    """``count`` different ports nothing listens on at ``host`` now. Each socket is held until all
+    are bound: ``free_port`` asked twice may get the port it just let go, twice."""
     socks = [socket.socket() for _ in range(count)]
     try:
         for sock in socks:

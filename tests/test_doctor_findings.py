@@ -202,16 +202,26 @@ def test_no_row_is_green_while_a_problem_below_names_it():
             assert row[""] == ("✗" if named else "✓"), repr(report)
 
 
-def test_a_link_that_looks_slow_once_is_measured_again_and_only_a_slow_one_is_named(monkeypatch):
-    """A busy machine stalls one short TCP test now and then (seen under load: 295 Mbit/s on an
-    11 Gbit/s bridge): a link many times slower than the best is measured once more and keeps its
+STALLED_ONCE = {   # (sender, receiver) pair → each try's (bits per second, why not, cut short)
+    "a fast pair stalls under 4× the best": {
+        (0, 1): [(7.6e6, None, True)] * 2,                      # shaped: slow both times
+        (1, 2): [(2.95e8, None, True), (9.0e9, None, False)],   # stalled once
+        (0, 2): [(9.4e9, None, False)]},
+    "the best pair stalls under the floor": {
+        (0, 1): [(3.94e8, None, True), (1.1e10, None, False)],  # seen in CI: 394 Mbit/s, 11 Gbit/s the other way
+        (0, 2): [(9.57e7, None, True)] * 2,                     # 10.0.0.3 shaped to 100 Mbit/s
+        (1, 2): [(9.56e7, None, True)] * 2},
+}
+
+
+@pytest.mark.parametrize("case", STALLED_ONCE)
+def test_a_link_that_looks_slow_once_is_measured_again_and_only_a_slow_one_is_named(case, monkeypatch):
+    """A busy machine stalls one short TCP test now and then (seen under load: 295 and 394 Mbit/s
+    on an 11 Gbit/s bridge): a link whose figures say slow is measured once more and keeps its
     better figures, so only a link slow both times is named."""
     from gpugeek_jupyter.health import checkup
 
-    facts = three()
-    tries = {(0, 1): [(7.6e6, None, True)] * 2,                      # shaped: slow both times
-             (1, 2): [(2.95e8, None, True), (9.0e9, None, False)],   # stalled once
-             (0, 2): [(9.4e9, None, False)]}
+    facts, tries = three(), STALLED_ONCE[case]
     calls = collections.Counter()
 
     def one_way(sender, receiver, address, deadline):
@@ -221,8 +231,12 @@ def test_a_link_that_looks_slow_once_is_measured_again_and_only_a_slow_one_is_na
 
     monkeypatch.setattr(checkup, "_one_way", one_way)
     links = checkup._links([0, 1, 2], facts)
-    assert calls == {(0, 1): 4, (1, 2): 4, (0, 2): 2}                 # measured again: the two slow ones
-    assert links[("10.0.0.2", "10.0.0.3")] == Link(9.0e9, 9.0e9, cut_short=False)
-    assert links[("10.0.0.1", "10.0.0.2")] == Link(7.6e6, 7.6e6, cut_short=True)
+    assert calls == {pair: 2 * len(got) for pair, got in tries.items()}   # measured again: the slow-looking
+    names = {(0, 1): ("10.0.0.1", "10.0.0.2"), (0, 2): ("10.0.0.1", "10.0.0.3"), (1, 2): ("10.0.0.2", "10.0.0.3")}
+    for pair, got in tries.items():
+        rate = max(bps for bps, _, _ in got)
+        assert links[names[pair]] == Link(rate, rate, cut_short=all(cut for _, _, cut in got))
+    slow = [names[pair] for pair, got in tries.items() if max(got)[0] < 1e9]
     report = judge("c", KERNEL, facts, pairs(), links=links)
-    assert [p.host for p in report.problems] == ["10.0.0.1 ↔ 10.0.0.2"], report.problems
+    named = [p.host for p in report.problems]
+    assert named == (["10.0.0.3"] if len(slow) == 2 else [" ↔ ".join(slow[0])]), report.problems

@@ -20,7 +20,7 @@ from ..errors import GpugeekError
 from ..kernel import connection, environment, session
 from ..workers import rendezvous
 from . import probe as probe_module
-from .findings import DEFAULT_PACKAGES, OUTLIER, DoctorReport, Link, NodeFacts, judge
+from .findings import DEFAULT_PACKAGES, DoctorReport, Link, NodeFacts, judge, tcp_slow
 
 SILENT_TIMEOUT_S = 60.0      # a node whose port opens but that has not answered by then is silent
 JOIN_TIMEOUT_S = 20.0        # gloo's rendezvous among the nodes that answered
@@ -189,9 +189,9 @@ def _clocks(probes: list, facts: list[NodeFacts]) -> None:
 
 def _links(probes: list, facts: list[NodeFacts]) -> dict:
     """Plain TCP throughput of every link, each direction on its own and one at a time, so that
-    each figure is that link's alone: {(node_id_a, node_id_b): Link}. A link that looks many times
-    slower than the best is measured once more and its better figures kept: a busy machine stalls
-    one short test now and then, a slow link is slow both times."""
+    each figure is that link's alone: {(node_id_a, node_id_b): Link}. A link whose figures say slow
+    (under the floor, or many times under the best) is measured once more and keeps its better
+    figures: a busy machine stalls one short test now and then, a slow link is slow both times."""
     pairs = list(itertools.combinations(range(len(probes)), 2))
     deadline = max(LINK_DEADLINE_MIN_S, min(LINK_DEADLINE_S, LINK_BUDGET_S / (2 * len(pairs))))
 
@@ -203,7 +203,7 @@ def _links(probes: list, facts: list[NodeFacts]) -> dict:
     links = {(i, j): measure(i, j) for i, j in pairs}
     best = max((link.rate for link in links.values() if link.rate is not None), default=None)
     for (i, j), link in links.items():
-        if link.rate is not None and link.cut_short and link.rate * OUTLIER < best:
+        if link.rate is not None and tcp_slow(link, best):
             again = measure(i, j)
             if again.rate is not None:
                 links[(i, j)] = Link(max(link.there, again.there), max(link.back, again.back),

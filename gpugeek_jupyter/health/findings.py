@@ -296,9 +296,15 @@ def _links(pairs: dict, links: dict, names: dict[str, str]) -> list[Problem]:
     return [Problem(f"{names[a]} ↔ {names[b]}", f"{kind([(a, b)])} — {said(a, b)} ({versus})", fix) for (a, b) in slow]
 
 
+def tcp_slow(link: Link, best_bps: float | None) -> bool:
+    """What a link's plain TCP test says alone: nothing measured, under the floor, or cut short by
+    the deadline at a rate many times under the best pair's."""
+    return link.rate is None or link.rate < LINK_FLOOR_BPS or (
+        link.cut_short and best_bps is not None and link.rate * OUTLIER < best_bps)
+
+
 def _slow(link: Link | None, figures: tuple | None, best_bps, best_ms, best_gbs) -> bool:
-    if link is not None and (link.rate is None or link.rate < LINK_FLOOR_BPS
-                             or (link.cut_short and link.rate * OUTLIER < best_bps)):
+    if link is not None and tcp_slow(link, best_bps):
         return True
     if figures is None:
         return False

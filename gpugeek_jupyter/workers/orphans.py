@@ -89,8 +89,9 @@ def reclaim(keep_s: float | None = None, room_needed: bool = False) -> list[str]
         if not kernel_gone(_owner(group_id)):
             continue
         state = _lead_state(names)       # None: rank 0 is dead, and nothing of the group can run
+        within = state is not None and time.time() < _kept_until(state, keep_s)   # its window for `attach`
         if state is not None and (state["running"] or not kernel_gone(_owner(group_id, state))
-                                  or (not room_needed and time.time() < _kept_until(state, keep_s))):
+                                  or (within and not room_needed)):
             continue
         for name in names:
             try:
@@ -103,8 +104,7 @@ def reclaim(keep_s: float | None = None, room_needed: bool = False) -> list[str]
             pass
         gone.append(group_id)
         print(f"note: removed the worker group of a kernel that is gone ({group_id})"
-              f"{_why_removed(state, room_needed and state is not None and time.time() < _kept_until(state, keep_s))}",
-              flush=True)
+              f"{_why_removed(state, early=within)}", flush=True)
     return gone
 
 
@@ -188,4 +188,4 @@ def _stop_at_exit() -> None:
 
     group = current().group
     if group is not None:
-        leave(group)
+        group.leave()

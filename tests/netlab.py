@@ -77,6 +77,13 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+def _closing_to(address: str) -> list[str]:
+    """This machine's TCP sockets to ``address`` not yet closed both ways: all but TIME-WAIT (which
+    sends nothing more). Once a host's processes are killed, each of these is a close under way."""
+    out = _run("ss", "-tanH", "dst", address).stdout
+    return [line for line in out.splitlines() if line.strip() and not line.startswith("TIME-WAIT")]
+
+
 @dataclass
 class Host:
     name: str          # h1, h2, …
@@ -214,9 +221,16 @@ class Lab:
         host.ns("tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def delete_host(self, host: Host) -> None:
-        """End the host as a provider's console ends a machine: every process killed, its cable and
-        its network namespace deleted, so nothing holds its address any more."""
+        """End the host as a provider's console ends a machine: every process killed, the
+        connections they had closed (a machine shutting down closes them before it goes dark), then
+        its cable and its network namespace deleted, so nothing holds its address any more.
+
+        Without the wait, a close racing the cable leaves a socket here retransmitting its FIN to the
+        deleted address for a minute or more: the kernel's, not anything of ours dialing."""
         self.kill_host(host)
+        deadline = time.monotonic() + 10
+        while _closing_to(host.address) and time.monotonic() < deadline:
+            time.sleep(0.05)   # polls: the closes take a round trip or two on the bridge
         _run("ip", "link", "del", host.link, check=False)
         _run("ip", "netns", "del", host.netns, check=False)
 

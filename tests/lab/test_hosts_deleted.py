@@ -127,3 +127,25 @@ def test_hosts_deleted_under_a_live_cluster_then_forgotten(doomed, gpugeek_home)
     finally:
         if registry.live("acc") is not None:
             _gpugeek(gpugeek_home, "down", "acc", "--forget")
+
+
+def test_a_host_deleted_while_a_client_here_closes_leaves_no_socket_to_it():
+    """The lab's own deletion, checked: a client here that closes a moment after the host's sshd
+    dies (as ssh does, writing its goodbye first) finishes its close before the cable is cut, so
+    the socket check above sees only what something of ours still holds."""
+    with netlab.fixture(1) as lab:
+        host = lab.hosts[0]
+        client = socket.create_connection((host.address, 22), timeout=10)
+        client.recv(64)                                   # sshd's banner: the connection is up
+
+        def close_late():
+            client.recv(64)                               # EOF: the host's sshd is gone
+            time.sleep(0.3)                               # a client slow to close, on purpose
+            client.sendall(b"bye\n")
+            client.close()
+
+        closer = threading.Thread(target=close_late)
+        closer.start()
+        lab.delete_host(host)
+        closer.join(timeout=10)
+        assert not _sockets_to(lab.subnet), "a close under way when the host went still sends"

@@ -77,10 +77,12 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def _closing_to(address: str) -> list[str]:
-    """This machine's TCP sockets to ``address`` not yet closed both ways: all but TIME-WAIT (which
-    sends nothing more). Once a host's processes are killed, each of these is a close under way."""
-    out = _run("ss", "-tanH", "dst", address).stdout
+def sockets_to(destination: str) -> list[str]:
+    """This machine's TCP sockets with a peer in ``destination`` (an address or a subnet), as ``ss``
+    lists them with their process, but those in TIME-WAIT: closed both ways, they send nothing
+    more. Once a host's processes are killed, each one left is a close under way or something of
+    ours that still holds a connection."""
+    out = _run("ss", "-tanpH", "dst", destination).stdout
     return [line for line in out.splitlines() if line.strip() and not line.startswith("TIME-WAIT")]
 
 
@@ -229,7 +231,7 @@ class Lab:
         deleted address for a minute or more: the kernel's, not anything of ours dialing."""
         self.kill_host(host)
         deadline = time.monotonic() + 10
-        while _closing_to(host.address) and time.monotonic() < deadline:
+        while sockets_to(host.address) and time.monotonic() < deadline:
             time.sleep(0.05)   # polls: the closes take a round trip or two on the bridge
         _run("ip", "link", "del", host.link, check=False)
         _run("ip", "netns", "del", host.netns, check=False)

@@ -42,14 +42,6 @@ def _gpugeek(home, *args: str) -> subprocess.CompletedProcess:
                           timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "GPUGEEK_HOME": str(home)})
 
 
-def _sockets_to(subnet: str) -> list[str]:
-    """TCP sockets of this machine with a peer in ``subnet``, as ``ss`` lists them — but those in
-    TIME-WAIT: a connection closed before the hosts went lingers there for a minute, sending
-    nothing (the witness on the bridge checks that nothing is sent)."""
-    out = subprocess.run(["ss", "-tanp", "dst", subnet], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines()[1:] if not line.startswith("TIME-WAIT")]
-
-
 def _datagram(address: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.sendto(b"?", (address, 9))
@@ -111,7 +103,7 @@ def test_hosts_deleted_under_a_live_cluster_then_forgotten(doomed, gpugeek_home)
         assert closed["state"] == "stopped" and closed["spent_usd"] == pytest.approx(expected, rel=1e-9)
 
         # from outside: no socket to the deleted addresses, and no frame sent towards them
-        sockets = _sockets_to(subnet)
+        sockets = netlab.sockets_to(subnet)
         assert not sockets, f"sockets to the deleted hosts: {sockets}"
         gone = {h.address for h in doomed.hosts}
         sent = doomed.frames_to(gone, QUIET_S)      # a span with no reader asking: anything dialing shows
@@ -148,4 +140,4 @@ def test_a_host_deleted_while_a_client_here_closes_leaves_no_socket_to_it():
         closer.start()
         lab.delete_host(host)
         closer.join(timeout=10)
-        assert not _sockets_to(lab.subnet), "a close under way when the host went still sends"
+        assert not netlab.sockets_to(lab.subnet), "a close under way when the host went still sends"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 API = ("Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
        "attach", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan", "preempt",
-       "price_performance", "reset", "run", "scale", "status", "up", "update_catalog")
+       "price_performance", "reset", "run", "scale", "status", "torchrun", "up", "update_catalog")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
 __version__ = "0.1.0"

@@ -76,6 +76,26 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
                     watch=display.view_maker(JobWatch) if monitor else None)
 
 
+def torchrun(script: str, *args: str, name: str | None = None, monitor: bool = True, **flags):
+    """Run an existing ``torchrun``-style script (``train.py``) on the warm group as one job: every
+    worker runs it as a rank, with ``sys.argv`` = [script, *args] and the variables ``torchrun``
+    sets, as ``torchrun --nproc-per-node … train.py ARGS`` would. ``flags`` are ``run``'s. The
+    script is read here; files it opens must be on the workers (``up --working-dir``)."""
+    from pathlib import Path
+
+    from .errors import GpugeekError
+    from .workers import jobs
+
+    path = Path(script).expanduser()
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise GpugeekError(f"torchrun {script}: cannot read it ({why}) — give the path of a Python script") from None
+    return jobs.run(source, argv=(script, *args), name=name or path.name, plan=current().last_plan,
+                    watch=display.view_maker(JobWatch) if monitor else None, **flags)
+
+
 def jobs(name: str | None = None):
     """The cluster's jobs, from the cluster itself (each worker group keeps its last cells):
     running or ended, their step, $ (this machine's ledger, where it ran them) and whose kernel

@@ -9,6 +9,8 @@ May import: `api.py`, `widgets/`, `sizing/`, the ground floor.
 
 from __future__ import annotations
 
+import argparse
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -17,11 +19,12 @@ from IPython.display import display
 from .. import api
 from ..errors import GpugeekError
 from ..sizing import spot
-from ..vocab import Amp, CostGrouping, Objective, Optimizer, Precision, Strategy
+from ..vocab import CostGrouping, Objective, Optimizer, Precision, Strategy
 from .flags import (
     SUBCOMMANDS,
     choice,
     cluster_name,
+    job_flags,
     number,
     offer_filters,
     positive_float,
@@ -273,40 +276,37 @@ def _names(text: str | None) -> list[str]:
 
 @subcommand
 @magic_arguments()
-@argument("--workers", type=number("--workers", int), default=2, help="workers (one rank each)")
-@argument("--gpus-per-worker", type=number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)")
-@argument("--amp", default="off", type=choice(Amp, "--amp"), metavar="|".join(Amp.values()),
-          help="mixed precision for gg.autocast()")
-@argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",
-          help="activation checkpointing of repeated blocks (or of CLASS)")
-@argument("--accumulate", type=number("--accumulate", int), default=1, help="micro-batches per step")
-@argument("--clip", type=number("--clip"), help="clip gradients to this norm")
-@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
-@argument("--checkpoint-every", type=number("--checkpoint-every", int), help="save every N steps")
-@argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)")
-@argument("--collective-timeout", type=number("--collective-timeout"), metavar="SECONDS",
-          help="a collective (all_reduce…) waiting longer fails the cell (default 300)")
-@argument("--max-failures", type=number("--max-failures", int), default=0,
-          help="rebuild and re-run (resuming) after up to K dead workers")
+@job_flags
 @argument("--push", help="notebook variables to send, comma-separated")
 @argument("--pull", help="variables to bring back from rank 0, comma-separated")
-@argument("--all-ranks", action="store_true", help="show every rank's output, prefixed")
-@argument("--name", help="job name (ledger, checkpoints)")
-@argument("--no-monitor", action="store_true", help="no live job widget or final figure")
 def run(self: GpugeekMagics, line: str, cell: str = ""):
     """Run the cell on every worker of a warm DDP group (`%%gpugeek run`)."""
     args = parse_argstring(run, line)
     push = {n: self._variable(n, "--push") for n in _names(args.push)}
-    result = api.run(
-        cell, workers=args.workers, gpus_per_worker=args.gpus_per_worker, amp=args.amp,
-        grad_ckpt=args.grad_ckpt, accumulate=args.accumulate, clip=args.clip,
-        strategy=args.strategy, checkpoint_every=args.checkpoint_every,
-        checkpoint_dir=args.checkpoint_dir, collective_timeout=args.collective_timeout,
-        max_failures=args.max_failures, push=push or None,
-        pull=_names(args.pull) or None, all_ranks=args.all_ranks, name=args.name,
-        monitor=not args.no_monitor)
+    result = api.run(cell, push=push or None, pull=_names(args.pull) or None, **_job_options(args))
     self.shell.user_ns.update(result.pulled)
     return result.shown()
+
+
+@subcommand
+@magic_arguments()
+@job_flags
+@argument("script", help="a torchrun-style training script (train.py): every worker runs it as a rank")
+@argument("args", nargs=argparse.REMAINDER, help="the script's own arguments (after its name, as torchrun takes them)")
+def torchrun(self: GpugeekMagics, line: str):
+    """Run an existing torchrun script on the warm group as one job (`%gpugeek torchrun train.py ARGS`)."""
+    args = parse_argstring(torchrun, line)
+    return api.torchrun(args.script, *args.args, **_job_options(args)).shown()
+
+
+def _job_options(args) -> dict:
+    """``job_flags`` as the API takes them."""
+    return dict(workers=args.workers, gpus_per_worker=args.gpus_per_worker, amp=args.amp,
+                grad_ckpt=args.grad_ckpt, accumulate=args.accumulate, clip=args.clip,
+                strategy=args.strategy, checkpoint_every=args.checkpoint_every,
+                checkpoint_dir=args.checkpoint_dir, collective_timeout=args.collective_timeout,
+                max_failures=args.max_failures, all_ranks=args.all_ranks, name=args.name,
+                monitor=not args.no_monitor)
 
 
 @subcommand

@@ -14,7 +14,7 @@ from IPython.core.magic_arguments import argument
 from ..errors import GpugeekError
 from ..units import number as checked
 from ..units import parse_duration
-from ..vocab import Choice, Pricing
+from ..vocab import Amp, Choice, Pricing, Strategy
 
 Subcommand = Callable[..., object]      # (the magics object, the line[, the cell])
 SUBCOMMANDS: dict[str, Subcommand] = {}
@@ -93,3 +93,28 @@ def span(flag: str) -> Callable[[str], float]:
         except GpugeekError as exc:
             raise UsageError(str(exc)) from None
     return parse
+
+
+# what a job asks of the worker group, in `run` and `torchrun` (--amp, --grad-ckpt and
+# --accumulate are the gg helper's: a cell or script that never calls gg is told they don't apply)
+job_flags = flags(
+    argument("--workers", type=number("--workers", int), default=2,
+             help="workers, one rank each (torchrun's --nproc-per-node × --nnodes)"),
+    argument("--gpus-per-worker", type=number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)"),
+    argument("--amp", default="off", type=choice(Amp, "--amp"), metavar="|".join(Amp.values()),
+             help="mixed precision for gg.autocast()"),
+    argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",
+             help="activation checkpointing of repeated blocks (or of CLASS), by gg.prepare"),
+    argument("--accumulate", type=number("--accumulate", int), default=1, help="micro-batches per gg step"),
+    argument("--clip", type=number("--clip"), help="clip gradients to this norm"),
+    argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values())),
+    argument("--checkpoint-every", type=number("--checkpoint-every", int), help="save every N steps"),
+    argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)"),
+    argument("--collective-timeout", type=number("--collective-timeout"), metavar="SECONDS",
+             help="a collective (all_reduce…) waiting longer fails the cell (default 300)"),
+    argument("--max-failures", type=number("--max-failures", int), default=0,
+             help="rebuild and re-run (resuming) after up to K dead workers"),
+    argument("--all-ranks", action="store_true", help="show every rank's output, prefixed"),
+    argument("--name", help="job name (ledger, checkpoints)"),
+    argument("--no-monitor", action="store_true", help="no live job widget or final figure"),
+)

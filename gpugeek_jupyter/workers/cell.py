@@ -32,7 +32,17 @@ class Cell:
         linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
 
 
-def user_traceback(exc: BaseException, filename_prefix: str = "<cell") -> str:
+def calls_gg(source: str) -> bool:
+    """Whether the cell names ``gg`` at all (a cell that does not parse: as if it did — its
+    error comes from the workers)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    return any(isinstance(node, ast.Name) and node.id == "gg" for node in ast.walk(tree))
+
+
+def user_traceback(exc: BaseException, filename_prefix: tuple[str, ...] = ("<cell", "<script")) -> str:
     """The traceback from the first frame of the user's cell on, ending in the exception line."""
     frames = traceback.extract_tb(exc.__traceback__)
     first = next((i for i, f in enumerate(frames) if f.filename.startswith(filename_prefix)), None)

@@ -24,10 +24,10 @@ import time
 from ..errors import GpugeekError
 from ..kernel import connection
 from ..meter import telemetry
-from . import away, journal, orphans, progress
+from . import away, journal, launch, orphans, progress
 from .options import RunOptions
 from .orphans import NAMESPACE, group_name
-from .placement import keep, release_held, remove
+from .placement import bundle_order, keep, release_held, remove
 from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
@@ -112,17 +112,20 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         actor = ray.remote(Worker)
+        bundles = bundle_order(self.pg, n)      # a node's ranks consecutive, as under torchrun
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
                           num_gpus=gpus or 0, name=group_name(self.group_id, i), namespace=NAMESPACE,
                           lifetime="detached",
                           scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              self.pg, placement_group_bundle_index=i)).remote()
+                              self.pg, placement_group_bundle_index=bundles[i])).remote()
             for i in range(n)]
         lead = self.workers[0]
-        (master, port), cell_line = ray.get([lead.node_address.remote(), lead.open_line.remote()])
+        asked = [lead.node_address.remote(), lead.open_line.remote(), *(w.where.remote() for w in self.workers)]
+        (master, port), cell_line, *where = ray.get(asked, timeout=READY_TIMEOUT_S)
+        envs = launch.contract([node for node, _ in where], [ids for _, ids in where], master, port, self.group_id)
         *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line,
-                                                      notices=self.notices,
+                                                      notices=self.notices, env=envs[i],
                                                       timeout_s=self.options.collective_timeout)
                                        for i, w in enumerate(self.workers)]
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
@@ -233,7 +236,7 @@ class WorkerGroup:
 
         self.cells += 1
         cell_id = self.cells
-        call = (source, f"<cell {cell_id}>", pull or [], True, options, cell_id)
+        call = (source, options.source_name(cell_id), pull or [], True, options, cell_id)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         self.job = job
@@ -414,3 +417,4 @@ class WorkerGroup:
         if stuck or outcome is None or outcome["stuck"] or outcome["dead"] is not None:
             self.broken = True
             self.stop()
+

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import notice, storage
+from .device import gpu_utilisation, memory_bytes
 from .options import RunOptions
 
 REPORT_EVERY_S = 1.0
@@ -54,6 +54,7 @@ class Helper:
         self.total_steps: int | None = None   # what the notebook's progress bar counts to
         self.loop_start = 0
         self.notice: notice.NoticeWatch | None = None    # on a node that can be preempted
+        self._pending: dict | None = None     # a framework's latest metrics, not yet numbers (``seen``)
         self.configure(options)
 
     def configure(self, options: RunOptions) -> None:
@@ -272,6 +273,29 @@ class Helper:
                 logged.setdefault(key, [None] * done).append(self.step if key == "step" else values.get(key))
         self._maybe_report()
 
+    def begin(self, total_steps: int | None = None) -> None:
+        """A framework's training loop starts (``frameworks``): what the bar counts to, and the
+        throughput from now."""
+        self.loop_start, self.total_steps = 0, total_steps or None
+        self._window = (time.perf_counter(), 0, 0)
+
+    def seen(self, *, step: int | None = None, batch=None, samples: int = 0, **metrics) -> None:
+        """A framework's progress (``frameworks``): its step, the batch (or samples) it took, its
+        metrics. A tensor becomes a number only when a report is due: no GPU sync per step."""
+        if step is not None:
+            self.step = int(step)
+        if metrics and (time.perf_counter() - self._last_report >= REPORT_EVERY_S
+                        or not any(isinstance(v, torch.Tensor) for v in metrics.values())):
+            self._pending = None
+            self.log(**metrics)
+        elif metrics:
+            self._pending = metrics       # the latest, logged when the loop ends (``flush``)
+        if batch is not None:
+            self._count(batch)
+        elif samples:
+            t0, seen, tokens = self._window
+            self._window = (t0, seen + samples, tokens)
+
     def _maybe_report(self, force: bool = False) -> None:
         now = time.perf_counter()
         if not force and now - self._last_report < REPORT_EVERY_S:
@@ -279,7 +303,7 @@ class Helper:
         t0, samples, tokens = self._window
         elapsed = max(now - t0, 1e-9)
         sample = {"t": time.time(), "rank": self.rank, "step": self.step, **self._metrics,
-                  "memory_bytes": _memory_bytes(self.device)}
+                  "memory_bytes": memory_bytes(self.device)}
         if self._logged:
             sample["logged"], self._logged = self._logged, {}
         if samples:      # a window without batches (before the first, after a pause) has no rate
@@ -288,7 +312,7 @@ class Helper:
             sample["tokens_per_s"] = tokens / elapsed
         if self.total_steps:
             sample["total_steps"], sample["loop_start"] = self.total_steps, self.loop_start
-        util = _gpu_utilisation(self.device)
+        util = gpu_utilisation(self.device)
         if util is not None:
             sample["gpu_util"] = util
         self._report(sample)
@@ -297,6 +321,9 @@ class Helper:
 
     def flush(self) -> None:
         """Send what was logged since the last report (the end of a loop)."""
+        if self._pending:
+            pending, self._pending = self._pending, None
+            self.log(**pending)
         if self._metrics or self._window[1]:
             self._maybe_report(force=True)
 
@@ -388,33 +415,3 @@ def _last_step(loader, epochs: int, accumulate: int, max_steps: int | None, star
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import psutil
-
-    return int(psutil.Process(os.getpid()).memory_info().rss)
-
-
-_nvml = None
-
-
-def _gpu_utilisation(device: torch.device) -> float | None:
-    """NVML's utilisation of this worker's GPU, in %; None without one."""
-    global _nvml
-    if device.type != "cuda":
-        return None
-    try:
-        import pynvml
-
-        if _nvml is None:
-            pynvml.nvmlInit()
-            _nvml = pynvml
-        # NVML numbers GPUs physically, ignoring CUDA_VISIBLE_DEVICES: find ours by its UUID
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:  # noqa: BLE001 - no NVML here (or not for this GPU): the report goes without it
-        return None

@@ -30,8 +30,9 @@ from ..remote.headguard import guarded
 from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
 from . import away, notice, oom, orphans, placement
+from .cell import calls_gg
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
-from .options import JobWatch, Report, RunOptions, options
+from .options import JobWatch, Report, RunOptions, gg_only, options
 
 NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
 NODE_DEATH_S = 3 * DIED_BEFORE_NOTICED_S   # … and to find a node that died unannounced
@@ -168,6 +169,12 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     one story — ledger row, group, retries after a dead worker, the end — told in order."""
     opts = options(name=name, **flags)
     max_failures = number(max_failures, "--max-failures", whole=True, least=0)
+    unused = gg_only(opts)
+    if unused and not calls_gg(source):
+        what = "this script" if opts.argv else "this cell"
+        print(f"note: {', '.join(unused)} {'is' if len(unused) == 1 else 'are'} for the gg helper, and {what} never "
+              f"calls gg — they do nothing here; set your framework's own (bf16=True, gradient_checkpointing=True, "
+              f"gradient_accumulation_steps=…)", flush=True)
     record = _cluster()
     if opts.checkpoint_every and not opts.checkpoint_dir:
         # per job name, else per cell text: re-running the same cell resumes, another cell does not;

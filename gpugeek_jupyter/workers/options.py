@@ -28,13 +28,18 @@ class RunOptions:
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
     collective_timeout: float = 300.0     # a collective waiting longer fails its cell: never a hang
+    argv: tuple[str, ...] | None = None   # a script's sys.argv (``%gpugeek torchrun``): the cell is that script
+
+    def source_name(self, cell_id: int) -> str:
+        """What a remote traceback calls the code: the cell, or the script it is."""
+        return f"<cell {cell_id}>" if self.argv is None else f"<script {self.argv[0]}>"
 
 
 def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
             grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
             strategy: str = "ddp", checkpoint_every: int | None = None,
             checkpoint_dir: str | None = None, collective_timeout: float | None = None,
-            name: str | None = None) -> RunOptions:
+            name: str | None = None, argv: tuple[str, ...] | None = None) -> RunOptions:
     """Check the flags in one place, one line per mistake."""
     workers = number(workers, "--workers", whole=True, least=1)
     gpus_per_worker = number(gpus_per_worker, "--gpus-per-worker", above=0)
@@ -52,7 +57,17 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
     return RunOptions(workers=workers, gpus_per_worker=float(gpus_per_worker or 0.0), amp=amp,
                       grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                       checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
-                      collective_timeout=float(collective_timeout or RunOptions.collective_timeout))
+                      collective_timeout=float(collective_timeout or RunOptions.collective_timeout),
+                      argv=tuple(str(a) for a in argv) if argv is not None else None)
+
+
+def gg_only(opts: RunOptions) -> list[str]:
+    """The flags given that only the ``gg`` helper applies (``gg.prepare``, ``gg.autocast``,
+    ``gg.backward``, ``gg.steps``): a cell that never calls ``gg`` is told they do nothing."""
+    given = {"--amp": opts.amp != Amp.OFF, "--grad-ckpt": bool(opts.grad_ckpt), "--accumulate": opts.accumulate > 1,
+             "--clip": opts.clip is not None, "--strategy": opts.strategy != Strategy.DDP,
+             "--checkpoint-every": opts.checkpoint_every is not None}
+    return [flag for flag, on in given.items() if on]
 
 
 class Report(TypedDict, total=False):

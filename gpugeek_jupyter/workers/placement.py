@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from ..kernel import connection
+from . import launch
 
 PG_REMOVE_TRIES = 3
 
@@ -78,3 +79,17 @@ def _gone(pg) -> bool:
         return placement_group_table(pg).get("state") == "REMOVED"
     except Exception:  # noqa: BLE001 - Ray cannot say: it is tried again as held
         return False
+
+
+def bundle_order(pg, n: int) -> list[int]:
+    """The bundle of each rank (``launch.rank_order``), from where Ray placed the bundles; in
+    order when Ray does not say."""
+    from ray.util import placement_group_table
+
+    try:
+        placed = placement_group_table(pg).get("bundles_to_node_id") or {}
+    except Exception:  # noqa: BLE001 - Ray's table is an aid here: bundles in order still work
+        placed = {}
+    if len(placed) != n:
+        return list(range(n))
+    return launch.rank_order([str(placed[i]) for i in range(n)])

@@ -27,7 +27,7 @@ from concurrent import futures
 
 from .. import ports
 from ..errors import GpugeekError
-from . import journal, line, notice, oom, progress, rendezvous
+from . import frameworks, journal, launch, line, notice, oom, progress, rendezvous
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -55,6 +55,7 @@ class Worker:
         self.ns: dict = {}
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
+        self.env: dict[str, str] = {}      # this rank's ``torchrun`` variables (``launch``)
         self.owner: str | None = None      # rank 0: the kernel that adopted the group (``orphans``)
 
     def node_address(self) -> tuple[str, int]:
@@ -70,15 +71,25 @@ class Worker:
         self._switchboard = line.Switchboard(ray.util.get_node_ip_address())
         return self._switchboard.address, self._switchboard.key
 
-    def setup(self, rank: int, world_size: int, master: str, port: int, options: RunOptions,
-              timeout_s: float = 300.0, cell_line: tuple | None = None, notices: str | None = None) -> dict:
+    def where(self) -> tuple[str, list]:
+        """This worker's node and the GPU ids Ray gave it: what its ``torchrun`` variables follow."""
         import ray
+
+        return ray.get_runtime_context().get_node_id(), list(ray.get_gpu_ids())
+
+    def setup(self, rank: int, world_size: int, master: str, port: int, options: RunOptions,
+              timeout_s: float = 300.0, cell_line: tuple | None = None, notices: str | None = None,
+              env: dict | None = None) -> dict:
+        import ray
+
+        self.env = env or {}
+        launch.apply(self.env)         # before CUDA starts: it reads CUDA_VISIBLE_DEVICES once
         import torch
 
         gpu_ids = ray.get_gpu_ids()
         note = None
         if gpu_ids and torch.cuda.is_available():
-            device = torch.device("cuda", 0)          # Ray sets CUDA_VISIBLE_DEVICES per worker
+            device = torch.device("cuda", launch.device_index(self.env))   # its own GPU
             torch.cuda.set_device(device)
             backend = "nccl"
             if 0 < options.gpus_per_worker < 1:       # NCCL wants one GPU per rank
@@ -90,8 +101,10 @@ class Worker:
                 note = "the cluster's GPUs are declared, not real (simulated nodes): running on CPU with gloo"
         serve_line = (lambda: line.serve(*cell_line, rank, self.execute)) if cell_line is not None else None
         rendezvous.join(backend, rank, world_size, master, port, timeout_s, reached=serve_line)
+        launch.keep_group(backend)     # a framework's init or destroy finds the warm group
         self.rank = rank
         helper = Helper(rank, world_size, device, options, self._outbox.report)
+        frameworks.watch(helper)       # Trainer, Accelerate, Lightning report through gg
         node_id = ray.get_runtime_context().get_node_id()
         if notices:             # where this node's preemption notice comes from (sim, aws, gcp, azure)
             helper.notice = notice.NoticeWatch(notices, node_id)
@@ -141,11 +154,15 @@ class Worker:
             if stopped:
                 raise KeyboardInterrupt
             self.ns["gg"].configure(options)
+            launch.apply(self.env)
             if pushed:
                 self.ns.update(cloudpickle.loads(pushed))
-            body, last = cell.compile()
-            exec(body, self.ns)
-            value = eval(last, self.ns) if last is not None else None
+            if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv and exit
+                value = launch.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
+            else:
+                body, last = cell.compile()
+                exec(body, self.ns)
+                value = eval(last, self.ns) if last is not None else None
             self.ns["gg"].flush()
             if want_value and value is not None:
                 result["value"] = portable(value)

@@ -1,0 +1,172 @@
+"""The code people already write runs unchanged as one distributed job: the Hugging Face
+``Trainer``, Accelerate and Lightning in a ``%%gpugeek run`` cell, and a plain ``torchrun`` script
+through ``%gpugeek torchrun``, each on a real local 2-worker group — held against the same code
+under ``torchrun --nproc-per-node 2`` on this machine (real ``transformers``, ``accelerate`` and
+``lightning``; small random-weight models from configs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from framework_programs import ACCELERATE, PROGRAMS, SCRIPT, as_cell, as_script
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.workers.group import RemoteError
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+TORCHRUN_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("frameworks-home")
+
+
+@pytest.fixture(autouse=True)
+def gpugeek_home(home, monkeypatch):
+    """One state dir (and one local cluster) for the whole module."""
+    monkeypatch.setenv("GPUGEEK_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster(home):
+    old = {k: os.environ.get(k) for k in ("GPUGEEK_HOME", "HF_HUB_OFFLINE")}
+    os.environ.update(GPUGEEK_HOME=str(home), HF_HUB_OFFLINE="1")   # the workers inherit it: no hub
+    gg.up("frameworks")
+    yield
+    try:
+        gg.down("frameworks")
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def under_torchrun(program: str, out: Path, *args: str) -> None:
+    """``torchrun --standalone --nproc-per-node 2 train.py OUT ARGS`` on this machine."""
+    script = out.parent / f"{out.name}-train.py"
+    script.write_text(program)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), str(out), *args], env=env, capture_output=True, text=True,
+                          timeout=TORCHRUN_TIMEOUT_S, cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def records(out: Path) -> dict[int, dict]:
+    return {r: json.loads((out / f"record-{r}.json").read_text()) for r in (0, 1)}
+
+
+def params(out: Path, rank: int) -> list[torch.Tensor]:
+    return torch.load(out / f"params-{rank}.pt")
+
+
+def written(out: Path, rank: int) -> list[str]:
+    """The files rank ``rank`` wrote under its own folder (what the framework saved and logged)."""
+    root = out / f"rank-{rank}"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def last_job_samples():
+    record = registry.live("frameworks")
+    job = ledger.jobs_of(record.id)[-1]
+    return job, ledger.samples_frame(record.id, job["job_id"])
+
+
+@pytest.mark.parametrize("framework", sorted(PROGRAMS))
+def test_a_framework_in_a_cell_trains_as_one_job_on_every_worker_as_under_torchrun(framework, tmp_path, capsys):
+    cell, ref = tmp_path / "cell", tmp_path / "torchrun"
+    gg.run(as_cell(PROGRAMS[framework], str(cell), STEPS), workers=2, monitor=False)
+    under_torchrun(as_script(PROGRAMS[framework], STEPS, devices=2), ref)
+    ours, theirs = records(cell), records(ref)
+
+    # the framework's own word: world size 2, a distinct rank each (the one torchrun's RANK says)
+    assert [ours[r]["said"]["world_size"] for r in (0, 1)] == [2, 2], ours
+    assert [ours[r]["said"]["rank"] for r in (0, 1)] == [0, 1], ours
+    assert [ours[r]["said"]["mode"] for r in (0, 1)] == [theirs[r]["said"]["mode"] for r in (0, 1)]
+    # different data on every rank, and one model after training
+    assert ours[0]["seen"] and ours[1]["seen"] and not set(ours[0]["seen"]) & set(ours[1]["seen"])
+    assert all(torch.equal(a, b) for a, b in zip(params(cell, 0), params(cell, 1), strict=True))
+    # the same run as torchrun's: same samples per rank, loss curve within float tolerance
+    assert [ours[r]["seen"] for r in (0, 1)] == [theirs[r]["seen"] for r in (0, 1)]
+    assert len(ours[0]["losses"]) == len(theirs[0]["losses"]) > 0
+    assert torch.allclose(torch.tensor(ours[0]["losses"]), torch.tensor(theirs[0]["losses"]), rtol=1e-5, atol=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(params(cell, 0), params(ref, 0), strict=True))
+    # each rank wrote what it writes under torchrun: the model, logs and checkpoints on rank 0 alone
+    for rank in (0, 1):
+        assert written(cell, rank) == written(ref, rank), (rank, written(cell, rank), written(ref, rank))
+    model_files = [f for f in written(cell, 1) if not ("rng_state" in f or "random_states" in f)]
+    assert written(cell, 0) and model_files == [], written(cell, 1)
+    # the monitor and the ledger saw the job: its steps, loss and throughput
+    job, samples = last_job_samples()
+    assert job["status"] == "finished"
+    assert samples["step"].max() == STEPS and samples["loss"].notna().any(), samples
+    assert (samples["samples_per_s"].dropna() > 0).any(), samples
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_a_torchrun_script_runs_as_one_job_twice_on_the_warm_group(tmp_path):
+    """A plain script: argparse, ``init_process_group("gloo")``, DDP, ``destroy_process_group()``
+    — run twice on the same warm group (the script's destroy leaves it up), as torchrun runs it."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    first, second, ref = tmp_path / "first", tmp_path / "second", tmp_path / "torchrun"
+    gg.torchrun(str(script), str(first), "--steps", "5", workers=2, monitor=False)
+    pids = gg.run("import os\nos.getpid()", workers=2, monitor=False).shown()
+    gg.torchrun(str(script), str(second), "--steps", "5", workers=2, monitor=False)
+    assert gg.run("import os\nos.getpid()", workers=2, monitor=False).shown() == pids, "the same warm group"
+    under_torchrun(SCRIPT, ref, "--steps", "5")
+    for out in (first, second):
+        ours, theirs = records(out), records(ref)
+        assert [ours[r]["said"] for r in (0, 1)] == [theirs[r]["said"] for r in (0, 1)]
+        assert [ours[r]["seen"] for r in (0, 1)] == [theirs[r]["seen"] for r in (0, 1)]
+        assert torch.allclose(torch.tensor(ours[0]["losses"]), torch.tensor(theirs[0]["losses"]), rtol=1e-5)
+        assert all(torch.equal(a, b) for a, b in zip(params(out, 0), params(out, 1), strict=True))
+    jobs = ledger.jobs_of(registry.live("frameworks").id)
+    assert [j["status"] for j in jobs if j["name"] == "train.py"][-2:] == ["finished", "finished"]
+
+
+def test_a_script_that_exits_nonzero_fails_its_job_in_one_line(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
+    with pytest.raises(gg.GpugeekError, match=r"bad.py exited with 2"):
+        gg.torchrun(str(script), "--no-such-flag", workers=2, monitor=False)
+    with pytest.raises(gg.GpugeekError, match=r"torchrun .*missing.py: cannot read it"):
+        gg.torchrun(str(tmp_path / "missing.py"), workers=2, monitor=False)
+
+
+def test_gg_flags_on_a_cell_that_never_calls_gg_are_said_to_do_nothing(capsys):
+    gg.run("x = 1", workers=2, amp="bf16", accumulate=4, monitor=False)
+    out = capsys.readouterr().out
+    assert "note: --amp, --accumulate are for the gg helper, and this cell never calls gg" in out
+    gg.run("x = gg.step", workers=2, amp="bf16", monitor=False)
+    assert "note:" not in capsys.readouterr().out
+
+
+def test_a_cell_asking_for_another_backend_is_told_in_one_line_and_a_fitting_one_is_a_no_op():
+    gg.run('import torch.distributed as dist\ndist.init_process_group("gloo")\nassert dist.get_world_size() == 2',
+           workers=2, monitor=False)
+    with pytest.raises(gg.GpugeekError, match=r"init_process_group\(.nccl.\): this worker group runs gloo"):
+        gg.run('import torch.distributed as dist\ndist.init_process_group("nccl")', workers=2, monitor=False)
+
+
+def test_accelerate_with_a_tracker_reports_its_logged_values(tmp_path):
+    """What ``accelerator.log`` logs reaches the ledger under its own name, as ``gg.log`` does."""
+    cell = as_cell(ACCELERATE, str(tmp_path), STEPS).replace(
+        "losses.append(", "accelerator.log({'mse': loss.item()}, step=step + 1)\n    losses.append(")
+    gg.run(cell, workers=2, monitor=False)
+    _, samples = last_job_samples()
+    assert "mse" in samples.columns and samples["mse"].notna().any(), samples.columns

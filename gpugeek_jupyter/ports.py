@@ -1,6 +1,6 @@
 """TCP ports, one set of helpers for every process: a free port to listen on, whether a port is
 free, whether something answers at one (and why not). Standard library only, with no import of
-this package: the doctor ships it to the nodes by value, beside ``workers/rendezvous.py``.
+this package: the doctor ships it to the nodes by value, beside ``launch/rendezvous.py``.
 (``onhost/script.py`` keeps standard-library copies of its own: it runs before anything of ours
 is on a host.)
 """

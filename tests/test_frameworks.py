@@ -19,7 +19,6 @@ from framework_programs import ACCELERATE, PROGRAMS, SCRIPT, as_cell, as_script
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.workers.group import RemoteError
 
 pytestmark = pytest.mark.slow
 
@@ -170,3 +169,11 @@ def test_accelerate_with_a_tracker_reports_its_logged_values(tmp_path):
     gg.run(cell, workers=2, monitor=False)
     _, samples = last_job_samples()
     assert "mse" in samples.columns and samples["mse"].notna().any(), samples.columns
+
+
+def test_a_rebuilt_group_gets_variables_for_its_new_size():
+    """The variables follow the group: a group built anew with fewer workers (as after a lost
+    host) says its new world size, and a framework reading them agrees with the process group."""
+    said = "import os, torch.distributed as dist\n(os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'], dist.get_world_size())"
+    assert gg.run(said, workers=1, monitor=False).shown() == ("1", "1", 1)
+    assert gg.run(said, workers=2, monitor=False).shown() == ("2", "2", 2)

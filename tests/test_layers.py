@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"errors", "display"},
     {"units", "config", "vocab"},
     {"store", "raynodes", "blocks", "versions", "ports"},
-    {"catalog"},
+    {"catalog", "launch"},    # offers | how a worker becomes a rank (torchrun's variables)
     {"meter", "views"},
     {"sizing"},
     {"cluster"},                # the state every process shares: spec, registry, processes

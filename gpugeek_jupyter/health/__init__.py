@@ -5,5 +5,5 @@ interface each node talks on, GPUs, ports, clocks, and all_reduce between every 
 package is not called ``doctor``: that name is the API function's, ``gg.doctor``.)
 
 Runs on: a kernel (``checkup``, ``findings``); ``probe`` on every node, shipped by value.
-May import: `workers/` (rendezvous), `kernel/`, `cluster/`, the ground floor.
+May import: `launch/` (rendezvous), `kernel/`, `cluster/`, the ground floor.
 """

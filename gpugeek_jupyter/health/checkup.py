@@ -18,7 +18,7 @@ from .. import ports
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..kernel import connection, environment, session
-from ..workers import rendezvous
+from ..launch import rendezvous
 from . import probe as probe_module
 from .findings import DEFAULT_PACKAGES, DoctorReport, Link, NodeFacts, judge, tcp_slow
 

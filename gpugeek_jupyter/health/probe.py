@@ -5,7 +5,7 @@ listens, the other sends), and all_reduce with every other node.
 This module is shipped to the nodes by value (cloudpickle), not imported there: the doctor has
 to work exactly when a node is broken — without this package, or with another version of it —
 so it needs only the standard library, Ray, psutil and (for all_reduce) torch, and the
-process-group setup the workers use (``workers/rendezvous.py``), shipped by value with it.
+process-group setup the workers use (``launch/rendezvous.py``), shipped by value with it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from ..launch import rendezvous
 from ..ports import free_port, why_closed
-from ..workers import rendezvous
 
 PORT_TIMEOUT_S = 1.0
 LATENCY_ROUNDS = 20              # small all_reduces per pair: their median is the latency

@@ -1,6 +1,6 @@
 """run: notebook cells as distributed PyTorch jobs on a warm Ray worker group.
 
 Runs on: a kernel (``group``, ``jobs``, ``sending``) and every Ray worker (``worker``, ``helper``,
-``progress``, ``line``, ``notice``, ``oom``, ``cell``, ``rendezvous``).
-May import: `provision/`, `kernel/`, `remote/`, `cluster/`, `meter/`, the ground floor.
+``progress``, ``line``, ``notice``, ``oom``, ``cell``, ``device``).
+May import: `provision/`, `kernel/`, `remote/`, `cluster/`, `launch/`, `meter/`, the ground floor.
 """

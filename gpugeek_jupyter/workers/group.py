@@ -23,11 +23,12 @@ import time
 
 from ..errors import GpugeekError
 from ..kernel import connection
+from ..launch import torchrun
 from ..meter import telemetry
-from . import away, journal, launch, orphans, progress
+from . import away, journal, orphans, progress
 from .options import RunOptions
 from .orphans import NAMESPACE, group_name
-from .placement import bundle_order, keep, release_held, remove
+from .placement import keep, rank_places, release_held, remove
 from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
@@ -109,25 +110,22 @@ class WorkerGroup:
 
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         actor = ray.remote(Worker)
-        bundles = bundle_order(self.pg, n)      # a node's ranks consecutive, as under torchrun
+        places = rank_places(self.pg, n)      # a node's ranks consecutive, as under torchrun
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
                           num_gpus=gpus or 0, name=group_name(self.group_id, i), namespace=NAMESPACE,
-                          lifetime="detached",
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              self.pg, placement_group_bundle_index=bundles[i])).remote()
+                          lifetime="detached", scheduling_strategy=places[i]).remote()
             for i in range(n)]
         lead = self.workers[0]
         asked = [lead.node_address.remote(), lead.open_line.remote(), *(w.where.remote() for w in self.workers)]
         (master, port), cell_line, *where = ray.get(asked, timeout=READY_TIMEOUT_S)
-        envs = launch.contract([node for node, _ in where], [ids for _, ids in where], master, port, self.group_id)
         *self.info, no_line = ray.get([w.setup.remote(i, n, master, port, self.options, cell_line=cell_line,
-                                                      notices=self.notices, env=envs[i],
+                                                      notices=self.notices, env=env,   # torchrun's variables
                                                       timeout_s=self.options.collective_timeout)
-                                       for i, w in enumerate(self.workers)]
+                                       for i, (w, env) in enumerate(zip(self.workers, torchrun.contract(
+                                           where, master, port, self.group_id), strict=True))]
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
         if no_line:
             self.line_note = (f"rank {', '.join(map(str, no_line))} did not connect to rank 0's cell line "

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from ..kernel import connection
-from . import launch
+from ..launch import torchrun
 
 PG_REMOVE_TRIES = 3
 
@@ -81,15 +81,15 @@ def _gone(pg) -> bool:
         return False
 
 
-def bundle_order(pg, n: int) -> list[int]:
-    """The bundle of each rank (``launch.rank_order``), from where Ray placed the bundles; in
-    order when Ray does not say."""
+def rank_places(pg, n: int) -> list:
+    """Where each rank goes: its bundle of ``pg``, so that the ranks on one node are consecutive
+    (``torchrun.rank_order``), from where Ray placed the bundles; in order when Ray does not say."""
     from ray.util import placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     try:
         placed = placement_group_table(pg).get("bundles_to_node_id") or {}
     except Exception:  # noqa: BLE001 - Ray's table is an aid here: bundles in order still work
         placed = {}
-    if len(placed) != n:
-        return list(range(n))
-    return launch.rank_order([str(placed[i]) for i in range(n)])
+    order = torchrun.rank_order([str(placed[i]) for i in range(n)]) if len(placed) == n else list(range(n))
+    return [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b) for b in order]

@@ -27,7 +27,8 @@ from concurrent import futures
 
 from .. import ports
 from ..errors import GpugeekError
-from . import frameworks, journal, launch, line, notice, oom, progress, rendezvous
+from ..launch import frameworks, rendezvous, torchrun
+from . import journal, line, notice, oom, progress
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -83,13 +84,13 @@ class Worker:
         import ray
 
         self.env = env or {}
-        launch.apply(self.env)         # before CUDA starts: it reads CUDA_VISIBLE_DEVICES once
+        torchrun.apply(self.env)         # before CUDA starts: it reads CUDA_VISIBLE_DEVICES once
         import torch
 
         gpu_ids = ray.get_gpu_ids()
         note = None
         if gpu_ids and torch.cuda.is_available():
-            device = torch.device("cuda", launch.device_index(self.env))   # its own GPU
+            device = torch.device("cuda", torchrun.device_index(self.env))   # its own GPU
             torch.cuda.set_device(device)
             backend = "nccl"
             if 0 < options.gpus_per_worker < 1:       # NCCL wants one GPU per rank
@@ -101,7 +102,7 @@ class Worker:
                 note = "the cluster's GPUs are declared, not real (simulated nodes): running on CPU with gloo"
         serve_line = (lambda: line.serve(*cell_line, rank, self.execute)) if cell_line is not None else None
         rendezvous.join(backend, rank, world_size, master, port, timeout_s, reached=serve_line)
-        launch.keep_group(backend)     # a framework's init or destroy finds the warm group
+        torchrun.keep_group(backend)     # a framework's init or destroy finds the warm group
         self.rank = rank
         helper = Helper(rank, world_size, device, options, self._outbox.report)
         frameworks.watch(helper)       # Trainer, Accelerate, Lightning report through gg
@@ -154,11 +155,11 @@ class Worker:
             if stopped:
                 raise KeyboardInterrupt
             self.ns["gg"].configure(options)
-            launch.apply(self.env)
+            torchrun.apply(self.env)
             if pushed:
                 self.ns.update(cloudpickle.loads(pushed))
             if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv and exit
-                value = launch.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
+                value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
             else:
                 body, last = cell.compile()
                 exec(body, self.ns)

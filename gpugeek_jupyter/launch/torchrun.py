@@ -37,10 +37,11 @@ def rank_order(bundle_nodes: list[str]) -> list[int]:
     return [b for node in nodes for b, where in enumerate(bundle_nodes) if where == node]
 
 
-def contract(nodes: list[str], gpus: list[list], master: str, port: int, run_id: str) -> list[dict[str, str]]:
-    """Each rank's ``torchrun`` variables: ``nodes[r]`` is rank r's node, ``gpus[r]`` the GPU ids
-    Ray gave it. Where every worker of a node has one GPU of its own, they all see the node's
-    GPUs, ordered by local rank (``CUDA_VISIBLE_DEVICES``); elsewhere Ray's setting stands."""
+def contract(where: list[tuple[str, list]], master: str, port: int, run_id: str) -> list[dict[str, str]]:
+    """Each rank's ``torchrun`` variables: ``where[r]`` is rank r's node and the GPU ids Ray gave
+    it. Where every worker of a node has one GPU of its own, they all see the node's GPUs,
+    ordered by local rank (``CUDA_VISIBLE_DEVICES``); elsewhere Ray's setting stands."""
+    nodes, gpus = [node for node, _ in where], [list(ids) for _, ids in where]
     order: list[str] = []
     for node in nodes:
         if node not in order:

@@ -53,7 +53,8 @@ args = TrainingArguments(output_dir=f"{OUT}/rank-{RANK}/trainer", per_device_tra
                          ddp_find_unused_parameters=False, learning_rate=1e-3)
 trainer = Trainer(model=model, args=args, train_dataset=data)
 trainer.train()
-record({"world_size": args.world_size, "rank": args.process_index, "mode": str(args.parallel_mode)},
+record({"world_size": args.world_size, "rank": args.process_index, "mode": str(args.parallel_mode),
+        "step": trainer.state.global_step},
        data.seen, [h["loss"] for h in trainer.state.log_history if "loss" in h], model)
 """
 
@@ -174,3 +175,22 @@ def as_script(program: str, steps: int, devices: int) -> str:
     and Lightning told the devices, as ``torchrun`` users must (``devices`` left alone in a cell)."""
     return (f"import sys\nOUT = sys.argv[1]\nSTEPS = {steps}\nSHAPE = {{'devices': {devices}}}\n"
             + textwrap.dedent(program))
+
+
+# a worker that dies mid-training, once: rank 1 SIGKILLs itself at step 5 of the first run
+KILLED_AT_5 = """
+import signal
+from transformers import TrainerCallback
+class Killer(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if RANK == 1 and state.global_step == 5 and not os.path.exists(MARKER):
+            open(MARKER, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Killer()])
+"""
+
+
+def killed_once(program: str, marker: str) -> str:
+    """The Trainer program with a worker that dies at step 5 of its first run."""
+    return program.replace("trainer = Trainer(model=model, args=args, train_dataset=data)\n",
+                           f"MARKER = {marker!r}\n" + KILLED_AT_5, 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from framework_programs import ACCELERATE, PROGRAMS, SCRIPT, as_cell, as_script
+from framework_programs import ACCELERATE, PROGRAMS, SCRIPT, TRAINER, as_cell, as_script, killed_once
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
@@ -174,6 +174,49 @@ def test_accelerate_with_a_tracker_reports_its_logged_values(tmp_path):
 def test_a_rebuilt_group_gets_variables_for_its_new_size():
     """The variables follow the group: a group built anew with fewer workers (as after a lost
     host) says its new world size, and a framework reading them agrees with the process group."""
-    said = "import os, torch.distributed as dist\n(os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'], dist.get_world_size())"
+    said = ("import os, torch.distributed as dist\n"
+            "(os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'], dist.get_world_size())")
     assert gg.run(said, workers=1, monitor=False).shown() == ("1", "1", 1)
     assert gg.run(said, workers=2, monitor=False).shown() == ("2", "2", 2)
+
+
+@pytest.mark.parametrize("framework", sorted(PROGRAMS))
+def test_a_frameworks_own_checkpoints_are_kept_in_the_jobs_storage_whole(framework, tmp_path):
+    """Every checkpoint the framework wrote (on any rank's disk) lands in the job's storage, each
+    file once, with a COMPLETE; ``gg.resume_from`` fetches the newest onto the worker's host."""
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    gg.run(as_cell(PROGRAMS[framework], str(out), STEPS), workers=2, checkpoint_dir=str(kept), monitor=False)
+    steps = sorted(p.parent for p in (kept / "framework").glob("step-*/COMPLETE"))
+    assert steps, sorted(str(p) for p in kept.rglob("*"))
+    newest = steps[-1]
+    said = json.loads((newest / "COMPLETE").read_text())
+    stored = sorted(str(p.relative_to(newest)) for p in newest.rglob("*") if p.is_file() and p.name != "COMPLETE")
+    local = set()
+    for rank in (0, 1):
+        for f in written(out, rank):
+            parts = Path(f).parts
+            if said["name"] in parts:       # this checkpoint's files, as each rank wrote them
+                local.add(str(Path(*parts[parts.index(said["name"]):])))
+    assert stored == sorted(local) and stored, (stored, sorted(local))
+    fetched = gg.run("import os\nr = gg.resume_from\n(os.path.basename(r), sorted(os.listdir(r)) "
+                     "if os.path.isdir(r) else None)", workers=2, checkpoint_dir=str(kept), monitor=False).shown()
+    assert fetched[0] == said["name"]
+    if said["folder"]:
+        assert fetched[1] == sorted({Path(f).parts[1] for f in stored})
+
+
+def test_a_trainer_whose_worker_dies_resumes_from_its_kept_checkpoint_to_its_planned_step(tmp_path, capsys):
+    """--max-failures 1: rank 1 dies at step 5; the cell runs again on a new group and the
+    Trainer, given no checkpoint, resumes from the kept checkpoint-3 and ends at step 8 — with
+    the weights an uncut run ends with."""
+    cut, whole, kept = tmp_path / "cut", tmp_path / "whole", tmp_path / "kept"
+    cell = killed_once(as_cell(TRAINER, str(cut), 8), str(tmp_path / "killed"))
+    gg.run(cell, workers=2, max_failures=1, checkpoint_dir=str(kept), monitor=False)
+    out = capsys.readouterr().out
+    assert "died" in out and "Trainer.train: run 2 of this cell — resuming from" in out, out
+    assert "checkpoint-3 (the job's newest checkpoint" in out, out
+    gg.run(as_cell(TRAINER, str(whole), 8), workers=2, monitor=False)
+    ours = records(cut)
+    assert [ours[r]["said"]["step"] for r in (0, 1)] == [8, 8]
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+               for a, b in zip(params(cut, 0), params(whole, 0), strict=True)), "the resumed run ends as an uncut one"

@@ -8,6 +8,11 @@ hook), only in the worker processes.
 Per-step losses stay tensors until a report is due (at most once a second), so watching adds no
 GPU sync to a step. Lightning's ``Trainer`` left at ``devices="auto", num_nodes=1`` is given the
 group's shape, as ``torchrun``'s flags would give it.
+
+Checkpoints: each one a framework writes (the Trainer's ``checkpoint-N``, Lightning's
+``save_checkpoint``, Accelerate's ``save_state``) is kept in the job's storage by ``gg.saves``;
+``Trainer.train()`` and Lightning's ``fit()`` given no checkpoint resume from the newest kept one
+(``gg.resume_from``, which Accelerate's ``load_state`` takes by hand).
 """
 
 from __future__ import annotations
@@ -104,6 +109,10 @@ def _patch_transformers(module) -> None:
             if "loss" in numbers:       # a training log (evaluation's say eval_loss)
                 _report(step=state.global_step, **numbers)
 
+        def on_save(self, args, state, control, **kwargs):
+            if _helper is not None:     # every rank: its own files (rng_state_R) are part of it
+                _helper.saves.keep(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)
+
         def on_train_end(self, args, state, control, **kwargs):
             global _trainer_running
             _trainer_running = False
@@ -117,7 +126,29 @@ def _patch_transformers(module) -> None:
                 accelerator._gpugeek_quiet = True
         return __init__
 
+    def train(real):
+        def wrapped(self, resume_from_checkpoint=None, *args, **kwargs):
+            if resume_from_checkpoint is None:
+                resume_from_checkpoint = _resume_point("Trainer.train")
+            return real(self, resume_from_checkpoint, *args, **kwargs)
+        return wrapped
+
     _once(module.Trainer, "__init__", make)
+    _once(module.Trainer, "train", train)
+
+
+def _resume_point(who: str) -> str | None:
+    """For a framework given no checkpoint, in a cell run again after a lost worker: the job's
+    newest kept checkpoint (said on rank 0). A first run starts afresh unless told
+    (``gg.resume_from``)."""
+    if _helper is None or not _helper.options.retry:
+        return None
+    found = _helper.resume_from
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{who}: run {_helper.options.retry + 1} of this cell — " + (
+            f"resuming from {found} (the job's newest checkpoint, kept in {_helper.options.keep_dir})" if found else
+            "no checkpoint kept (`up --storage` or --checkpoint-dir keeps them): starting afresh"), flush=True)
+    return found
 
 
 # -- Accelerate ---------------------------------------------------------------------------------
@@ -150,7 +181,16 @@ def _patch_accelerate(module) -> None:
                 yield batch
         return __iter__
 
+    def save_state(real):
+        def wrapped(self, *args, **kwargs):
+            where = real(self, *args, **kwargs)
+            if not getattr(self, "_gpugeek_quiet", False) and _helper is not None and where:
+                _helper.saves.keep(where, getattr(self, "_gpugeek_steps", self.step))
+            return where
+        return wrapped
+
     _once(module.Accelerator, "backward", backward)
+    _once(module.Accelerator, "save_state", save_state)
     _once(module.Accelerator, "log", log)
     for loader in (data_loader.DataLoaderShard, data_loader.DataLoaderDispatcher):
         _once(loader, "__iter__", iterate)
@@ -193,7 +233,23 @@ def _patch_lightning(module) -> None:
             real(self, *args, **kwargs)
         return __init__
 
+    def save_checkpoint(real):
+        def wrapped(self, filepath, *args, **kwargs):
+            real(self, filepath, *args, **kwargs)      # every rank comes here; rank 0 writes
+            if _helper is not None:
+                _helper.saves.keep(filepath, self.global_step)
+        return wrapped
+
+    def fit(real):
+        def wrapped(self, *args, **kwargs):
+            if kwargs.get("ckpt_path") is None and len(args) < 5:
+                kwargs["ckpt_path"] = _resume_point("Trainer.fit")
+            return real(self, *args, **kwargs)
+        return wrapped
+
     _once(module.Trainer, "__init__", make)
+    _once(module.Trainer, "save_checkpoint", save_checkpoint)
+    _once(module.Trainer, "fit", fit)
 
 
 def _lightning_shape(kwargs: dict) -> dict:

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from . import notice, storage
+from . import checkpoints, notice, storage
 from .device import gpu_utilisation, memory_bytes
 from .options import RunOptions
+from .saves import Saves
 
 REPORT_EVERY_S = 1.0
 LOGGED_MAX = 2000        # values of one metric a report carries by step, at most (the rest: its latest)
@@ -44,9 +44,9 @@ class Helper:
         self.scaler = None
         self.step = 0                  # optimizer steps taken (what checkpoints count)
         self.micro = 0                 # micro-batches seen since the last optimizer step
-        self._resumed_from: int | None = None
-        self._shared_checked: str | None = None     # the checkpoint dir every host was seen to share
-        self._place: storage.Place | None = None
+        self.resumed_at: int | None = None
+        self.shared_checked: str | None = None     # the checkpoint dir every host was seen to share
+        self.checkpoint_place: storage.Place | None = None
         self._last_report, self._metrics = 0.0, {}
         self._logged: dict[str, list] = {}    # every gg.log since the last report, as columns by step
         self._window = (time.perf_counter(), 0, 0)   # (t0, samples, tokens) since the last report
@@ -55,6 +55,7 @@ class Helper:
         self.loop_start = 0
         self.notice: notice.NoticeWatch | None = None    # on a node that can be preempted
         self._pending: dict | None = None     # a framework's latest metrics, not yet numbers (``seen``)
+        self._saves: Saves | None = None
         self.configure(options)
 
     def configure(self, options: RunOptions) -> None:
@@ -85,7 +86,7 @@ class Helper:
         return out[0] if len(out) == 1 else tuple(out)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        self.step, self.micro, self._resumed_from = 0, 0, None     # a new model starts counting
+        self.step, self.micro, self.resumed_at = 0, 0, None     # a new model starts counting
         model = model.to(self.device)
         if self.options.grad_ckpt:
             self._checkpoint_blocks(model)
@@ -203,7 +204,7 @@ class Helper:
         checkpoint this step and stop the cell everywhere (``workers/notice.py``)."""
         deadline = notice.agreed_deadline(self.notice.deadline, self.device)
         if deadline is not None:
-            if self.latest_checkpoint() != self._checkpoint_root().step(self.step):
+            if self.latest_checkpoint() != checkpoints.root(self).step(self.step):
                 self.save_checkpoint()
             raise notice.Preempted(self.step, deadline)
 
@@ -242,7 +243,7 @@ class Helper:
                     continue
                 if max_steps is not None and self.step >= max_steps:
                     return
-                if self.notice is not None and self.micro == 0 and self._checkpoint_root() is not None:
+                if self.notice is not None and self.micro == 0 and checkpoints.root(self) is not None:
                     self._heed_notice()
                 yield batch
                 self._count(batch)
@@ -327,79 +328,31 @@ class Helper:
         if self._metrics or self._window[1]:
             self._maybe_report(force=True)
 
-    # -- checkpoints ----------------------------------------------------------------------------
-
-    def _checkpoint_root(self) -> storage.Place | None:
-        if not self.options.checkpoint_dir:
-            return None
-        if self._place is None or self._place.url != self.options.checkpoint_dir.rstrip("/"):
-            self._place = storage.Place(self.options.checkpoint_dir)
-        return self._place
+    # -- checkpoints (``checkpoints.py``: gg's own; ``saves.py``: a framework's) ----------------
 
     def save_checkpoint(self) -> str | None:
-        """Model, optimizer (sharded with FSDP), scaler, step and RNG, with ``torch.distributed.checkpoint``
-        (its fsspec writer for a URL)."""
-        place = self._checkpoint_root()
-        if place is None or self.model is None:
-            return None
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        path = place.step(self.step)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
-            get_state_dict(self.model, [])[0], {})
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
-        extra = {"step": self.step, "rng": torch.get_rng_state(),
-                 "scaler": self.scaler.state_dict() if self.scaler else None}
-        if self.device.type == "cuda":
-            extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-        place.save_extra(path, self.rank, extra)
-        _barrier()
-        if self.rank == 0:
-            place.complete(path, self.step)
-        _barrier()
-        return path
+        """Model, optimizer (sharded with FSDP), scaler, step and RNG, into the job's checkpoints."""
+        return checkpoints.save(self)
 
     def latest_checkpoint(self) -> str | None:
-        place = self._checkpoint_root()
-        return place.latest() if place is not None else None
+        return checkpoints.latest(self)
 
     def load_checkpoint(self) -> int | None:
         """Resume from the newest complete checkpoint, once per group; returns its step."""
-        if self._resumed_from is not None or self.model is None:
-            return None
-        place = self._checkpoint_root()
-        if place is not None and self._shared_checked != place.url:
-            storage.check_shared(place, self.rank)
-            self._shared_checked = place.url
-        path = self.latest_checkpoint()
-        if dist.is_initialized() and dist.get_world_size() > 1:   # rank 0 decides for everyone
-            chosen = [path]
-            dist.broadcast_object_list(chosen, src=0)
-            path = chosen[0]
-        self._resumed_from = 0
-        if path is None:
-            return None
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        return checkpoints.load(self)
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
-            get_state_dict(self.model, [])[0], {})
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer or [], model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        extra = place.load_extra(path, self.rank)
-        self.step = int(extra["step"])
-        torch.set_rng_state(extra["rng"])
-        if self.scaler is not None and extra.get("scaler"):
-            self.scaler.load_state_dict(extra["scaler"])
-        if "cuda_rng" in extra and self.device.type == "cuda":
-            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
-        self._resumed_from = self.step
-        if self.rank == 0:
-            print(f"resumed from {path.rsplit('/', 1)[-1]} (step {self.step})", flush=True)
-        return self.step
+    @property
+    def resume_from(self) -> str | None:
+        """The job's newest checkpoint as its framework wrote it, on this host, or None — for
+        ``trainer.train(resume_from_checkpoint=gg.resume_from)`` and the like (``saves.py``)."""
+        return self.saves.resume_from()
+
+    @property
+    def saves(self) -> Saves:
+        """Where this job keeps a framework's own checkpoints (``--storage``, ``--checkpoint-dir``)."""
+        if self._saves is None or self._saves.where != self.options.keep_dir:
+            self._saves = Saves(self.options.keep_dir)
+        return self._saves
 
 
 def _last_step(loader, epochs: int, accumulate: int, max_steps: int | None, start: int) -> int | None:
@@ -410,8 +363,3 @@ def _last_step(loader, epochs: int, accumulate: int, max_steps: int | None, star
     except TypeError:
         return max_steps
     return min(end, max_steps) if max_steps is not None else end
-
-
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()

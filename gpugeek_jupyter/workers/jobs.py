@@ -176,13 +176,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
               f"calls gg — they do nothing here; set your framework's own (bf16=True, gradient_checkpointing=True, "
               f"gradient_accumulation_steps=…)", flush=True)
     record = _cluster()
-    if opts.checkpoint_every and not opts.checkpoint_dir:
-        # per job name, else per cell text: re-running the same cell resumes, another cell does not;
-        # in the cluster's storage (`up --storage`), else in this kernel's home (one host only)
-        key = name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10]
-        storage = ClusterSpec.from_json(record.spec).storage
-        opts = replace(opts, checkpoint_dir=f"{storage}/checkpoints/{key}" if storage else
-                       str(home() / "checkpoints" / key))
+    opts = _checkpoints(opts, record, name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10])
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
     warm = current().group
@@ -226,11 +220,12 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                           f"(failure {failures} of {max_failures} allowed)", flush=True)
                     node = group.info[died.rank]["node_id"] if died.rank < len(group.info) else None
                     reset()
-                    opts = _after_a_loss(opts, node, record, job_name)
+                    opts = replace(_after_a_loss(opts, node, record, job_name), retry=opts.retry + 1)
                     group, _ = group_for(opts)
                 except RemoteError as error:
                     if error.preempted is not None:    # checkpointed on a notice: not a failure
                         group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
+                        opts = replace(opts, retry=opts.retry + 1)
                         continue
                     if "OutOfMemoryError" in error.traceback_text or "out of memory" in error.traceback_text:
                         planned = plan.memory.per_gpu(opts.workers)["total"] if plan is not None else None
@@ -254,6 +249,19 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     finally:
         ledger.job_ended(cluster_id, job_id, status)
         watcher.finish(status)
+
+
+def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOptions:
+    """Where the job's checkpoints go — per job name, else per cell text (``key``): re-running the
+    same cell resumes, another cell does not. ``gg``'s, with ``--checkpoint-every``, in
+    ``--checkpoint-dir``, else the cluster's storage (``up --storage``), else this kernel's home
+    (one host only). A framework's own are copied beside them (``workers/saves.py``) only into a
+    ``--checkpoint-dir`` or the storage: elsewhere its own ``output_dir`` is all there is."""
+    storage = ClusterSpec.from_json(record.spec).storage
+    root = opts.checkpoint_dir or (f"{storage}/checkpoints/{key}" if storage else None)
+    if opts.checkpoint_every and not opts.checkpoint_dir:
+        opts = replace(opts, checkpoint_dir=root or str(home() / "checkpoints" / key))
+    return replace(opts, keep_dir=root)
 
 
 def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push: dict | None) -> bool:

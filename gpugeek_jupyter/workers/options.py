@@ -29,6 +29,8 @@ class RunOptions:
     checkpoint_dir: str | None = None
     collective_timeout: float = 300.0     # a collective waiting longer fails its cell: never a hang
     argv: tuple[str, ...] | None = None   # a script's sys.argv (``%gpugeek torchrun``): the cell is that script
+    keep_dir: str | None = None        # where a framework's own checkpoints are kept (``saves``): set by the job
+    retry: int = 0                     # the cell run again after a lost worker or a preemption (1, 2, …)
 
     def source_name(self, cell_id: int) -> str:
         """What a remote traceback calls the code: the cell, or the script it is."""

@@ -11,6 +11,7 @@ lost fails. So before the first step, rank 0 leaves a file there and every rank 
 from __future__ import annotations
 
 import io
+import json
 import socket
 import uuid
 
@@ -60,8 +61,24 @@ class Place:
         with self.fs.open(self._path(f"{checkpoint}/extra-rank{rank}.pt"), "rb") as f:
             return torch.load(io.BytesIO(f.read()), weights_only=False)
 
-    def complete(self, checkpoint: str, step: int) -> None:
-        self._write(f"{checkpoint}/COMPLETE", str(step).encode())
+    def complete(self, checkpoint: str, step: int, said: dict | None = None) -> None:
+        """Mark ``checkpoint`` whole: ``COMPLETE`` holds its step (and ``said``, as JSON)."""
+        text = json.dumps({"step": step, **said}) if said else str(step)
+        self._write(f"{checkpoint}/COMPLETE", text.encode())
+
+    def put(self, local: str, url: str) -> None:
+        """Copy file ``local`` to ``url`` in this folder."""
+        path = self._path(url)
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.put_file(local, path)
+
+    def get(self, url: str, local: str, folder: bool) -> None:
+        """Copy ``url`` (a folder of files, or one file) of this folder to ``local``."""
+        self.fs.get(self._path(url), local, recursive=folder)
+
+    def read(self, url: str) -> str:
+        with self.fs.open(self._path(url), "rb") as f:
+            return f.read().decode()
 
     def _write(self, url: str, data: bytes) -> None:
         path = self._path(url)
@@ -98,3 +115,9 @@ def check_shared(place: Place, rank: int) -> None:
     if blind:
         raise GpugeekError(f"checkpoint dir {place} is not shared by the hosts ({', '.join(blind)} cannot see it) "
                            f"— give an s3:// URL or a path on a shared filesystem as --checkpoint-dir")
+
+
+def barrier() -> None:
+    """Every rank here, when there are several."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

@@ -11,7 +11,16 @@ Small random-weight models from configs; nothing is downloaded.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
+
+import torch
+
+TORCHRUN_TIMEOUT_S = 240
 
 # what every program ends with: the record the tests read (the framework's own words in `said`)
 _RECORD = """
@@ -194,3 +203,28 @@ def killed_once(program: str, marker: str) -> str:
     """The Trainer program with a worker that dies at step 5 of its first run."""
     return program.replace("trainer = Trainer(model=model, args=args, train_dataset=data)\n",
                            f"MARKER = {marker!r}\n" + KILLED_AT_5, 1)
+
+
+def under_torchrun(program: str, out: Path, *args: str, ranks: int = 2) -> None:
+    """``torchrun --standalone --nproc-per-node RANKS train.py OUT ARGS`` on this machine."""
+    script = out.parent / f"{out.name}-train.py"
+    script.write_text(program)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(ranks), str(script), str(out), *args], env=env, capture_output=True, text=True,
+                          timeout=TORCHRUN_TIMEOUT_S, cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def records(out: Path, ranks: int = 2) -> dict[int, dict]:
+    return {r: json.loads((out / f"record-{r}.json").read_text()) for r in range(ranks)}
+
+
+def params(out: Path, rank: int) -> list[torch.Tensor]:
+    return torch.load(out / f"params-{rank}.pt")
+
+
+def written(out: Path, rank: int) -> list[str]:
+    """The files rank ``rank`` wrote under its own folder (what the framework saved and logged)."""
+    root = out / f"rank-{rank}"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []

@@ -2,8 +2,10 @@
 kept in ``.cache/`` (``make lab-files``):
 
     index   a wheel index (PEP 503 "simple" pages and the wheels) holding Ray, torch, numpy, pip,
-            s3fs and their dependencies at this kernel's versions, which the laptop serves to the hosts
-            on the lab's bridge: the hosts reach nothing else
+            s3fs, and the training frameworks a cell may import (transformers, accelerate,
+            lightning: ``up --env`` installs them for a job), with their dependencies at this
+            kernel's versions, which the laptop serves to the hosts on the lab's bridge: the hosts
+            reach nothing else
     image   a "machine image": a venv of Debian's python3 with torch and numpy, and no Ray, which
             the lab mounts on every host that is not bare
 
@@ -28,9 +30,13 @@ from pathlib import Path
 BASE_PYTHON = "/usr/bin/python3"     # the OS's own Python: what every lab host has
 
 
+RUNTIME = ("ray", "torch", "numpy", "pip", "s3fs")       # what a host's runtime holds
+FRAMEWORKS = ("transformers", "accelerate", "lightning")   # what a job's ``up --env`` may add
+
+
 def wanted() -> dict[str, str]:
-    """The packages a host's runtime holds, at this kernel's versions."""
-    return {name: metadata.version(name) for name in ("ray", "torch", "numpy", "pip", "s3fs")}
+    """The packages the lab's index serves, at this kernel's versions."""
+    return {name: metadata.version(name) for name in (*RUNTIME, *FRAMEWORKS)}
 
 
 def _made(folder: Path, versions: dict) -> bool:
@@ -50,7 +56,7 @@ def index(folder: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(files),
                     f"ray[default]=={versions['ray']}", f"torch=={versions['torch']}",
                     f"numpy=={versions['numpy']}", f"pip=={versions['pip']}", f"s3fs=={versions['s3fs']}",
-                    "setuptools", "wheel"],
+                    *(f"{name}=={versions[name]}" for name in FRAMEWORKS), "setuptools", "wheel"],
                    check=True, timeout=900)
     projects: dict[str, list[str]] = {}
     for wheel in sorted(files.iterdir()):

@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from framework_programs import ACCELERATE, PROGRAMS, SCRIPT, TRAINER, as_cell, as_script, killed_once
+from framework_programs import (
+    ACCELERATE,
+    PROGRAMS,
+    SCRIPT,
+    TRAINER,
+    as_cell,
+    as_script,
+    killed_once,
+    params,
+    records,
+    under_torchrun,
+    written,
+)
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
@@ -23,7 +33,6 @@ from gpugeek_jupyter.meter import ledger
 pytestmark = pytest.mark.slow
 
 STEPS = 6
-TORCHRUN_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
@@ -52,31 +61,6 @@ def cluster(home):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def under_torchrun(program: str, out: Path, *args: str) -> None:
-    """``torchrun --standalone --nproc-per-node 2 train.py OUT ARGS`` on this machine."""
-    script = out.parent / f"{out.name}-train.py"
-    script.write_text(program)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), str(out), *args], env=env, capture_output=True, text=True,
-                          timeout=TORCHRUN_TIMEOUT_S, cwd=out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def records(out: Path) -> dict[int, dict]:
-    return {r: json.loads((out / f"record-{r}.json").read_text()) for r in (0, 1)}
-
-
-def params(out: Path, rank: int) -> list[torch.Tensor]:
-    return torch.load(out / f"params-{rank}.pt")
-
-
-def written(out: Path, rank: int) -> list[str]:
-    """The files rank ``rank`` wrote under its own folder (what the framework saved and logged)."""
-    root = out / f"rank-{rank}"
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
 def last_job_samples():

@@ -54,6 +54,18 @@ def test_distributed_training_notebook(tmp_path):
     assert "tiny-gpt" in text, "the cells are jobs in the ledger"
 
 
+@pytest.mark.slow
+def test_frameworks_notebook(tmp_path):
+    """Trainer, Accelerate, Lightning and a torchrun script, each unchanged, on 2 workers; only
+    rank 0 speaks in the cell."""
+    text = _run("05-frameworks.ipynb", tmp_path)
+    assert "rank 0 of world size 2: ParallelMode.DISTRIBUTED" in text and "rank 1 of" not in text
+    assert "resume point: checkpoint-20" in text
+    assert "2 processes, MULTI_CPU" in text
+    assert "global_rank 0 of world_size 2" in text and "global_rank 1" not in text
+    assert "script: 2 ranks, 20 steps" in text
+
+
 NOTEBOOK_04 = "04-watch-cost-and-utilisation.ipynb"
 
 

@@ -165,8 +165,10 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
     if not remote:
         return environment.runtime_env(spec.env, package=False, folder=spec.working_dir)
     modules = list(environment.shipment().for_cluster(record.id).shipped.values())
-    # the workers' priority too, for a cluster whose nodes someone else started (ours have it)
-    return {**environment.runtime_env(spec.env, modules, folder=spec.working_dir), "env_vars": dict(NODE_ENV)}
+    # the workers' priority too, for a cluster whose nodes someone else started (ours have it); pip
+    # installs from the index the hosts' runtime came from (`--pip-index-url`), where one was given
+    return {**environment.runtime_env(spec.env, modules, folder=spec.working_dir,
+                                      index_url=(spec.remote or {}).get("pip_index_url")), "env_vars": dict(NODE_ENV)}
 
 
 def reconnect(record: ClusterRecord) -> None:

@@ -72,10 +72,10 @@ def pushed_modules(push: dict | None) -> set[str]:
 # -- the job's runtime_env --------------------------------------------------------------------------
 
 def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None = None,
-                package: bool = True, folder: str | None = None) -> dict:
+                package: bool = True, folder: str | None = None, index_url: str | None = None) -> dict:
     """The job's ``runtime_env``: this package (for a remote cluster), the kernel's modules the
-    nodes lack, pip packages (``up --env``, and modules with compiled parts) and the folder the
-    cells start in (``up --working-dir``)."""
+    nodes lack, pip packages (``up --env``, and modules with compiled parts; from ``index_url``
+    when given, as the hosts' runtime was) and the folder the cells start in (``up --working-dir``)."""
     paths = [str(Path(__file__).resolve().parent.parent)] if package else []
     wheels = list(pip or [])
     for module in modules or []:
@@ -94,7 +94,9 @@ def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None
         env["working_dir"] = folder
         env["excludes"] = sorted({*env.get("excludes", []), *WORKING_DIR_EXCLUDES})
     if wheels:
-        env["pip"] = wheels
+        env["pip"] = wheels if not index_url else {
+            "packages": wheels,
+            "pip_install_options": ["--index-url", index_url, "--disable-pip-version-check", "--no-cache-dir"]}
     return env
 
 

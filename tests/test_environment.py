@@ -61,6 +61,13 @@ def test_an_installed_package_is_its_distribution_and_version(tmp_path, monkeypa
     assert env["py_modules"] == [package, pure.path, pure.dist_info], "the package and its metadata travel"
     assert env["pip"] == ["einops==0.8.0", "pkg_fast==2.0"], "a compiled package is installed at our version"
     assert environment.runtime_env([], [], package=False) == {}
+    # hosts whose runtime came from a mirror (`--pip-index-url`) install a job's packages from it too
+    mirrored = environment.runtime_env(["einops==0.8.0"], package=False, index_url="http://10.0.0.1:8080/simple")
+    assert mirrored["pip"]["packages"] == ["einops==0.8.0"]
+    assert mirrored["pip"]["pip_install_options"][:2] == ["--index-url", "http://10.0.0.1:8080/simple"]
+    from ray._private.runtime_env.validation import parse_and_validate_pip
+
+    assert parse_and_validate_pip(mirrored["pip"])["pip_install_options"][1] == "http://10.0.0.1:8080/simple"
 
 
 def test_a_local_module_is_versioned_by_its_files(tmp_path, monkeypatch):

@@ -94,9 +94,12 @@ def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None
         env["working_dir"] = folder
         env["excludes"] = sorted({*env.get("excludes", []), *WORKING_DIR_EXCLUDES})
     if wheels:
+        # pip ignores a plain-http mirror unless told to trust its host
+        trust = ["--trusted-host", index_url.split("://", 1)[1].split("/", 1)[0].split(":")[0]] \
+            if index_url and index_url.startswith("http://") else []
         env["pip"] = wheels if not index_url else {
             "packages": wheels,
-            "pip_install_options": ["--index-url", index_url, "--disable-pip-version-check", "--no-cache-dir"]}
+            "pip_install_options": ["--index-url", index_url, *trust, "--disable-pip-version-check", "--no-cache-dir"]}
     return env
 
 

@@ -94,8 +94,6 @@ def _patch_transformers(module) -> None:
         """Steps, samples and the Trainer's own logs (loss, learning rate, grad norm)."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            global _trainer_running
-            _trainer_running = True
             if _helper is not None:
                 _helper.begin(total_steps=state.max_steps)
 
@@ -113,10 +111,6 @@ def _patch_transformers(module) -> None:
             if _helper is not None:     # every rank: its own files (rng_state_R) are part of it
                 _helper.saves.keep(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), state.global_step)
 
-        def on_train_end(self, args, state, control, **kwargs):
-            global _trainer_running
-            _trainer_running = False
-
     def make(real):
         def __init__(self, *args, **kwargs):
             real(self, *args, **kwargs)
@@ -128,9 +122,14 @@ def _patch_transformers(module) -> None:
 
     def train(real):
         def wrapped(self, resume_from_checkpoint=None, *args, **kwargs):
+            global _trainer_running
             if resume_from_checkpoint is None:
                 resume_from_checkpoint = _resume_point("Trainer.train")
-            return real(self, resume_from_checkpoint, *args, **kwargs)
+            _trainer_running = True
+            try:
+                return real(self, resume_from_checkpoint, *args, **kwargs)
+            finally:
+                _trainer_running = False
         return wrapped
 
     _once(module.Trainer, "__init__", make)

@@ -254,7 +254,7 @@ class Helper:
 
     # -- reports --------------------------------------------------------------------------------
 
-    def _count(self, batch) -> None:
+    def _count(self, batch, report: bool = True) -> None:
         t0, samples, tokens = self._window
         if isinstance(batch, dict):
             batch = next((v for v in batch.values() if isinstance(v, torch.Tensor)), batch)
@@ -262,7 +262,8 @@ class Helper:
         n = len(first) if hasattr(first, "__len__") else 1
         tok = first.numel() if isinstance(first, torch.Tensor) and first.dtype in (torch.int64, torch.int32) else 0
         self._window = (t0, samples + n, tokens + tok)
-        self._maybe_report()
+        if report:
+            self._maybe_report()
 
     def log(self, **metrics) -> None:
         """Record metrics (loss=…); reported at most once a second, with every value since by step."""
@@ -285,17 +286,21 @@ class Helper:
         metrics. A tensor becomes a number only when a report is due: no GPU sync per step."""
         if step is not None:
             self.step = int(step)
-        if metrics and (time.perf_counter() - self._last_report >= REPORT_EVERY_S
-                        or not any(isinstance(v, torch.Tensor) for v in metrics.values())):
-            self._pending = None
-            self.log(**metrics)
-        elif metrics:
-            self._pending = metrics       # the latest, logged when the loop ends (``flush``)
         if batch is not None:
-            self._count(batch)
+            self._count(batch, report=False)
         elif samples:
             t0, seen, tokens = self._window
             self._window = (t0, seen + samples, tokens)
+        due = time.perf_counter() - self._last_report >= REPORT_EVERY_S
+        if metrics and not due and any(isinstance(v, torch.Tensor) for v in metrics.values()):
+            self._pending = metrics       # the latest, logged when a report is due or at the end
+            return
+        metrics = metrics or (self._pending if due else None) or {}
+        if metrics:
+            self._pending = None
+            self.log(**metrics)           # and the report, when due
+        elif due:
+            self._maybe_report()
 
     def _maybe_report(self, force: bool = False) -> None:
         now = time.perf_counter()

@@ -76,8 +76,9 @@ def test_a_framework_trains_as_one_job_on_three_hosts_as_under_torchrun(framewor
     ours, theirs = records(out, 3), records(ref, 3)
     assert [ours[r]["said"]["world_size"] for r in range(3)] == [3, 3, 3], ours
     assert [ours[r]["said"]["rank"] for r in range(3)] == [0, 1, 2], ours
-    seen = [set(ours[r]["seen"]) for r in range(3)]
-    assert all(seen) and not (seen[0] & seen[1] or seen[0] & seen[2] or seen[1] & seen[2]), seen
+    # a shard each (in a second epoch, or the sampler's padding, a sample may come round again)
+    seen = [tuple(ours[r]["seen"]) for r in range(3)]
+    assert all(seen) and len(set(seen)) == 3 and len(set().union(*seen)) > max(len(set(s)) for s in seen), seen
     assert all(torch.equal(a, b) for r in (1, 2) for a, b in zip(params(out, 0), params(out, r), strict=True))
     assert [ours[r]["seen"] for r in range(3)] == [theirs[r]["seen"] for r in range(3)]
     assert torch.allclose(torch.tensor(ours[0]["losses"]), torch.tensor(theirs[0]["losses"]), rtol=1e-5, atol=1e-6)
@@ -103,6 +104,7 @@ def test_a_trainer_on_a_killed_host_resumes_from_its_s3_checkpoint_on_the_hosts_
 
     killer = threading.Thread(target=kill_at_step_5)
     killer.start()
+    began = time.monotonic()
     try:
         gg.run(cell, workers=3, max_failures=1, monitor=False, name="trainer-killed")
     finally:
@@ -117,6 +119,9 @@ def test_a_trainer_on_a_killed_host_resumes_from_its_s3_checkpoint_on_the_hosts_
     steps = [int(s) for s in log.read_text().split()]
     restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     assert steps[restart] == resumed + 1 and steps[-1] == 12 and set(steps) == set(range(1, 13)), steps
+    with capsys.disabled():
+        print(f"\n{victim.name} killed after step {steps[restart - 1]}; resumed from checkpoint-{resumed} kept in S3; "
+              f"steps logged {steps}; the cell took {time.monotonic() - began:.1f} s")
     kept = [h for h in lab.hosts if h is not victim]
     finished = [json.loads(f.read_text()) for h in kept for f in Path(h.file("/tmp/fw-killed")).glob("record-0.json")]
     assert finished and finished[0]["said"]["step"] == 12 and finished[0]["said"]["world_size"] == 2, finished

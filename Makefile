@@ -163,6 +163,7 @@ bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_run.py --quick
 	$(PY) benchmarks/bench_remote.py
+	$(PY) benchmarks/bench_frameworks.py
 	$(PY) benchmarks/bench_monitor.py
 	$(PY) benchmarks/bench_ticker.py
 	$(PY) benchmarks/bench_cli.py

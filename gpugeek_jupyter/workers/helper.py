@@ -59,8 +59,12 @@ class Helper:
         self.configure(options)
 
     def configure(self, options: RunOptions) -> None:
-        """This cell's flags (the group keeps its namespace across flag changes)."""
+        """This cell's flags (the group keeps its namespace across flag changes); its reports
+        start afresh — a metric, a total or a rate of the cell before is not this one's."""
         self.options = options
+        self._metrics, self._logged, self._pending = {}, {}, None
+        self.total_steps, self.loop_start = None, 0
+        self._window = (time.perf_counter(), 0, 0)
         if options.amp == "fp16" and self.scaler is None:
             self.scaler = torch.amp.GradScaler(self.device.type)
         elif options.amp != "fp16":

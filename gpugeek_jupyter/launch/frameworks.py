@@ -39,6 +39,12 @@ def watch(helper) -> None:
         sys.meta_path.insert(0, _Hooks())
 
 
+def loaded() -> bool:
+    """Whether a framework this module watches was imported here (its teardown may have changed
+    the ``torchrun`` variables: they are set again before the next cell, ~12 µs, else not)."""
+    return any(name in sys.modules for name in PATCHES)
+
+
 class _Hooks(importlib.abc.MetaPathFinder):
     """Finds the frameworks' modules as the other finders would, and patches each once loaded."""
 

@@ -72,8 +72,10 @@ def contract(where: list[tuple[str, list]], master: str, port: int, run_id: str)
 
 def apply(env: dict[str, str]) -> None:
     """This worker's contract into its environment (again before each cell: a framework's
-    teardown may have removed some, as Lightning's removes ``WORLD_SIZE``)."""
-    os.environ.update(env)
+    teardown may have removed some, as Lightning's removes ``WORLD_SIZE``): only what changed."""
+    changed = {key: value for key, value in env.items() if os.environ.get(key) != value}
+    if changed:
+        os.environ.update(changed)
 
 
 def device_index(env: dict[str, str]) -> int:

@@ -155,7 +155,8 @@ class Worker:
             if stopped:
                 raise KeyboardInterrupt
             self.ns["gg"].configure(options)
-            torchrun.apply(self.env)
+            if frameworks.loaded():
+                torchrun.apply(self.env)
             if pushed:
                 self.ns.update(cloudpickle.loads(pushed))
             if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv and exit

@@ -105,7 +105,7 @@ def jobs(name: str | None = None):
     from .workers import attach
 
     rows = attach.jobs(name)
-    columns = ["id", "name", "state", "step", "usd", "kernel", "began", "ended"]
+    columns = ["name", "id", "state", "step", "usd", "kernel", "began", "ended"]
     frame = pd.DataFrame(rows, columns=columns).rename(columns={"id": "job"})
     for column in ("began", "ended"):
         frame[column] = pd.to_datetime(frame[column], unit="s")
@@ -113,7 +113,8 @@ def jobs(name: str | None = None):
 
 
 def attach(job: str, name: str | None = None, *, adopt: bool = False, monitor: bool = True):
-    """Follow job ``job`` (an id from ``jobs``) from this kernel: its output from the start, live
+    """Follow job ``job`` (a name or an id from ``jobs``: a name several jobs had means the newest,
+    and says so) from this kernel: its output from the start, live
     while it runs; returns its ``Result`` (value, pulled variables) once it ends. ``adopt``: then
     this kernel's cells run on the job's warm worker group, its variables with it (the kernel that
     started it must be gone). In a notebook the job monitor shows it as ``run`` does, its whole

@@ -452,3 +452,31 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
     assert gg.reset(), "reset freed the held placement group"
     assert placement.release_held() == []
     gg.run("x = 3", workers=cpus, monitor=False)
+
+
+def test_attach_takes_a_jobs_name_the_newest_of_several_and_says_so(ipython, capsys):
+    gg.run("print('first', flush=True)\n1", workers=2, name="outlive")
+    gg.run("print('second', flush=True)\n41 + 1", workers=2, name="outlive")
+    capsys.readouterr()
+    assert gg.attach("outlive", monitor=False).shown() == 42
+    out = capsys.readouterr().out
+    assert "second" in out and "first" not in out, out
+    assert "note: 2 jobs are named 'outlive': following the newest" in out, out
+    assert list(gg.jobs().columns[:2]) == ["name", "job"], "the name first"
+    with pytest.raises(GpugeekError, match="no job 'never-ran' on 'runs'"):
+        gg.attach("never-ran", monitor=False)
+
+
+def test_a_group_that_can_never_fit_a_cluster_that_does_not_grow_is_refused_at_once():
+    """A local cluster never grows by itself: more workers than its CPUs is said at once, in the
+    line a two-minute wait used to end in."""
+    import ray
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    began = time.monotonic()
+    with pytest.raises(GpugeekError, match=rf"{cpus + 1} workers × 1 CPU do not fit the cluster \(it has {cpus} "
+                                           r"CPUs on 1 node, and does not grow by itself\) — use fewer --workers"):
+        gg.run("pass", workers=cpus + 1)
+    took = time.monotonic() - began
+    assert took <= 2.0, f"refused after {took:.1f} s"
+    assert gg.run("1 + 1", workers=2).shown() == 2, "the next cell builds its group as ever"

@@ -67,6 +67,7 @@ class Backend:
     owns_processes = False      # we started its processes and stop them by session id
     launches = True             # False: an existing cluster we only attach to
     confirm = False             # needs --yes before it spends money
+    grows = False               # an autoscaler may add nodes for work that does not fit yet
 
     def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
         raise NotImplementedError
@@ -123,6 +124,7 @@ class LocalBackend(Backend):
 
 class SimBackend(LocalBackend):
     name = "sim"
+    grows = True                # Ray's fake multi-node autoscaler
 
     def show(self, name, spec):
         config = sim.autoscaler_config(name, spec, "127.0.0.1:<port>")
@@ -187,6 +189,7 @@ class LauncherBackend(Backend):
 
     owns_processes = False
     confirm = True
+    grows = True                # up to --max-workers, by Ray's autoscaler
 
     def __init__(self, provider: str):
         self.name = provider
@@ -253,6 +256,7 @@ class LauncherBackend(Backend):
 class KubeRayBackend(Backend):
     name = "kuberay"
     confirm = True
+    grows = True                # KubeRay's autoscaler
 
     def show(self, name, spec):
         manifest = kuberay.manifest(name, spec)
@@ -293,6 +297,7 @@ class KubeRayBackend(Backend):
 class AttachBackend(Backend):
     name = "attach"
     launches = False
+    grows = True                # someone else's cluster: it may have an autoscaler
 
     def show(self, name, spec):
         return LaunchConfig(self.name, "attach only: nothing is started", None, "", {})

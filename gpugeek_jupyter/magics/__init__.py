@@ -320,7 +320,7 @@ def jobs(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
-@argument("job", help="a job id, as `%%gpugeek jobs` lists them")
+@argument("job", help="a job's name or id, as `%%gpugeek jobs` lists them (a name: the newest job of that name)")
 @argument("--adopt", action="store_true",
           help="then run this kernel's cells on the job's warm worker group, its variables with it "
                "(its own kernel must be gone)")

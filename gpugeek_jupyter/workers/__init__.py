@@ -2,5 +2,6 @@
 
 Runs on: a kernel (``group``, ``jobs``, ``sending``) and every Ray worker (``worker``, ``helper``,
 ``progress``, ``line``, ``notice``, ``oom``, ``cell``, ``device``).
-May import: `provision/`, `kernel/`, `remote/`, `cluster/`, `launch/`, `meter/`, the ground floor.
+May import: `provision/`, `kernel/`, `backends/` (what one can do), `remote/`, `cluster/`, `launch/`, `meter/`,
+the ground floor.
 """

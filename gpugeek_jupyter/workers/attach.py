@@ -57,26 +57,18 @@ def _settle_ledger(cluster_id: int, rows: list[dict]) -> None:
             ledger.job_ended(cluster_id, row["id"], row["state"], at=row.get("ended"))
 
 
-def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = False) -> Result:
-    """Show job ``job_id``'s output from its start (or from the journal's bound), follow it while
-    it runs, and return its ``Result`` (value, pulled variables) once it ends. ``adopt``: this
-    kernel then takes the job's group over (``jobs.adopt``), whether the job succeeded or failed.
-    ``watch`` makes what watches it, as for ``run`` (the notebook's job monitor, the whole curve)."""
+def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False) -> Result:
+    """Show job ``job``'s output (its id, or its name: the newest of that name) from its start
+    (or from the journal's bound), follow it while it runs, and return its ``Result`` (value,
+    pulled variables) once it ends. ``adopt``: this kernel then takes the job's group over
+    (``jobs.adopt``), whether the job succeeded or failed. ``watch`` makes what watches it, as
+    for ``run`` (the notebook's job monitor, the whole curve)."""
     import ray
 
     record = session.live_cluster(name)
     connection.connect(record)
-    found = None
-    for group_id, lead in _leads().items():
-        try:
-            kept = ray.get(lead.jobs.remote(), timeout=10)
-        except ray.exceptions.RayError:
-            continue
-        found = next(((group_id, lead, job) for job in kept if job.get("id") == job_id), found)
-    if found is None:
-        raise GpugeekError(f"no job {job_id!r} on {record.name!r} — `%gpugeek jobs` lists the ones its worker "
-                           f"groups keep (the last few cells of each)")
-    group_id, lead, job = found
+    group_id, lead, job = _find(job, record.name)
+    job_id = job["id"]
     if adopt:       # refused before the output, not after, when its kernel still runs here
         running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
     watcher = running.Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
@@ -99,6 +91,31 @@ def attach(job_id: str, name: str | None = None, *, watch=None, adopt: bool = Fa
     if adopt:
         _adopt(group_id, job_id)
     return result
+
+
+def _find(wanted: str, cluster: str) -> tuple[str, object, dict]:
+    """The job whose id is ``wanted``, else the newest whose name is (said when there are more):
+    (its group, the group's rank 0, the job as rank 0 keeps it)."""
+    import ray
+
+    found = []
+    for group_id, lead in _leads().items():
+        try:
+            kept = ray.get(lead.jobs.remote(), timeout=10)
+        except ray.exceptions.RayError:
+            continue               # a group going away as we ask
+        found += [(group_id, lead, job) for job in kept if wanted in (job.get("id"), job.get("name"))]
+    by_id = [f for f in found if f[2].get("id") == wanted]
+    if by_id:
+        return by_id[0]
+    if not found:
+        raise GpugeekError(f"no job {wanted!r} on {cluster!r} — `%gpugeek jobs` lists the ones its worker groups "
+                           f"keep (the last few cells of each), by name and id")
+    found.sort(key=lambda f: f[2].get("began") or 0)
+    if len(found) > 1:
+        print(f"note: {len(found)} jobs are named {wanted!r}: following the newest, {found[-1][2]['id']} "
+              f"(the others: {', '.join(f[2]['id'] for f in found[:-1])})", flush=True)
+    return found[-1]
 
 
 def _adopt(group_id: str, job_id: str) -> None:

@@ -28,7 +28,7 @@ from ..meter import telemetry
 from . import away, journal, orphans, progress
 from .options import RunOptions
 from .orphans import NAMESPACE, group_name
-from .placement import keep, rank_places, release_held, remove
+from .placement import keep, never_fits, rank_places, release_held, remove
 from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
@@ -42,8 +42,9 @@ HELD_WAIT_S = 10.0       # how long a new group waits for room while an old one'
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
 class WorkerGroup:
     def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True,
-                 notices: str | None = None):
+                 notices: str | None = None, grows: bool = True):
         self.options, self.address = options, address
+        self.grows = grows                          # an autoscaler may add nodes: waiting can help
         self.notices = notices                      # where nodes hear of their preemption (workers/notice.py)
         self.sample_gpus = sample_gpus              # False on simulated nodes (declared GPUs)
         self.on_node_samples = on_node_samples      # where the node samplers' reports go
@@ -76,6 +77,7 @@ class WorkerGroup:
         bundle = {"GPU": gpus} if gpus else {"CPU": 1}
         held = release_held()
         orphans.reclaim(self.keep_s)
+        never_fits(n, bundle, self.grows)     # said at once where no wait can help
         self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK",
                                   name=group_name(self.group_id), lifetime="detached")
         try:

@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import asdict, replace
 
+from ..backends.interface import BACKENDS
 from ..cluster import registry
 from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
@@ -101,7 +102,8 @@ def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
     cluster_id = record.id
     group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
                         on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
-                        notices=record.backend if record.backend in notice.SOURCES else None)
+                        notices=record.backend if record.backend in notice.SOURCES else None,
+                        grows=BACKENDS[record.backend].grows)
     group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
     group.keep_s = record.idle_minutes * 60 if record.idle_minutes else None
     return group

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..errors import GpugeekError
 from ..kernel import connection
 from ..launch import torchrun
 
@@ -93,3 +94,22 @@ def rank_places(pg, n: int) -> list:
         placed = {}
     order = torchrun.rank_order([str(placed[i]) for i in range(n)]) if len(placed) == n else list(range(n))
     return [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b) for b in order]
+
+
+def never_fits(n: int, bundle: dict, grows: bool) -> None:
+    """On a cluster that does not grow (local, ssh): refuse at once, in the line a long wait would
+    have ended in, a group whose ``n`` bundles the cluster's nodes could never hold, busy or not —
+    each bundle on one node, so a node holds as many as its own CPUs (or GPUs) allow."""
+    import ray
+
+    if grows:
+        return
+    resource, need = next(iter(bundle.items()))
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    room = sum(int(resources.get(resource, 0) // need + 1e-9) for resources in nodes)
+    if room < n:
+        total = sum(resources.get(resource, 0) for resources in nodes)
+        what = f"{need:g} GPU" if resource == "GPU" else f"{need:g} CPU"
+        raise GpugeekError(f"{n} workers × {what} do not fit the cluster (it has {total:g} {resource}s on "
+                           f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, and does not grow by itself) — "
+                           "use fewer --workers, or `%gpugeek scale` the cluster")

@@ -103,6 +103,14 @@ laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
 lid: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py tests/lab/test_never_returns.py
 
+# The training code people already write on three hosts that share nothing (tests/lab/
+# test_frameworks_on_hosts.py, about six minutes): the Trainer, Accelerate and Lightning against
+# torchrun, and a Trainer that loses a host and resumes from S3. `make test` runs the frameworks
+# on a local cluster; this builds each host's pip environment for the job, a minute of every core.
+.PHONY: frameworks-lab
+frameworks-lab: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_frameworks_on_hosts.py
+
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.

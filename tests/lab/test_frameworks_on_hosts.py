@@ -11,6 +11,7 @@ the job from the package index the hosts' runtime came from (``--pip-index-url``
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -35,7 +36,10 @@ from lab_files import FRAMEWORKS
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.environ.get("GPUGEEK_LAB_FRAMEWORKS"),
+    reason="the frameworks on three hosts build the job's pip environment on each (a minute of every core, "
+           "beside make test's timed tests): `make frameworks-lab` runs it; make test runs them on a local cluster")]
 
 STEPS = 6
 

@@ -105,11 +105,13 @@ lid: $(VENV)/.installed-test sshd lab-files
 
 # The training code people already write on three hosts that share nothing (tests/lab/
 # test_frameworks_on_hosts.py, about six minutes): the Trainer, Accelerate and Lightning against
-# torchrun, and a Trainer that loses a host and resumes from S3. `make test` runs the frameworks
-# on a local cluster; this builds each host's pip environment for the job, a minute of every core.
+# torchrun, and a Trainer that loses a host and resumes from S3; then a Trainer job's live monitor
+# in a browser. `make test` runs the frameworks on a local cluster; this builds each host's pip
+# environment for the job, a minute of every core, which make test's timed tests do without.
 .PHONY: frameworks-lab
-frameworks-lab: $(VENV)/.installed-test sshd lab-files
+frameworks-lab: $(VENV)/.installed-test sshd chromium lab-files
 	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_frameworks_on_hosts.py
+	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser/test_framework_monitor_in_lab.py
 
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The

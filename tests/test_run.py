@@ -469,14 +469,15 @@ def test_attach_takes_a_jobs_name_the_newest_of_several_and_says_so(ipython, cap
 
 def test_a_group_that_can_never_fit_a_cluster_that_does_not_grow_is_refused_at_once():
     """A local cluster never grows by itself: more workers than its CPUs is said at once, in the
-    line a two-minute wait used to end in."""
+    line a two-minute wait used to end in, and the warm group is kept."""
     import ray
 
     cpus = int(ray.cluster_resources()["CPU"])
+    gg.run("kept = 7", workers=2)
     began = time.monotonic()
     with pytest.raises(GpugeekError, match=rf"{cpus + 1} workers × 1 CPU do not fit the cluster \(it has {cpus} "
                                            r"CPUs on 1 node, and does not grow by itself\) — use fewer --workers"):
         gg.run("pass", workers=cpus + 1)
     took = time.monotonic() - began
     assert took <= 2.0, f"refused after {took:.1f} s"
-    assert gg.run("1 + 1", workers=2).shown() == 2, "the next cell builds its group as ever"
+    assert gg.run("kept", workers=2).shown() == 7, "refused before the warm group went: its variables are there"

@@ -28,7 +28,7 @@ from ..meter import telemetry
 from . import away, journal, orphans, progress
 from .options import RunOptions
 from .orphans import NAMESPACE, group_name
-from .placement import keep, never_fits, rank_places, release_held, remove
+from .placement import bundle, keep, never_fits, rank_places, release_held, remove
 from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
@@ -74,11 +74,11 @@ class WorkerGroup:
         from ray.util.placement_group import placement_group
 
         n, gpus = self.options.workers, self.options.gpus_per_worker
-        bundle = {"GPU": gpus} if gpus else {"CPU": 1}
+        one = bundle(gpus)
         held = release_held()
         orphans.reclaim(self.keep_s)
-        never_fits(n, bundle, self.grows)     # said at once where no wait can help
-        self.pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK",
+        never_fits(n, gpus, self.grows)     # said at once where no wait can help
+        self.pg = placement_group([dict(one) for _ in range(n)], strategy="PACK",
                                   name=group_name(self.group_id), lifetime="detached")
         try:
             room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S,

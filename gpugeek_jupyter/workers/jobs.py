@@ -70,6 +70,8 @@ def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
     old = session.group
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
+        if changed and old.address == record.address:     # refused before the warm group goes
+            placement.never_fits(opts.workers, opts.gpus_per_worker, BACKENDS[record.backend].grows)
         if changed and not old.broken and old.address == record.address:
             print("note: a different number of workers, GPUs or collective timeout — a new worker group; variables "
                   "defined on the old one are gone", flush=True)

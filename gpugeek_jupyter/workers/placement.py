@@ -96,15 +96,20 @@ def rank_places(pg, n: int) -> list:
     return [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b) for b in order]
 
 
-def never_fits(n: int, bundle: dict, grows: bool) -> None:
+def bundle(gpus_per_worker: float) -> dict:
+    """What one worker reserves: its GPUs, or a CPU."""
+    return {"GPU": gpus_per_worker} if gpus_per_worker else {"CPU": 1}
+
+
+def never_fits(n: int, gpus_per_worker: float, grows: bool) -> None:
     """On a cluster that does not grow (local, ssh): refuse at once, in the line a long wait would
-    have ended in, a group whose ``n`` bundles the cluster's nodes could never hold, busy or not —
-    each bundle on one node, so a node holds as many as its own CPUs (or GPUs) allow."""
+    have ended in, a group of ``n`` workers the cluster's nodes could never hold, busy or not —
+    each worker's bundle on one node, so a node holds as many as its own CPUs (or GPUs) allow."""
     import ray
 
     if grows:
         return
-    resource, need = next(iter(bundle.items()))
+    resource, need = next(iter(bundle(gpus_per_worker).items()))
     nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
     room = sum(int(resources.get(resource, 0) // need + 1e-9) for resources in nodes)
     if room < n:

@@ -26,21 +26,26 @@ def _leads() -> dict[str, object]:
             for group_id, names in named_groups().items() if names[0].endswith("/0")}
 
 
-def jobs(name: str | None = None) -> list[dict]:
-    """The cluster's jobs, newest first: job id, name, state (running, finished, failed,
-    interrupted), step, when it began and ended, and whose kernel started it (host:pid)."""
+def _kept_jobs() -> list[tuple[str, object, dict]]:
+    """Every job the cluster's worker groups keep: (its group, the group's rank 0, the job)."""
     import ray
 
-    record = session.live_cluster(name)
-    connection.connect(record)
-    rows = []
+    found = []
     for group_id, lead in _leads().items():
         try:
             kept = ray.get(lead.jobs.remote(), timeout=10)
         except ray.exceptions.RayError:
             continue               # a group going away as we ask
-        for job in kept:
-            rows.append({**job, "group": group_id})
+        found += [(group_id, lead, job) for job in kept]
+    return found
+
+
+def jobs(name: str | None = None) -> list[dict]:
+    """The cluster's jobs, newest first: job id, name, state (running, finished, failed,
+    interrupted), step, when it began and ended, and whose kernel started it (host:pid)."""
+    record = session.live_cluster(name)
+    connection.connect(record)
+    rows = [{**job, "group": group_id} for group_id, _, job in _kept_jobs()]
     _settle_ledger(record.id, rows)
     usd = {row["job_id"]: row["usd"] for row in ledger.cost_table(record.id, by="job").to_dict("records")}
     for row in rows:
@@ -96,15 +101,7 @@ def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False
 def _find(wanted: str, cluster: str) -> tuple[str, object, dict]:
     """The job whose id is ``wanted``, else the newest whose name is (said when there are more):
     (its group, the group's rank 0, the job as rank 0 keeps it)."""
-    import ray
-
-    found = []
-    for group_id, lead in _leads().items():
-        try:
-            kept = ray.get(lead.jobs.remote(), timeout=10)
-        except ray.exceptions.RayError:
-            continue               # a group going away as we ask
-        found += [(group_id, lead, job) for job in kept if wanted in (job.get("id"), job.get("name"))]
+    found = [kept for kept in _kept_jobs() if wanted in (kept[2].get("id"), kept[2].get("name"))]
     by_id = [f for f in found if f[2].get("id") == wanted]
     if by_id:
         return by_id[0]

@@ -164,7 +164,9 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
             problems += _network(n, names[n.node_id], len(nodes), gone, host)
             problems += _gpus(n, names[n.node_id], simulated)
     problems += _nccl(nodes, names)
-    problems += _links(pairs, links, names)
+    ip = {n.node_id: n.ip for n in nodes}
+    one_host = {(a, b) for (a, b) in [*pairs, *links] if a in ip and ip.get(b) == ip[a]}
+    problems += _links(pairs, links, names, one_host)
     for ids, what in (collective_failures or {}).items():
         problems.append(Problem(" ↔ ".join(names[i] for i in ids if i in names) or "cluster", what,
                                 "the plain TCP test passed, so look at the ports gloo and NCCL pick at random "
@@ -259,24 +261,33 @@ def _nccl(nodes: list[NodeFacts], names: dict[str, str]) -> list[Problem]:
             for node, v in versions.items() if v != common]
 
 
-def _links(pairs: dict, links: dict, names: dict[str, str]) -> list[Problem]:
+def _links(pairs: dict, links: dict, names: dict[str, str], one_host: set = frozenset()) -> list[Problem]:
     """Slow pairs — absolutely, or against the cluster's best pair, by their TCP rate or their
-    all_reduce — blamed on the one host they share when there is one, else on the link."""
+    all_reduce — blamed on the one host they share when there is one, else on the link.
+    Two nodes on one machine (a simulated cluster) have no network between them: their figures
+    measure that machine's busy CPU, so such a pair is judged only on whether it connects at all,
+    and is never the best pair the others are held against."""
     keys = list(dict.fromkeys([*links, *pairs]))
     if not keys:
         return []
-    rates = [link.rate for link in links.values() if link.rate is not None]
+    rates = [link.rate for p, link in links.items() if link.rate is not None and p not in one_host]
     best_bps = max(rates, default=None)
-    best_ms = min((ms for ms, _ in pairs.values()), default=None)
-    best_gbs = max((gbs for _, gbs in pairs.values()), default=None)
-    slow = [pair for pair in keys if _slow(links.get(pair), pairs.get(pair), best_bps, best_ms, best_gbs)]
+    best_ms = min((ms for p, (ms, _) in pairs.items() if p not in one_host), default=None)
+    best_gbs = max((gbs for p, (_, gbs) in pairs.items() if p not in one_host), default=None)
+
+    def is_slow(pair: tuple) -> bool:
+        if pair in one_host:
+            return pair in links and links[pair].rate is None
+        return _slow(links.get(pair), pairs.get(pair), best_bps, best_ms, best_gbs)
+
+    slow = [pair for pair in keys if is_slow(pair)]
     if not slow:
         return []
     nodes = {node for pair in keys for node in pair}
     blamed = [node for node in sorted(nodes) if all(p in slow for p in keys if node in p)
               and sum(node in p for p in slow) >= min(2, len(slow))]
     best = ", ".join(filter(None, [bits(best_bps) if best_bps else "",
-                                   f"{best_ms:.1f} ms, {best_gbs:.3f} GB/s" if pairs else ""]))
+                                   f"{best_ms:.1f} ms, {best_gbs:.3f} GB/s" if best_ms is not None else ""]))
     versus = f"best pair {best}" if len(keys) > 1 else \
         f"limits {bits(LINK_FLOOR_BPS)}, {LATENCY_LIMIT_MS:g} ms, {BANDWIDTH_FLOOR_GBS:g} GB/s"
     fix = "check that link: its speed, traffic shaping (`tc qdisc show`), the nodes' zone or placement group"

@@ -182,7 +182,7 @@ class CostReport:
         return f"{self.name}: ${self.total_usd:,.2f} ({what}){saved}{budget}{idle}"
 
     def __repr__(self) -> str:
-        return f"{self.summary()}\n{self.table.to_string(index=False)}"
+        return f"{self.summary()}\n{display.in_words(self.table).to_string(index=False)}"
 
     def _repr_html_(self) -> str:
         import html
@@ -191,7 +191,7 @@ class CostReport:
         figures = "".join(f.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
                           for i, f in enumerate(shown))     # plotly.js loaded once
         return (f"<div><b>{html.escape(self.summary())}</b></div>"
-                f"{self.table.to_html(index=False)}{figures}")
+                f"{display.in_words(self.table).to_html(index=False)}{figures}")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """The live dashboard in a notebook; HTML and text wherever widgets cannot show."""

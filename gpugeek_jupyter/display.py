@@ -68,3 +68,23 @@ def bundle(obj: object, text: str, html: str) -> dict:
         if WIDGET_MIME in view:
             data[WIDGET_MIME] = view[WIDGET_MIME]
     return data
+
+
+# a table's columns as a person reads them; the frames themselves keep their names for code
+COLUMN_WORDS = {
+    "node_id": "node", "node_type": "node type", "offer_id": "offer", "gpus": "GPUs",
+    "usd_per_hour": "$/h", "up_for": "up for", "usd": "$", "on_demand_usd": "$ at on-demand",
+    "spot_saved_usd": "spot saved $", "end_reason": "ended because", "job_id": "job",
+    "idle_usd": "idle $", "sampled_hours": "sampled hours", "idle_hours": "idle hours",
+}
+WHOLE = ("gpus", "workers", "nodes")     # counts: 8, not 8.0
+
+
+def in_words(frame):
+    """``frame`` (a pandas DataFrame) for showing: columns titled in words, counts as whole
+    numbers (an unknown one stays blank)."""
+    shown = frame.copy()
+    for column in WHOLE:
+        if column in shown:
+            shown[column] = [f"{float(v):g}" if v == v and v is not None else "" for v in shown[column]]
+    return shown.rename(columns=COLUMN_WORDS)

@@ -24,7 +24,9 @@ HEALTH_CHECK_MISSES = 5
 # Ray starts every worker process at niceness 15, below its own daemons and anything else on the
 # host (a driver stays at 0). The ranks are the work the user pays for: on every node we start,
 # workers run at the host's normal priority (``benchmarks/bench_remote.py`` part B measured it).
-NODE_ENV = {"RAY_worker_niceness": "0"}
+# Ray's own Prometheus export listens on every interface with no token (anyone on the hosts'
+# network reads it); our telemetry and the ledger's /gpugeek/metrics do not need it, so it is off.
+NODE_ENV = {"RAY_worker_niceness": "0", "RAY_enable_metrics_collection": "0"}
 HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
             "RAY_health_check_timeout_ms": "10000",
             "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}

@@ -10,6 +10,7 @@ with ``transaction(durable=False)``, which survive the process).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -134,13 +135,15 @@ def path() -> Path:
 def connect(durable: bool = True) -> sqlite3.Connection:
     """A connection for this thread to this ``$GPUGEEK_HOME``'s database, schema in place; with
     ``durable=False`` one whose commits do not wait for the disk (see ``transaction``)."""
-    db = path()
     cache = getattr(_local, "connections", None)
     if cache is None:
         cache = _local.connections = {}
-    conn = cache.get((db, durable))
-    if conn is not None and db.exists():
-        return conn
+    # several calls a cell: the cached one after one stat (a home deleted meanwhile is made anew)
+    key = (os.environ.get("GPUGEEK_HOME"), os.environ.get("HOME"), durable)
+    known = cache.get(key)
+    if known is not None and os.path.exists(known[0]):
+        return known[1]
+    db = path()
     conn = sqlite3.connect(db, timeout=30, isolation_level=None)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
@@ -153,7 +156,7 @@ def connect(durable: bool = True) -> sqlite3.Connection:
         _add_missing_columns(conn)
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     db.chmod(0o600)
-    cache[(db, durable)] = conn
+    cache[key] = (str(db), conn)
     return conn
 
 

@@ -67,7 +67,9 @@ def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
     fig = cost_figure(nodes, NOW, title="views", simulated=True)
     stacked = [t for t in fig.data if t.stackgroup == "cost"]
-    assert {t.name for t in stacked} == {"a100-spot · spot", "a100-od · on-demand", "head · local"}
+    # the head at $0/h adds nothing: drawn, its trace would run along the total's edge
+    assert {t.name for t in stacked} == {"a100-spot · spot", "a100-od · on-demand"}
+    assert "$0 so far, not drawn: head · local" in fig.layout.title.text
     assert round(sum(t.y[-1] for t in stacked), 2) == round(ledger.spend(cluster.id, NOW), 2)
     on_demand = next(t for t in fig.data if t.name == "same hours at on-demand")
     assert round(on_demand.y[-1], 2) == round(float(nodes["on_demand_usd"].sum()), 2)
@@ -115,6 +117,11 @@ def test_idle_dollars_on_a_synthetic_ledger_with_known_answers(cluster):
     total_idle = float(idle["idle_usd"].sum())
     assert f"idle ${total_idle:,.2f}" in fig.layout.title.text
     assert list(fig.data[0].y) == ["node spot2 · gpu0", "node spot2 · gpu1"]
+    # contiguous buckets: gpu0 sampled throughout fills every one; gpu1, sampled a third of the time, shows its gaps
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert len(fig.data[0].x) == z.shape[1] + 1              # bucket edges: no gap between bricks
+    assert not np.isnan(z[0]).any()
+    assert 0.6 < np.isnan(z[1]).mean() < 0.7, z[1]      # sampled 1200 of the 3600 s: the rest shows empty
 
 
 def test_idle_dollars_stop_at_the_node_end(cluster):
@@ -129,6 +136,9 @@ def test_heatmap_without_gpu_samples_says_so_and_invents_no_idle_dollars(cluster
                          for t in range(10)])
     fig = utilisation_heatmap(host, ledger.nodes_frame(cluster.id, NOW))
     assert "no GPU telemetry" in fig.layout.title.text and "idle $ not measured" in fig.layout.title.text
+    # ten samples a second apart: buckets no shorter than that, every one filled (not 60 thin stripes)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert z.shape == (1, 9) and not np.isnan(z).any(), z
     assert idle_dollars(host, ledger.nodes_frame(cluster.id, NOW)).empty
 
 

@@ -15,7 +15,7 @@ from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.kernel.session import current
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.widgets import ClusterPanel, OfferPicker
+from gpugeek_jupyter.widgets import ClusterPanel, CostDashboard, OfferPicker
 from gpugeek_jupyter.widgets.job import JobMonitor
 
 
@@ -98,6 +98,15 @@ def test_provision_button_starts_a_sim_cluster_and_the_panel_shuts_it_down():
         assert "SIMULATED" in panel.header.value
         assert panel.gauge.max == 50 and "of $50.00" in panel.gauge_label.value
         assert panel.workers.value == 1
+        # the node table in words, GPUs counted whole
+        titles = re.findall(r"<th>(.*?)</th>", panel.nodes.value)
+        rows = [re.findall(r"<td>(.*?)</td>", row) for row in panel.nodes.value.split("<tr>")[1:]]
+        assert titles == ["node", "type", "GPUs", "pricing", "$/h", "up for"], panel.nodes.value
+        assert sorted(row[2] for row in rows) == ["0", "8"], panel.nodes.value
+        dashboard = CostDashboard("sim", by="job", start=False)
+        assert dashboard.by.description == "cost by" and "node type" in dashboard.by._options_labels
+        assert "<th>job</th>" in dashboard.table.value and "<th>$</th>" in dashboard.table.value
+        assert "job_id" not in dashboard.table.value and "usd" not in dashboard.table.value
 
         panel.down_button.click()                     # asks first
         assert registry.live("sim") is not None and "Really" in panel.down_button.description

@@ -26,6 +26,15 @@ from ..errors import GpugeekError
 RUN_ID_PREFIX = "gpugeek-"
 
 
+def process_env() -> dict[str, str]:
+    """What a worker process is started with, before torch loads. torch's C++ side warns on every
+    rendezvous connection whose peer address has no reverse DNS entry ("[c10d] The hostname of the
+    client socket cannot be retrieved"), as on most private networks; those lines would reach every
+    cell. Its log level is read once, at load, so it is set here: errors still show, and so does
+    every Python warning a cell raises. A kernel started with ``TORCH_CPP_LOG_LEVEL`` passes its own."""
+    return {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+
+
 def rank_order(bundle_nodes: list[str]) -> list[int]:
     """The bundle each rank takes, so that the ranks on one node are consecutive as under
     ``torchrun``: rank 0 keeps bundle 0 (it leads), its node's other bundles follow, then each

@@ -45,6 +45,7 @@ PROBE = ("import json, site, sys\n"
 
 def main(argv):
     command, order = argv[0], json.loads(argv[1])
+    os.umask(0o077)         # the runtime is the host user's alone, as the rest of ~/.gpugeek
     try:
         answer = install(order) if command == "install" else check(order)
         answer["interfaces"] = _interfaces()     # what `up` asks next: which address the others reach

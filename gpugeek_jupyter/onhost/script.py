@@ -360,8 +360,19 @@ def _running(pid):
     return state is not None and state[0] != "Z"
 
 
+def _private():
+    """What this script writes on a host (the token, the ledger, Ray's temp folders, logs) is the
+    host user's alone: files 0600, folders 0700 — also a state folder an earlier version made 0755."""
+    os.umask(0o077)
+    for folder in ("~/.gpugeek", "~/.gpugeek/clusters"):
+        path = os.path.expanduser(folder)
+        if os.path.isdir(path):
+            os.chmod(path, 0o700)
+
+
 def main(argv):
     command, args = argv[0], argv[1:]
+    _private()
     if command == "facts":
         result = facts()
     elif command == "start":

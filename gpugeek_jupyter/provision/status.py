@@ -78,12 +78,12 @@ class ClusterStatus:
         return out
 
     def __repr__(self) -> str:
-        table = self.nodes.to_string(index=False) if not self.nodes.empty else ""
+        table = display.in_words(self.nodes).to_string(index=False) if not self.nodes.empty else ""
         return "\n".join(self.lines()) + ("\n" + table if table else "")
 
     def _repr_html_(self) -> str:
         body = "<br>".join(html.escape(line) for line in self.lines())
-        table = self.nodes.to_html(index=False) if not self.nodes.empty else ""
+        table = display.in_words(self.nodes).to_html(index=False) if not self.nodes.empty else ""
         return f"<div>{body}</div>{table}"
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:

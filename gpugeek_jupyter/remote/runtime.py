@@ -65,7 +65,7 @@ def ready(spec: ClusterSpec, say=print) -> list[dict]:
         began = time.monotonic()
         wanted = dict(order)
         if answer["uv"] is None and (packed := _uv_for(answer)) is not None:
-            ssh.run(target, key, f"mkdir -p ~/.gpugeek/bin && gzip -dc > {UV_ON_HOST}.part && "
+            ssh.run(target, key, f"umask 077 && mkdir -p ~/.gpugeek/bin && gzip -dc > {UV_ON_HOST}.part && "
                                  f"chmod 755 {UV_ON_HOST}.part && mv {UV_ON_HOST}.part {UV_ON_HOST}",
                     packed, timeout=300)
             wanted["uv"] = UV_ON_HOST

@@ -84,7 +84,11 @@ def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool)
         return note_figure(title, note)
     curve = cumulative_cost(nodes, now)
     fig = go.Figure()
+    free = []       # a group at $0/h adds nothing: drawn, it would trace the total's edge
     for label, group in curve.groupby("label", sort=False):
+        if not group["usd"].any():
+            free.append(str(label))
+            continue
         fig.add_trace(go.Scatter(x=group["time"], y=group["usd"], name=str(label), mode="lines",
                                  stackgroup="cost", line_shape="linear",
                                  hovertemplate="%{x|%H:%M:%S} $%{y:,.4f}<extra>%{fullData.name}</extra>"))
@@ -95,7 +99,8 @@ def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool)
         fig.add_trace(go.Scatter(x=on_demand.index, y=on_demand.to_numpy(), name="same hours at on-demand",
                                  mode="lines", line={"dash": "dash", "color": "black"}))
     label = " — SIMULATED" if simulated else ""
-    subtitle = f"total ${total:,.2f}" + (f"; spot saved ${saved:,.2f} against on-demand" if saved > 0 else "")
+    subtitle = (f"total ${total:,.2f}" + (f"; spot saved ${saved:,.2f} against on-demand" if saved > 0 else "")
+                + (f"; $0 so far, not drawn: {', '.join(free)}" if free else ""))
     fig.update_layout(
         title=f"{title}{label}<br><sup>{subtitle}</sup>", xaxis_title="time",
         yaxis_title="cumulative $" + (" (simulated)" if simulated else ""), template="plotly_white",

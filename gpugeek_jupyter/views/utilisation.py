@@ -78,16 +78,30 @@ def utilisation_heatmap(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: fl
         metric, rows = "cpu_percent", host.assign(label=[f"node {str(n)[-6:]} · host" for n in host["node_id"]])
         title = "host CPU % — no GPU telemetry on these nodes (NVML not available); idle $ not measured"
         colorbar = "CPU %"
-    at = rows["at"].astype(float)
-    edges = np.linspace(at.min(), max(at.max(), at.min() + 1), bins + 1)
-    rows = rows.assign(bin=np.clip(np.searchsorted(edges, at, side="right") - 1, 0, bins - 1))
-    grid = rows.pivot_table(index="label", columns="bin", values=metric, aggfunc="mean")
-    grid = grid.reindex(columns=range(bins))
-    centres = pd.to_datetime((edges[:-1] + edges[1:]) / 2, unit="s")
-    fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=centres, y=list(grid.index), zmin=0,
+    grid, edges = _buckets(rows, metric, bins, max_gap_s=MAX_GAP_S)
+    fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=pd.to_datetime(edges, unit="s"), y=list(grid.index), zmin=0,
                              zmax=100 if metric == "gpu_util" else None, colorscale="Viridis",
                              colorbar={"title": colorbar},
                              hovertemplate="%{y}<br>%{x|%H:%M:%S}: %{z:.0f} %<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="time (UTC)", template="plotly_white",
                       height=max(220, 60 + 28 * len(grid.index)), margin=dict(l=140, r=20, t=60, b=40))
     return fig
+
+
+def _buckets(rows: pd.DataFrame, metric: str, bins: int, *, max_gap_s: float) -> tuple[pd.DataFrame, np.ndarray]:
+    """``metric`` per label in contiguous time buckets: (label × bucket means, the bucket edges).
+    A bucket is never shorter than the samplers' period (else most are empty and the map is
+    stripes); a bucket no sample fell in takes the sample before it, as far as that sample stands
+    (``max_gap_s``), so a gap shows only where sampling really stopped."""
+    at = rows["at"].astype(float)
+    gaps = [np.diff(np.sort(times.to_numpy())) for _, times in at.groupby(rows["label"])]
+    gaps = np.concatenate(gaps) if gaps else np.array([])
+    period = float(np.median(gaps[gaps > 0])) if (gaps > 0).any() else 1.0
+    span = max(float(at.max() - at.min()), 1.0)
+    width = max(span / bins, period, 1e-3)
+    count = max(1, int(np.ceil(span / width)))
+    edges = at.min() + width * np.arange(count + 1)
+    rows = rows.assign(bin=np.clip(np.searchsorted(edges, at, side="right") - 1, 0, count - 1))
+    grid = rows.pivot_table(index="label", columns="bin", values=metric, aggfunc="mean")
+    grid = grid.reindex(columns=range(count)).ffill(axis=1, limit=max(1, int(max_gap_s // width)))
+    return grid, edges

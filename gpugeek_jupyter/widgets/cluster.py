@@ -17,6 +17,7 @@ import ipywidgets as w
 
 from .. import api
 from ..config import BUDGET_WARN_AT
+from ..display import in_words
 from ..units import duration
 from ..vocab import ClusterPhase
 from ._base import LivePanel, Refresher, bundle, lines_html
@@ -85,7 +86,8 @@ class ClusterPanel(LivePanel):
             self.gauge.layout.display = "none"
             self.gauge_label.value = "no budget cap"
         self.idle.value = self._idle_text(status)
-        self.nodes.value = status.nodes.to_html(index=False, classes="gpugeek-nodes") if len(status.nodes) else ""
+        self.nodes.value = (in_words(status.nodes).to_html(index=False, classes="gpugeek-nodes")
+                            if len(status.nodes) else "")
         workers = int((status.nodes["type"] != "head").sum()) if len(status.nodes) else 0
         if first:
             self.workers.value = workers

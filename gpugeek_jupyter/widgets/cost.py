@@ -14,6 +14,7 @@ import threading
 import ipywidgets as w
 
 from .. import api
+from ..display import in_words
 from ..views.cost import spend_note
 from ..vocab import CostGrouping
 from ._base import LiveFigure, LivePanel, Refresher, bundle
@@ -26,8 +27,8 @@ class CostDashboard(LivePanel):
                  start: bool = True):
         self.name = name
         self.summary = w.HTML()
-        self.by = w.ToggleButtons(options=CostGrouping.values(), value=by, description="by",
-                                  style={"button_width": "90px"})
+        self.by = w.ToggleButtons(options=[(v.replace("_", " "), v) for v in CostGrouping.values()], value=by,
+                                  description="cost by", style={"button_width": "90px", "description_width": "initial"})
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.table = w.HTML()
         self.cost, self.budget, self.utilisation = LiveFigure(), LiveFigure(), LiveFigure()
@@ -51,7 +52,7 @@ class CostDashboard(LivePanel):
             report = api.cost(self.name, by=self.by.value, sync=threading.current_thread() is threading.main_thread())
         self.report = report
         self.summary.value = f"<b>{html.escape(report.summary())}</b>"
-        self.table.value = report.table.to_html(index=False, float_format=lambda x: f"{x:,.4f}",
+        self.table.value = in_words(report.table).to_html(index=False, float_format=lambda x: f"{x:,.4f}",
                                                 classes="gpugeek-cost-table")
         note = spend_note(report.figure)
         self.free.value = f"<span class='gpugeek-free'>{html.escape(note)}</span>" if note else ""

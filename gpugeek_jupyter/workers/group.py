@@ -28,7 +28,7 @@ from ..meter import telemetry
 from . import away, journal, orphans, progress
 from .options import RunOptions
 from .orphans import NAMESPACE, group_name
-from .placement import bundle, keep, never_fits, rank_places, release_held, remove
+from .placement import bundle, growing, keep, never_fits, rank_places, release_held, remove
 from .results import Interrupted, Printer, RemoteError, Result
 from .sending import Led, Sent, WorkerDied
 from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
@@ -82,7 +82,7 @@ class WorkerGroup:
                                   name=group_name(self.group_id), lifetime="detached")
         try:
             room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S,
-                                         self.group_id, self.keep_s)
+                                         self.group_id, self.keep_s, growing=growing(n, gpus) if self.grows else None)
         except BaseException:    # the stop button while it waits: no placement group left pending
             self.stop()
             raise
@@ -118,7 +118,8 @@ class WorkerGroup:
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
                           num_gpus=gpus or 0, name=group_name(self.group_id, i), namespace=NAMESPACE,
-                          lifetime="detached", scheduling_strategy=places[i]).remote()
+                          lifetime="detached", scheduling_strategy=places[i],
+                          runtime_env={"env_vars": torchrun.process_env()}).remote()
             for i in range(n)]
         lead = self.workers[0]
         asked = [lead.node_address.remote(), lead.open_line.remote(), *(w.where.remote() for w in self.workers)]

@@ -60,10 +60,11 @@ def _shape(opts: RunOptions) -> tuple:
     return opts.workers, opts.gpus_per_worker, opts.collective_timeout
 
 
-def group_for(opts: RunOptions) -> tuple[WorkerGroup, ClusterRecord]:
-    """The warm group of this size on the active cluster, built if needed."""
+def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[WorkerGroup, ClusterRecord]:
+    """The warm group of this size on the active cluster (``record``, when the caller just read
+    it), built if needed."""
     session = current()
-    record = _cluster()
+    record = record or _cluster()
     if connection.settle() and session.group is not None and not _refound(session.group, record):
         print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
               "defined on the old one are gone)", flush=True)
@@ -189,7 +190,10 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     said = {k: v for k, v in (*asdict(opts).items(), ("push", sorted(push) if push else None), ("pull", pull),
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
-    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, options=said)
+    # a warm group of this shape answers where its workers run: one write for the job, not two
+    placed = len({i["node_id"] for i in warm.info}) if warm is not None and not warm.broken and warm.info \
+        and _shape(warm.options) == _shape(opts) and warm.address == record.address else None
+    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, nodes=placed, options=said)
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": this_kernel(),
            "started": time.time(), "pull": pull or []}
@@ -204,10 +208,12 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     failures = 0
     try:
         with connection.cell_running():     # the watcher never shuts Ray down under it
-            group, record = group_for(opts)
+            group, record = group_for(opts, record)
             if _bring_modules(record, group, source, push):
                 group, record = group_for(opts)
-            ledger.job_placed(cluster_id, job_id, nodes=len({i["node_id"] for i in group.info}))
+            nodes = len({i["node_id"] for i in group.info})
+            if nodes != placed:
+                ledger.job_placed(cluster_id, job_id, nodes=nodes)
             while True:
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,

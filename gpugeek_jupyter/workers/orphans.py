@@ -138,10 +138,12 @@ def holders(besides: str) -> list[str]:
     return said
 
 
-def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None) -> bool:
+def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None,
+                  growing: str | None = None) -> bool:
     """Wait up to ``timeout`` for a new group's placement group (``ready``). Meanwhile a gone
     kernel's group whose job ended is removed (this cell needs its room, window or not), and what
-    holds the room is said once: a restarted kernel learns that its old job still runs."""
+    holds the room is said once: a restarted kernel learns that its old job still runs. On a
+    cluster that grows, ``growing`` says what the wait is for when no group holds the room."""
     import ray
 
     deadline = time.monotonic() + timeout
@@ -156,6 +158,9 @@ def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = No
         if held:
             print(f"note: waiting for room on the cluster: {'; '.join(held)} — this cell waits up to "
                   f"{timeout:.0f} s in all", flush=True)
+            said = True
+        elif growing and not said:
+            print(f"note: waiting for {growing} — this cell waits up to {timeout:.0f} s in all", flush=True)
             said = True
 
 

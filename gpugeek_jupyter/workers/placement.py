@@ -118,3 +118,15 @@ def never_fits(n: int, gpus_per_worker: float, grows: bool) -> None:
         raise GpugeekError(f"{n} workers × {what} do not fit the cluster (it has {total:g} {resource}s on "
                            f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, and does not grow by itself) — "
                            "use fewer --workers, or `%gpugeek scale` the cluster")
+
+
+def growing(n: int, gpus_per_worker: float) -> str:
+    """What a group waits for on a cluster that grows, in words: the room it needs against the
+    room free now (the autoscaler adds nodes for the difference, or a busy group ends)."""
+    import ray
+
+    resource, need = next(iter(bundle(gpus_per_worker).items()))
+    free = ray.available_resources().get(resource, 0)
+    what = f"{need:g} GPU" if resource == "GPU" else f"{need:g} CPU"
+    return (f"the cluster to make room for {n} workers × {what} ({free:g} {resource}s free now): it starts "
+            f"nodes for them by itself, or a group that holds them ends")

@@ -1,0 +1,108 @@
+"""A stranger on the hosts' network: a machine beside the cluster's hosts that is not in the
+cluster and has no token, trying every port a host listens on.
+
+    python tests/stranger.py ADDRESS PORT [PORT …] --touch PATH [--token FILE]
+
+For each port: a TCP connect, an HTTP GET of ``/`` and ``/metrics``, a Ray driver join
+(``ray.init(address=ADDRESS:PORT)``) and a Ray Client connect (``ray://ADDRESS:PORT``). A join
+that works runs a task that creates PATH on whichever node runs it. Prints one JSON object:
+{port: {"tcp": bool, "http": status or error, "driver": what happened, "client": what happened}}.
+Every attempt is bounded in time; the Ray ones run in processes of their own, killed at the end.
+``--token FILE`` is the control: the same joins holding the cluster's token, which must work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+JOIN_TIMEOUT_S = 40
+PARALLEL = 6           # ports tried at once: each try is a Python process that loads Ray
+RAN = "STRANGER-RAN"
+
+JOIN = f"""
+import socket, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+
+@ray.remote(num_cpus=0)       # runs even where a worker group holds every CPU
+def touch(path):
+    open(path, "w").write("a stranger was here")
+    return socket.gethostname()
+
+print("{RAN}", ray.get(touch.remote(sys.argv[2]), timeout=20), flush=True)
+"""
+
+
+def tcp(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def http(address: str, port: int) -> dict:
+    """Each path's HTTP status, or why there was none."""
+    out = {}
+    for path in ("/", "/metrics"):
+        try:
+            with urllib.request.urlopen(f"http://{address}:{port}{path}", timeout=5) as answer:
+                out[path] = answer.status
+        except urllib.error.HTTPError as exc:
+            out[path] = exc.code
+        except Exception as exc:  # noqa: BLE001 - not HTTP at all: what happened, in words
+            out[path] = f"{type(exc).__name__}: {str(exc)[:80]}"
+    return out
+
+
+def join(target: str, touch: str, token: str | None = None) -> str:
+    """A Ray driver (``ADDRESS:PORT``) or Ray Client (``ray://…``) join, in a process of its own
+    with no token anywhere it could find one (but ``token``, for the control): what it printed
+    last, or "ran on HOST"."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = "/nonexistent"       # no ~/.ray/auth_token
+    if token:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
+    proc = subprocess.Popen([sys.executable, "-c", JOIN, target, touch], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=JOIN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"no answer within {JOIN_TIMEOUT_S} s"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # anything it started
+        except ProcessLookupError:
+            pass
+    for line in out.splitlines():
+        if line.startswith(RAN):
+            return f"ran on {line.split()[1]}"
+    lines = [line for line in out.splitlines() if line.strip()]
+    return f"refused (exit {proc.returncode}): {lines[-1][:160] if lines else ''}"
+
+
+def main(argv: list[str]) -> None:
+    touch = argv[argv.index("--touch") + 1]
+    token = argv[argv.index("--token") + 1] if "--token" in argv else None
+    address, ports = argv[0], [int(p) for p in argv[1:argv.index("--touch")]]
+
+    def probe(port: int) -> tuple[int, dict]:
+        return port, {"tcp": tcp(address, port), "http": http(address, port),
+                      "driver": join(f"{address}:{port}", touch, token),
+                      "client": join(f"ray://{address}:{port}", touch, token)}
+
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        print(json.dumps(dict(pool.map(probe, ports))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -5,7 +5,8 @@ cluster and has no token, trying every port a host listens on.
 
 For each port: a TCP connect, an HTTP GET of ``/`` and ``/metrics``, a Ray driver join
 (``ray.init(address=ADDRESS:PORT)``) and a Ray Client connect (``ray://ADDRESS:PORT``). A join
-that works runs a task that creates PATH on whichever node runs it. Prints one JSON object:
+that works runs a task that creates PATH on whichever node runs it; a driver off the cluster's
+nodes cannot run one, so a GCS that answers it at all counts too. Prints one JSON object:
 {port: {"tcp": bool, "http": status or error, "driver": what happened, "client": what happened}}.
 Every attempt is bounded in time; the Ray ones run in processes of their own, killed at the end.
 ``--token FILE`` is the control: the same joins holding the cluster's token, which must work.
@@ -23,13 +24,20 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-JOIN_TIMEOUT_S = 40
-PARALLEL = 6           # ports tried at once: each try is a Python process that loads Ray
+JOIN_TIMEOUT_S = 30
+PARALLEL = 8           # tries at once: each is a Python process that loads Ray
 RAN = "STRANGER-RAN"
+# a driver off the cluster's nodes gets this far only once the GCS has answered it (the session's
+# raylet socket is the next thing it looks for, on its own machine): the GCS gave out its session
+GCS_ANSWERED = "sockets/raylet"
 
 JOIN = f"""
 import socket, sys, ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+target = sys.argv[1]
+if target.startswith("ray://"):       # a Ray Client: two tries at connecting (5 s, then 10 s)
+    ray.util.connect(target[len("ray://"):], connection_retries=2, ray_init_kwargs={{"logging_level": "ERROR"}})
+else:                                 # a Ray driver
+    ray.init(address=target, log_to_driver=False, logging_level="ERROR")
 
 @ray.remote(num_cpus=0)       # runs even where a worker group holds every CPU
 def touch(path):
@@ -58,7 +66,10 @@ def http(address: str, port: int) -> dict:
         except urllib.error.HTTPError as exc:
             out[path] = exc.code
         except Exception as exc:  # noqa: BLE001 - not HTTP at all: what happened, in words
-            out[path] = f"{type(exc).__name__}: {str(exc)[:80]}"
+            said = str(exc)
+            out[path] = ("no HTTP/1 (an HTTP/2 server: gRPC)" if said.startswith("\x00\x00") else
+                         f"no HTTP ({said.strip()[:40]})" if type(exc).__name__ == "BadStatusLine" else
+                         f"{type(exc).__name__}: {said[:60]}")
     return out
 
 
@@ -68,6 +79,8 @@ def join(target: str, touch: str, token: str | None = None) -> str:
     last, or "ran on HOST"."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = "/nonexistent"       # no ~/.ray/auth_token
+    env["RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL"] = "minor"    # the hosts' 3.11.x need not be this one's
+    env["RAY_gcs_server_request_timeout_seconds"] = "5"       # a port that is no GCS: given up sooner
     if token:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
     proc = subprocess.Popen([sys.executable, "-c", JOIN, target, touch], env=env, stdout=subprocess.PIPE,
@@ -86,6 +99,8 @@ def join(target: str, touch: str, token: str | None = None) -> str:
     for line in out.splitlines():
         if line.startswith(RAN):
             return f"ran on {line.split()[1]}"
+    if GCS_ANSWERED in out:
+        return "answered: the GCS gave out its session"
     lines = [line for line in out.splitlines() if line.strip()]
     return f"refused (exit {proc.returncode}): {lines[-1][:160] if lines else ''}"
 
@@ -95,13 +110,14 @@ def main(argv: list[str]) -> None:
     token = argv[argv.index("--token") + 1] if "--token" in argv else None
     address, ports = argv[0], [int(p) for p in argv[1:argv.index("--touch")]]
 
-    def probe(port: int) -> tuple[int, dict]:
-        return port, {"tcp": tcp(address, port), "http": http(address, port),
-                      "driver": join(f"{address}:{port}", touch, token),
-                      "client": join(f"ray://{address}:{port}", touch, token)}
-
+    tries = [(port, how) for port in ports for how in ("driver", "client")]
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        print(json.dumps(dict(pool.map(probe, ports))))
+        joined = pool.map(lambda t: join(f"{'ray://' if t[1] == 'client' else ''}{address}:{t[0]}", touch, token),
+                          tries)
+        found = {port: {"tcp": tcp(address, port), "http": http(address, port)} for port in ports}
+        for (port, how), said in zip(tries, joined, strict=True):
+            found[port][how] = said
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":

@@ -165,6 +165,11 @@ def start(args):
         env["RAY_NODE_TYPE_NAME"] = spec["node_type"]
     env[MARKER] = marker
     env.pop("RAY_AUTH_TOKEN", None)
+    if spec["role"] == "head":
+        # the dashboard's and the autoscaler's Prometheus servers bind every interface, with no
+        # token and no setting for the address: pointed at the GCS port (bound on every interface
+        # before they start) they cannot open, which Ray logs and goes on without
+        env["DASHBOARD_METRIC_PORT"] = env["AUTOSCALER_METRIC_PORT"] = str(spec["port"])
     log = os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")
     for attempt in (1, 2):    # Ray gives a raylet 30 s to register: a busy host can miss that once
         with open(log, "ab") as out:

@@ -30,21 +30,29 @@ pytestmark = pytest.mark.slow
 
 PROBE = Path(__file__).resolve().parent.parent / "stranger.py"
 RATE = 3.6
+PROBE_TIMEOUT_S = 600         # every port's tries, a few at a time, each bounded (tests/stranger.py)
 CONTROL_PORT = 18080          # a plain HTTP server the test opens on the head: the stranger must see it
 
 
 @pytest.fixture(scope="module")
-def pair(lab, tmp_path_factory):
+def paired(lab, tmp_path_factory):
     home = tmp_path_factory.mktemp("pair-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GPUGEEK_HOME", str(home))
         try:
             gg.up("pair", backend="ssh", hosts=",".join(f"root@{h.address}" for h in lab.hosts[:2]),
                   ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=RATE, pip_index_url=lab.index_url)
-            yield registry.live("pair")
+            yield home
         finally:
             if registry.live("pair") is not None:
                 gg.down("pair")
+
+
+@pytest.fixture
+def pair(paired, monkeypatch):
+    """The module's cluster, as each test's own home would hide it."""
+    monkeypatch.setenv("GPUGEEK_HOME", str(paired))
+    return registry.live("pair")
 
 
 def listening(host) -> list[tuple[str, int, str]]:
@@ -55,21 +63,22 @@ def listening(host) -> list[tuple[str, int, str]]:
         fields = line.split()
         address, _, port = fields[3].rpartition(":")
         process = re.search(r'\(\("([^"]+)"', line)
-        found.append((address.strip("[]"), int(port), process.group(1) if process else "?"))
+        found.append((address.strip("[]").removeprefix("::ffff:"), int(port), process.group(1) if process else "?"))
     return sorted(set(found), key=lambda f: f[1])
 
 
 def answered(result: dict) -> list[str]:
     """What of one port's tries answered without the token, in words."""
     said = [f"HTTP {path} {code}" for path, code in result["http"].items() if isinstance(code, int) and code < 400]
-    said += [f"{how} {result[how]}" for how in ("driver", "client") if result[how].startswith("ran on")]
+    said += [f"{how} {result[how]}" for how in ("driver", "client") if result[how].startswith(("ran on", "answered"))]
     return said
 
 
 def stranger(lab, address: str, ports: list[int], touch: str, token: str | None = None) -> dict[int, dict]:
     """The probe, run in h3's network namespace (h3 is in no cluster) with this machine's Ray."""
     args = [str(p) for p in ports] + ["--touch", touch] + (["--token", token] if token else [])
-    done = lab.hosts[2].ns(sys.executable, str(PROBE), address, *args)
+    done = subprocess.run(["ip", "netns", "exec", lab.hosts[2].netns, sys.executable, str(PROBE), address, *args],
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
     return {int(port): result for port, result in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
@@ -96,13 +105,16 @@ def test_a_stranger_on_the_hosts_network_gets_no_answer_without_the_token(lab, p
         token = host.file(spec.remote["token_path"].replace("~", "/root"))
         assert stat.S_IMODE(token.stat().st_mode) == 0o600, f"{host.name}: the token is {oct(token.stat().st_mode)}"
 
-    # the observer can see an open door: the same joins holding the token run their code
-    gcs = spec.remote["gcs_port"]
+    # the observer can see an open door: holding the token, the GCS answers a driver (which, off
+    # the cluster's nodes, goes no further) and a Ray Client runs its code on the cluster
+    gcs, client = spec.remote["gcs_port"], spec.remote["client_port"]
     token = str(head.file(spec.remote["token_path"].replace("~", "/root")))
     control_touch = f"/tmp/stranger-control-{uuid.uuid4().hex[:8]}"
-    with_token = stranger(lab, head.address, [gcs], control_touch, token=token)[gcs]
-    print(f"\nthe driver join holding the token: {with_token['driver']}; the client: {with_token['client']}")
-    assert with_token["driver"].startswith("ran on"), with_token
+    with_token = stranger(lab, head.address, [gcs, client], control_touch, token=token)
+    print(f"\nholding the token: a driver at {gcs}: {with_token[gcs]['driver']}; a client at {client}: "
+          f"{with_token[client]['client']}")
+    assert with_token[gcs]["driver"].startswith("answered"), with_token
+    assert with_token[client]["client"].startswith("ran on"), with_token
     assert any(h.file(control_touch).exists() for h in (head, worker)), "the control's file is on no host"
 
     gg.run("pass", workers=2, monitor=False)      # a warm group: its ranks' ports are open too
@@ -119,7 +131,7 @@ def test_a_stranger_on_the_hosts_network_gets_no_answer_without_the_token(lab, p
             ports = listening(host)
             reachable = [(a, p, what) for a, p, what in ports if not a.startswith("127.") and a != "::1"]
             began = time.monotonic()
-            results = stranger(lab, host.address, [p for _, p, _ in reachable], touch)
+            results = stranger(lab, host.address, sorted({p for _, p, _ in reachable}), touch)
             took = time.monotonic() - began
             for address, port, what in ports:
                 if (address, port, what) not in reachable:

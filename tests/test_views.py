@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 
 import numpy as np
@@ -67,15 +68,16 @@ def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
     fig = cost_figure(nodes, NOW, title="views", simulated=True)
     stacked = [t for t in fig.data if t.stackgroup == "cost"]
+    assert "$" not in fig.layout.title.text, "plotly.js would read the text between two $ as LaTeX"
     # the head at $0/h adds nothing: drawn, its trace would run along the total's edge
     assert {t.name for t in stacked} == {"a100-spot · spot", "a100-od · on-demand"}
-    assert "$0 so far, not drawn: head · local" in fig.layout.title.text
+    assert "$0 so far, not drawn: head · local" in title(fig)
     assert round(sum(t.y[-1] for t in stacked), 2) == round(ledger.spend(cluster.id, NOW), 2)
     on_demand = next(t for t in fig.data if t.name == "same hours at on-demand")
     assert round(on_demand.y[-1], 2) == round(float(nodes["on_demand_usd"].sum()), 2)
-    assert "SIMULATED" in fig.layout.title.text
-    assert f"total ${ledger.spend(cluster.id, NOW):,.2f}" in fig.layout.title.text
-    assert "spot saved $30.00" in fig.layout.title.text
+    assert "SIMULATED" in title(fig)
+    assert f"total ${ledger.spend(cluster.id, NOW):,.2f}" in title(fig)
+    assert "spot saved $30.00" in title(fig)
 
 
 def test_budget_projection_reaches_the_budget_when_the_burn_says(cluster):
@@ -94,6 +96,11 @@ def test_budget_projection_reaches_the_budget_when_the_burn_says(cluster):
     # no budget: 24 h at the same burn
     free = budget_projection(nodes, NOW, None)
     assert round(free["usd"].iloc[-1], 2) == round(spent + 24 * burn, 2)
+
+
+def title(fig) -> str:
+    """A figure's title as it reads (its dollar signs are HTML entities: see ``views.cost.dollars``)."""
+    return html.unescape(fig.layout.title.text)
 
 
 def gpu_samples(rows):
@@ -115,7 +122,7 @@ def test_idle_dollars_on_a_synthetic_ledger_with_known_answers(cluster):
     assert round(idle.loc["gpu1", "idle_usd"], 4) == round((599 + 5 + 599 + 5) / 3600 * 1.5, 4)
     fig = utilisation_heatmap(samples, nodes, now=NOW, simulated=True)
     total_idle = float(idle["idle_usd"].sum())
-    assert f"idle ${total_idle:,.2f}" in fig.layout.title.text
+    assert f"idle ${total_idle:,.2f}" in title(fig)
     assert list(fig.data[0].y) == ["node spot2 · gpu0", "node spot2 · gpu1"]
     # contiguous buckets: gpu0 sampled throughout fills every one; gpu1, sampled a third of the time, shows its gaps
     z = np.asarray(fig.data[0].z, dtype=float)
@@ -135,7 +142,7 @@ def test_heatmap_without_gpu_samples_says_so_and_invents_no_idle_dollars(cluster
     host = pd.DataFrame([{"node_id": "spot2", "at": T0 + t, "device": "host", "cpu_percent": 50.0}
                          for t in range(10)])
     fig = utilisation_heatmap(host, ledger.nodes_frame(cluster.id, NOW))
-    assert "no GPU telemetry" in fig.layout.title.text and "idle $ not measured" in fig.layout.title.text
+    assert "no GPU telemetry" in title(fig) and "idle $ not measured" in title(fig)
     # ten samples a second apart: buckets no shorter than that, every one filled (not 60 thin stripes)
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z.shape == (1, 9) and not np.isnan(z).any(), z
@@ -198,8 +205,8 @@ def test_a_free_cluster_draws_no_spend_chart_and_says_so_in_one_line():
                 budget_figure(nodes, NOW, None, title="free: spend and budget", simulated=False)):
         assert list(fig.data) == [], [t.name for t in fig.data]
         assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible
-        assert "free" in fig.layout.title.text and "no $ to chart" in fig.layout.title.text
-        assert "<br>" not in fig.layout.title.text           # one line
+        assert "free" in title(fig) and "no $ to chart" in title(fig)
+        assert "<br>" not in title(fig)           # one line
         assert spend_note(fig) == "free: every node at $0/h, no $ to chart"
     assert spend_note(cost_figure(ledger.nodes_frame(record.id, NOW).iloc[0:0], NOW, title="t",
                                   simulated=False)) is None      # nothing metered yet: not "free"

@@ -15,6 +15,12 @@ import plotly.graph_objects as go
 from ..config import BUDGET_WARN_AT as WARN_AT  # where the watchdog warns
 
 
+def dollars(text: str) -> str:
+    """``text`` for a plotly title: plotly.js reads whatever stands between two dollar signs as
+    LaTeX and, without MathJax, draws none of the title; an HTML entity shows the same "$"."""
+    return text.replace("$", "&#36;")
+
+
 def no_spend(nodes: pd.DataFrame) -> str | None:
     """Why there is no $ to chart — every node the ledger holds bills $0/h — in one line; None
     when there is (or nothing is metered yet)."""
@@ -28,7 +34,7 @@ def no_spend(nodes: pd.DataFrame) -> str | None:
 def note_figure(title: str, note: str) -> go.Figure:
     """A figure that is one line of text: no traces, no axes. ``spend_note`` reads the note back."""
     fig = go.Figure()
-    fig.update_layout(title=f"{title} — {note}", meta={"no_spend": note},
+    fig.update_layout(title=dollars(f"{title} — {note}"), meta={"no_spend": note},
                       xaxis={"visible": False}, yaxis={"visible": False}, template="plotly_white",
                       height=60, margin=dict(l=60, r=20, t=40, b=0))
     return fig
@@ -102,7 +108,7 @@ def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool)
     subtitle = (f"total ${total:,.2f}" + (f"; spot saved ${saved:,.2f} against on-demand" if saved > 0 else "")
                 + (f"; $0 so far, not drawn: {', '.join(free)}" if free else ""))
     fig.update_layout(
-        title=f"{title}{label}<br><sup>{subtitle}</sup>", xaxis_title="time",
+        title=dollars(f"{title}{label}<br><sup>{subtitle}</sup>"), xaxis_title="time (UTC)",
         yaxis_title="cumulative $" + (" (simulated)" if simulated else ""), template="plotly_white",
         legend_title="node type · pricing", height=380, margin=dict(l=60, r=20, t=70, b=40),
     )
@@ -154,7 +160,7 @@ def budget_figure(nodes: pd.DataFrame, now: float, budget: float | None, *, titl
     else:
         sub = f"no budget set; next 24 h at this rate: ${projected['usd'].iloc[-1]:,.2f}"
     fig.update_layout(
-        title=f"{title}{' — SIMULATED' if simulated else ''}<br><sup>{sub}</sup>",
+        title=dollars(f"{title}{' — SIMULATED' if simulated else ''}<br><sup>{sub}</sup>"),
         xaxis_title="time (UTC)", yaxis_title="$" + (" (simulated)" if simulated else ""),
         template="plotly_white", height=340, margin=dict(l=60, r=20, t=70, b=40),
     )

@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .cost import dollars
+
 IDLE_BELOW = 30.0     # % utilisation under which a GPU counts as idle
 MAX_GAP_S = 5.0       # a sample stands for at most this long (samplers report at ≤ 1 Hz)
 
@@ -83,7 +85,7 @@ def utilisation_heatmap(samples: pd.DataFrame, nodes: pd.DataFrame, *, below: fl
                              zmax=100 if metric == "gpu_util" else None, colorscale="Viridis",
                              colorbar={"title": colorbar},
                              hovertemplate="%{y}<br>%{x|%H:%M:%S}: %{z:.0f} %<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="time (UTC)", template="plotly_white",
+    fig.update_layout(title=dollars(title), xaxis_title="time (UTC)", template="plotly_white",
                       height=max(220, 60 + 28 * len(grid.index)), margin=dict(l=140, r=20, t=60, b=40))
     return fig
 

@@ -1,7 +1,7 @@
 """A stranger on the hosts' network: a machine beside the cluster's hosts that is not in the
 cluster and has no token, trying every port a host listens on.
 
-    python tests/stranger.py ADDRESS PORT [PORT …] --touch PATH [--token FILE]
+    python tests/stranger.py ADDRESS PORT [PORT …] --touch PATH [--token FILE] [--patience S]
 
 For each port: a TCP connect, an HTTP GET of ``/`` and ``/metrics``, a Ray driver join
 (``ray.init(address=ADDRESS:PORT)``) and a Ray Client connect (``ray://ADDRESS:PORT``). A join
@@ -10,6 +10,9 @@ nodes cannot run one, so a GCS that answers it at all counts too. Prints one JSO
 {port: {"tcp": bool, "http": status or error, "driver": what happened, "client": what happened}}.
 Every attempt is bounded in time; the Ray ones run in processes of their own, killed at the end.
 ``--token FILE`` is the control: the same joins holding the cluster's token, which must work.
+A port whose server answered the GET as HTTP/1 or as SSH gets no Ray tries: Ray's drivers and
+clients speak gRPC (HTTP/2), which such a server cannot be. ``--patience S`` bounds each try
+(default ``JOIN_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-JOIN_TIMEOUT_S = 30
-PARALLEL = 8           # tries at once: each is a Python process that loads Ray
+JOIN_TIMEOUT_S = 45
+PARALLEL = 3           # tries at once: each is a Python process that loads Ray (on a machine of 2 cores)
 RAN = "STRANGER-RAN"
 # a driver off the cluster's nodes gets this far only once the GCS has answered it (the session's
 # raylet socket is the next thing it looks for, on its own machine): the GCS gave out its session
@@ -73,7 +76,7 @@ def http(address: str, port: int) -> dict:
     return out
 
 
-def join(target: str, touch: str, token: str | None = None) -> str:
+def join(target: str, touch: str, token: str | None = None, patience: float = JOIN_TIMEOUT_S) -> str:
     """A Ray driver (``ADDRESS:PORT``) or Ray Client (``ray://…``) join, in a process of its own
     with no token anywhere it could find one (but ``token``, for the control): what it printed
     last, or "ran on HOST"."""
@@ -86,11 +89,11 @@ def join(target: str, touch: str, token: str | None = None) -> str:
     proc = subprocess.Popen([sys.executable, "-c", JOIN, target, touch], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=JOIN_TIMEOUT_S)
+        out, _ = proc.communicate(timeout=patience)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return f"no answer within {JOIN_TIMEOUT_S} s"
+        return f"no answer within {patience:g} s"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)     # anything it started
@@ -105,16 +108,26 @@ def join(target: str, touch: str, token: str | None = None) -> str:
     return f"refused (exit {proc.returncode}): {lines[-1][:160] if lines else ''}"
 
 
+def speaks_grpc_or_unknown(http_result: dict) -> bool:
+    """False where the GET was answered as HTTP/1 (a status) or as SSH: no Ray behind it."""
+    said = http_result["/"]
+    return not isinstance(said, int) and "SSH-" not in str(said)
+
+
 def main(argv: list[str]) -> None:
     touch = argv[argv.index("--touch") + 1]
     token = argv[argv.index("--token") + 1] if "--token" in argv else None
+    patience = float(argv[argv.index("--patience") + 1]) if "--patience" in argv else JOIN_TIMEOUT_S
     address, ports = argv[0], [int(p) for p in argv[1:argv.index("--touch")]]
 
-    tries = [(port, how) for port in ports for how in ("driver", "client")]
+    found = {port: {"tcp": tcp(address, port), "http": http(address, port)} for port in ports}
+    tries = [(port, how) for port in ports for how in ("driver", "client")
+             if speaks_grpc_or_unknown(found[port]["http"])]
+    for port in ports:
+        found[port].update(driver="not tried: not gRPC", client="not tried: not gRPC")
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        joined = pool.map(lambda t: join(f"{'ray://' if t[1] == 'client' else ''}{address}:{t[0]}", touch, token),
-                          tries)
-        found = {port: {"tcp": tcp(address, port), "http": http(address, port)} for port in ports}
+        joined = pool.map(lambda t: join(f"{'ray://' if t[1] == 'client' else ''}{address}:{t[0]}", touch, token,
+                                         patience), tries)
         for (port, how), said in zip(tries, joined, strict=True):
             found[port][how] = said
     print(json.dumps(found))

@@ -489,9 +489,11 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
 
     from gpugeek_jupyter.workers import orphans, placement
 
+    gg.reset()          # no group of this kernel holds room: the wait is for the cluster to grow
+
     @ray.remote(num_cpus=0)
     def never_ready():
-        time.sleep(30)
+        time.sleep(30)      # stands for a placement group that is not ready within the wait
 
     ready = never_ready.remote()
     try:

@@ -165,11 +165,7 @@ def start(args):
         env["RAY_NODE_TYPE_NAME"] = spec["node_type"]
     env[MARKER] = marker
     env.pop("RAY_AUTH_TOKEN", None)
-    if spec["role"] == "head":
-        # the dashboard's and the autoscaler's Prometheus servers bind every interface, with no
-        # token and no setting for the address: pointed at the GCS port (bound on every interface
-        # before they start) they cannot open, which Ray logs and goes on without
-        env["DASHBOARD_METRIC_PORT"] = env["AUTOSCALER_METRIC_PORT"] = str(spec["port"])
+    env.update(_closed_metric_ports(spec["port"]) if spec["role"] == "head" else {})
     log = os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")
     for attempt in (1, 2):    # Ray gives a raylet 30 s to register: a busy host can miss that once
         with open(log, "ab") as out:
@@ -186,6 +182,13 @@ def start(args):
     if spec["role"] == "head" and not _listening(ip, spec["client_port"], spec.get("timeout", 120)):
         return {"ok": False, "error": f"Ray's client server did not listen on port {spec['client_port']}"}
     return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "client_port": spec["client_port"]}
+
+
+def _closed_metric_ports(gcs_port):
+    """The dashboard's and the autoscaler's Prometheus servers bind every interface, with no token
+    and no setting for the address: pointed at the GCS port (bound on every interface before they
+    start) they cannot open, which Ray logs and goes on without."""
+    return {"DASHBOARD_METRIC_PORT": str(gcs_port), "AUTOSCALER_METRIC_PORT": str(gcs_port)}
 
 
 def _token_at(path):

@@ -113,13 +113,12 @@ class WorkerGroup:
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray
 
-        actor = ray.remote(Worker)
+        actor = ray.remote(runtime_env={"env_vars": torchrun.process_env()})(Worker)   # set before torch loads
         places = rank_places(self.pg, n)      # a node's ranks consecutive, as under torchrun
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
                           num_gpus=gpus or 0, name=group_name(self.group_id, i), namespace=NAMESPACE,
-                          lifetime="detached", scheduling_strategy=places[i],
-                          runtime_env={"env_vars": torchrun.process_env()}).remote()
+                          lifetime="detached", scheduling_strategy=places[i]).remote()
             for i in range(n)]
         lead = self.workers[0]
         asked = [lead.node_address.remote(), lead.open_line.remote(), *(w.where.remote() for w in self.workers)]

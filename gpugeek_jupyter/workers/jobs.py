@@ -61,8 +61,7 @@ def _shape(opts: RunOptions) -> tuple:
 
 
 def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[WorkerGroup, ClusterRecord]:
-    """The warm group of this size on the active cluster (``record``, when the caller just read
-    it), built if needed."""
+    """The warm group of this size on the active cluster (``record``: as just read), built if needed."""
     session = current()
     record = record or _cluster()
     if connection.settle() and session.group is not None and not _refound(session.group, record):
@@ -211,8 +210,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
             group, record = group_for(opts, record)
             if _bring_modules(record, group, source, push):
                 group, record = group_for(opts)
-            nodes = len({i["node_id"] for i in group.info})
-            if nodes != placed:
+            if (nodes := len({i["node_id"] for i in group.info})) != placed:
                 ledger.job_placed(cluster_id, job_id, nodes=nodes)
             while True:
                 try:

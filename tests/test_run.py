@@ -498,7 +498,7 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
     ready = never_ready.remote()
     try:
         began = time.monotonic()
-        assert not orphans.wait_for_room(ready, 2.0, "no-such-group", growing=placement.growing(4, 1))
+        assert not orphans.wait_for_room(ready, 2.0, "no-such-group", growing=lambda: placement.growing(4, 1))
         assert time.monotonic() - began < 4
     finally:
         ray.cancel(ready, force=True)

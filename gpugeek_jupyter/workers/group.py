@@ -81,8 +81,8 @@ class WorkerGroup:
         self.pg = placement_group([dict(one) for _ in range(n)], strategy="PACK",
                                   name=group_name(self.group_id), lifetime="detached")
         try:
-            room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S,
-                                         self.group_id, self.keep_s, growing=growing(n, gpus) if self.grows else None)
+            room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S, self.group_id,
+                                         self.keep_s, growing=(lambda: growing(n, gpus)) if self.grows else None)
         except BaseException:    # the stop button while it waits: no placement group left pending
             self.stop()
             raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import time
+from collections.abc import Callable
 
 from ..cluster.processes import kernel_gone, this_kernel
 from ..units import clock
@@ -139,11 +140,12 @@ def holders(besides: str) -> list[str]:
 
 
 def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None,
-                  growing: str | None = None) -> bool:
+                  growing: Callable[[], str] | None = None) -> bool:
     """Wait up to ``timeout`` for a new group's placement group (``ready``). Meanwhile a gone
     kernel's group whose job ended is removed (this cell needs its room, window or not), and what
     holds the room is said once: a restarted kernel learns that its old job still runs. On a
-    cluster that grows, ``growing`` says what the wait is for when no group holds the room."""
+    cluster that grows, ``growing()`` says what the wait is for when no group holds the room (asked
+    only once the wait is real: it reads the cluster's free room then)."""
     import ray
 
     deadline = time.monotonic() + timeout
@@ -160,7 +162,7 @@ def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = No
                   f"{timeout:.0f} s in all", flush=True)
             said = True
         elif growing and not said:
-            print(f"note: waiting for {growing} — this cell waits up to {timeout:.0f} s in all", flush=True)
+            print(f"note: waiting for {growing()} — this cell waits up to {timeout:.0f} s in all", flush=True)
             said = True
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import os
 import threading
 import time
 
@@ -505,3 +506,25 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
     out = capsys.readouterr().out
     assert "note: waiting for the cluster to make room for 4 workers × 1 GPU (0 GPUs free now): it starts nodes " \
            "for them by itself, or a group that holds them ends — this cell waits up to 2 s in all" in out, out
+
+
+def test_the_clusters_processes_leave_out_the_parsers_that_cost_seconds_to_import(ipython):
+    """jsonschema loads ``rfc3987_syntax`` where it is installed (Jupyter installs it), and that
+    builds ~40 parsers on import: seconds of CPU in every Ray process. A cell's workers, and the
+    head's own agents (read from outside, in their environment), go without it."""
+    import importlib.util
+
+    import psutil
+
+    if importlib.util.find_spec("rfc3987_syntax") is None:
+        pytest.skip("rfc3987_syntax is not installed here: nothing to leave out")
+    ipython.run_cell_magic("gpugeek", "run --workers 2 --pull lean", """
+import sys, torch.distributed as dist
+lean = [None] * world_size
+dist.all_gather_object(lean, ("jsonschema" in sys.modules, "rfc3987_syntax" in sys.modules))
+""")
+    assert ipython.user_ns["lean"] == [(True, False), (True, False)]
+    head = registry.live("runs")
+    agents = [p for p in psutil.process_iter(["cmdline"]) if "dashboard/agent.py" in " ".join(p.info["cmdline"] or [])
+              and os.getsid(p.pid) == head.session_id]
+    assert agents and all("lean_imports" in p.environ().get("PYTHONPATH", "") for p in agents)

@@ -39,8 +39,9 @@ def new_temp_dir() -> str:
     return tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
 
 
-# Ray gives a new node's raylet 30 s to register with the GCS (not configurable); a machine busy
-# enough can miss that once, and the head then starts on the second try
+# Ray gives a new node's raylet 30 s to register with the GCS, and the raylet gives its dashboard
+# agent (a Python process with a long import) 15 s to report its ports; neither is configurable. A
+# machine busy enough misses them: the head then starts again, up to START_TRIES in all
 SLOW_START = "timed out during startup"
 # a free port found here can be taken before Ray binds it (by any connection's own local port,
 # drawn from the same range): the head then starts again on other ports
@@ -57,10 +58,9 @@ class _PortTaken(GpugeekError):
 
 
 def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | None = None, **kwargs) -> Head:
-    """``ray start --head`` (see ``_start_head``), again if Ray's own startup wait ran out (once) or
-    a port was taken before Ray could bind it. ``port_chosen(port)`` hears the GCS port before
+    """``ray start --head`` (see ``_start_head``), again if Ray's own startup wait ran out or a port
+    was taken before Ray could bind it. ``port_chosen(port)`` hears the GCS port before
     each try (the sim backend's autoscaler config names it)."""
-    slow = 0
     for attempt in range(1, START_TRIES + 1):
         port, client_port, dashboard_port = ports.free_ports(3)   # three at once: never one twice
         if port_chosen is not None:
@@ -72,10 +72,9 @@ def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | 
             if attempt == START_TRIES:
                 raise GpugeekError(str(exc)) from None
         except _SlowStart as exc:
-            slow += 1
-            if slow == 2 or attempt == START_TRIES:
+            if attempt == START_TRIES:
                 raise GpugeekError(str(exc)) from None
-            print("note: Ray's head did not register within Ray's own 30 s (a busy machine?) — starting it once "
+            print("note: Ray's head did not start within Ray's own waits (a busy machine?) — starting it once "
                   "more", flush=True)
     raise AssertionError("unreachable")
 

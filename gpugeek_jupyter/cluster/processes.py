@@ -24,12 +24,22 @@ from pathlib import Path
 
 import psutil
 
+LEAN_IMPORTS = Path(__file__).parent / "lean_imports"
+
+
+def lean_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``lean_imports`` first on the path: modules that cost seconds of CPU in every
+    Python process that imports Ray, and that none of them uses, are not loaded there."""
+    path = [str(LEAN_IMPORTS), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+
 
 def start_detached(cmd: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start ``cmd`` as the leader of a new session, output to ``log``; it outlives the kernel."""
+    """Start ``cmd`` as the leader of a new session, output to ``log``; it outlives the kernel.
+    Its processes (a Ray head and all it starts, a watchdog) import lean (``lean_env``)."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            list(cmd), env=lean_env(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
 

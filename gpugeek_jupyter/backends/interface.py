@@ -7,6 +7,9 @@
   whose start commands are the ``ssh`` backend's; its head reached through the same tunnel.
 - ``kuberay``: a RayCluster manifest applied with ``kubectl``.
 - ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
+
+Each is one class that says what it can do (``Backend``'s capabilities); code outside ``backends/``
+asks that (``capable(record).tunnelled``), never a backend's name.
 """
 
 from __future__ import annotations
@@ -63,11 +66,25 @@ class LaunchConfig:
 
 
 class Backend:
+    """One kind of cluster: how its machines appear and disappear, and what it can do. Each
+    capability is declared here without a value, so every backend says each one."""
+
     name = ""
-    owns_processes = False      # we started its processes and stop them by session id
-    launches = True             # False: an existing cluster we only attach to
-    confirm = False             # needs --yes before it spends money
-    grows = False               # an autoscaler may add nodes for work that does not fit yet
+    launches: bool          # we start and stop it (False: an existing cluster we only attach to)
+    confirm: bool           # needs --yes before it spends money
+    grows: bool             # an autoscaler may add nodes for work that does not fit yet
+    watched: bool           # a watchdog of ours meters it and holds its budget cap and idle stop
+    runs_here: bool         # its head is processes of ours on this machine, gone when they are
+    tunnelled: bool         # this machine reaches its head through an SSH tunnel of the cluster's own
+    kernel_joins: str | None    # as a Ray "driver", a Ray "client" through the tunnel, or None: attached only
+    simulated: bool         # its GPUs are declared and its dollars rehearsed; preemptions rehearsed on it
+    notices: str | None     # where its spot nodes' preemption notices come from (None: none come)
+    from_offers: bool       # you choose its machines from the catalog: --offer, --gpu, --plan, --workers
+    your_hosts: bool        # its machines are the --hosts you name, Ray on each in a runtime we make there
+    local_price: bool       # it costs what config.toml says this machine costs (local_usd_per_hour)
+    provider: str | None    # the cloud that rents you its machines and bills for them (None: no cloud)
+    dashboard: bool         # --dashboard starts Ray's dashboard on its head
+    no_limits_because = ""  # why --budget and --idle are refused on one that is not watched
 
     def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
         raise NotImplementedError
@@ -103,7 +120,10 @@ class Backend:
 
 class LocalBackend(Backend):
     name = "local"
-    owns_processes = True
+    launches = watched = runs_here = local_price = dashboard = True
+    confirm = grows = tunnelled = simulated = from_offers = your_hosts = False
+    kernel_joins = "driver"
+    notices = provider = None
 
     def show(self, name, spec):
         text = ("ray start --head --node-ip-address=127.0.0.1 --port=<free port> "
@@ -124,7 +144,9 @@ class LocalBackend(Backend):
 
 class SimBackend(LocalBackend):
     name = "sim"
-    grows = True                # Ray's fake multi-node autoscaler
+    grows = simulated = from_offers = True     # Ray's fake multi-node autoscaler, node types from offers
+    local_price = False
+    notices = "sim"             # `%gpugeek preempt NODE --notice S`
 
     def show(self, name, spec):
         config = sim.autoscaler_config(name, spec, "127.0.0.1:<port>")
@@ -149,6 +171,10 @@ class SshBackend(Backend):
     """The user's own machines: Ray started and stopped by us on each host over SSH (``hosts``)."""
 
     name = "ssh"
+    launches = watched = tunnelled = your_hosts = True
+    confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
+    kernel_joins = "client"
+    notices = provider = None
 
     def show(self, name, spec):
         remote = spec.remote
@@ -187,12 +213,14 @@ class LauncherBackend(Backend):
     """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``. Past the provider
     section it is an ssh cluster: the same ``onhost.py start`` on every node, the same tunnel."""
 
-    owns_processes = False
-    confirm = True
+    launches = confirm = watched = tunnelled = from_offers = True
     grows = True                # up to --max-workers, by Ray's autoscaler
+    runs_here = simulated = your_hosts = local_price = dashboard = False
+    kernel_joins = "client"
 
     def __init__(self, provider: str):
-        self.name = provider
+        self.name = self.provider = provider
+        self.notices = provider     # its metadata service warns a spot node before taking it
 
     def config(self, name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
         config = launcher.cluster_config(name, spec, marker)
@@ -255,8 +283,14 @@ class LauncherBackend(Backend):
 
 class KubeRayBackend(Backend):
     name = "kuberay"
-    confirm = True
+    launches = confirm = from_offers = True
     grows = True                # KubeRay's autoscaler
+    watched = False             # no route to meter its head yet
+    no_limits_because = ("are not enforced on KubeRay yet (no route to meter its head) — use the autoscaler's "
+                         "idle timeout in the manifest, or a cloud backend")
+    runs_here = tunnelled = simulated = your_hosts = local_price = dashboard = False
+    kernel_joins = None         # a kernel records itself attached, no more
+    notices = provider = None
 
     def show(self, name, spec):
         manifest = kuberay.manifest(name, spec)
@@ -296,8 +330,13 @@ class KubeRayBackend(Backend):
 
 class AttachBackend(Backend):
     name = "attach"
-    launches = False
-    grows = True                # someone else's cluster: it may have an autoscaler
+    launches = watched = False  # someone else's cluster: theirs to size and stop
+    grows = True                # … and it may have an autoscaler
+    confirm = runs_here = tunnelled = simulated = from_offers = your_hosts = local_price = dashboard = False
+    kernel_joins = "driver"     # or a Ray Client at a ray:// address
+    notices = provider = None
+    no_limits_because = ("stop a cluster, and an attached cluster is not ours to stop — start one with "
+                         "--backend local/sim/aws/… instead")
 
     def show(self, name, spec):
         return LaunchConfig(self.name, "attach only: nothing is started", None, "", {})
@@ -326,3 +365,16 @@ BACKENDS: dict[str, Backend] = {
     "kuberay": KubeRayBackend(),
     "attach": AttachBackend(),
 }
+DEFAULT = LocalBackend.name      # what `up` starts when no backend is named: this machine
+ATTACH = AttachBackend.name      # what `up --address` means: a cluster someone else runs
+
+
+def capabilities() -> list[str]:
+    """What a backend says it can do: the names ``Backend`` declares."""
+    return list(vars(Backend)["__annotations__"])
+
+
+def capable(cluster) -> Backend:
+    """What a cluster's backend can do: ``cluster`` is a record, a spec or a request (anything
+    with a ``backend``), or a backend's name."""
+    return BACKENDS[cluster if isinstance(cluster, str) else cluster.backend]

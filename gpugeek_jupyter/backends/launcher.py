@@ -106,7 +106,7 @@ def guard_order(record, spec: ClusterSpec) -> dict:
     """The head watchdog's order for a cloud head (its address filled in there)."""
     return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
                            temp_dirs={"*": f"/tmp/gg-{_tag(record.name)}-{{ip}}"},
-                           token_path=f"{node_dir(record.name)}/auth_token")
+                           token_path=f"{node_dir(record.name)}/auth_token", cloud=spec.backend)
 
 
 def node_ip_command(name: str) -> str:

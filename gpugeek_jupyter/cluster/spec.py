@@ -55,10 +55,6 @@ class ClusterSpec:
     storage: str | None = None        # where jobs checkpoint unless told (``up --storage``): a URL or shared path
 
     @property
-    def simulated(self) -> bool:
-        return self.backend == "sim"
-
-    @property
     def workers(self) -> NodeType | None:
         """The node type the cluster is made of (the spot one when there is a fallback)."""
         primary = [t for t in self.node_types if t.replaces_preempted is None]

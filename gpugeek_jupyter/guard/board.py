@@ -14,11 +14,11 @@ import threading
 import time
 
 from .. import store
+from ..backends.interface import BACKENDS, capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
-from ..remote import tunnel
 from ..units import clock
 from ..vocab import ClusterPhase
 from . import lifecycle
@@ -175,7 +175,7 @@ def stop(name: str, by: str = "JupyterLab") -> dict:
         # it and could leave half a cluster running that the ledger calls stopped
         raise StillStarting(f"cluster {name!r} is still starting — shut it down once it is up "
                             f"(its `up` has finished)")
-    detaching = record.backend == "attach"
+    detaching = not capable(record).launches     # someone else's cluster: let go of, never stopped
     reason = f"detached (from {by})" if detaching else f"down (from {by})"
     try:
         lifecycle.shutdown(record, reason, sync=False)
@@ -198,7 +198,7 @@ def forget(name: str, by: str = "JupyterLab") -> dict:
     record = registry.live(name)
     if record is None:
         raise AlreadyStopped(f"cluster {name!r} is not live — nothing to forget")
-    if record.backend not in tunnel.BACKENDS:
+    if not capable(record).tunnelled:
         raise GpugeekError(f"cluster {name!r} runs here ({record.backend}): `down {name}` stops it")
     at = lifecycle.forget(record, by)
     spent = _money([record.id], at).get(record.id, {}).get("spent_usd", 0.0)
@@ -234,7 +234,8 @@ def _unknown(name: str) -> str:
 def _money(ids: list[int], now: float) -> dict[int, dict]:
     if not ids:
         return {}
-    sql = _SPEND.format(ids=",".join("?" * len(ids)), remote=",".join(f"'{b}'" for b in tunnel.BACKENDS))
+    remote = ",".join(f"'{name}'" for name, backend in BACKENDS.items() if backend.tunnelled)
+    sql = _SPEND.format(ids=",".join("?" * len(ids)), remote=remote)
     return {r["cluster_id"]: dict(r) for r in store.query(sql, (now - lifecycle.HEARD_WINDOW_S, now, *ids))}
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.interface import BACKENDS
+from ..backends.interface import BACKENDS, capable
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -153,7 +153,7 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None, now: floa
 def unheard_since(record: ClusterRecord, now: float | None = None) -> float | None:
     """When a live remote cluster was last heard from, once that is over ``HEARD_WINDOW_S`` ago
     (its nodes are then counted to that moment: nothing here knows they ran on); else None."""
-    if not record.live or record.backend not in tunnel.BACKENDS or record.heard is None:
+    if not record.live or not capable(record).tunnelled or record.heard is None:
         return None
     now = time.time() if now is None else now
     return record.heard if now - record.heard > HEARD_WINDOW_S else None
@@ -198,7 +198,7 @@ def catch_up(record: ClusterRecord) -> ClusterRecord:
 
 def needs_catch_up(record: ClusterRecord) -> bool:
     """A live remote cluster with a watchdog on its head and none running here."""
-    return (record.live and record.backend in tunnel.BACKENDS and headguard.guarded(record)
+    return (record.live and capable(record).tunnelled and headguard.guarded(record)
             and not (record.watchdog_pid and processes.alive(record.watchdog_pid)))
 
 
@@ -220,7 +220,7 @@ def sync_ledger(record: ClusterRecord) -> None:
     if not record.address or record.stopped or record.address.startswith("ray://"):
         return      # a cluster we reach only as a Ray Client (someone else's): its GCS is not ours to read
     try:
-        if record.backend in tunnel.BACKENDS and not tunnel.forwards(record.address):
+        if capable(record).tunnelled and not tunnel.forwards(record.address):
             raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
         nodes = read_nodes(record.address, timeout=3)
     except ClusterUnreachable:
@@ -293,7 +293,7 @@ def forget(record: ClusterRecord, by: str) -> float:
 
 def forget_hint(record: ClusterRecord) -> str:
     """What a failed stop of a remote cluster adds: how to close a record whose machines are gone."""
-    if record.backend not in tunnel.BACKENDS:
+    if not capable(record).tunnelled:
         return ""
     return (f" — if its machines are gone (ended in the provider's console), `down {record.name} --forget` "
             f"closes its record at the last moment it was heard from")

@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 
-from ..backends.interface import BACKENDS
+from ..backends.interface import BACKENDS, capable
 from ..cluster import processes, registry
 from ..cluster.spec import ClusterSpec
 from ..config import BUDGET_WARN_AT, settings
@@ -139,7 +139,7 @@ class Watch:
         # kernel's Ray Client gives up reconnecting after 30
         record = self._reopen_tunnel(record) or record
         try:
-            if record.backend in tunnel.BACKENDS and not tunnel.forwards(record.address):
+            if capable(record).tunnelled and not tunnel.forwards(record.address):
                 raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
             self.misses, self.unreached_since = 0, None
@@ -150,13 +150,12 @@ class Watch:
             self.unreached_since = self.unreached_since or time.time()
         if headguard.guarded(record) and headguard.pull(record) and registry.get(self.cluster_id).stopped:
             return registry.get(self.cluster_id).stop_reason    # the head stopped it while we could not see
-        ours_here = record.backend in ("local", "sim")
-        head_gone = ours_here and not processes.session_processes(
+        head_gone = capable(record).runs_here and not processes.session_processes(
             record.session_id, record.created, record.marker)
         if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
-        elif record.backend in tunnel.BACKENDS and \
+        elif capable(record).tunnelled and \
                 time.time() - (record.heard or self.unreached_since) > self.unreachable_after:   # as readers say
             return self._go_quiet(record)
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
@@ -182,7 +181,7 @@ class Watch:
 
     def _reopen_tunnel(self, record):
         """The record with a new tunnel if the one to a remote head had dropped, else None."""
-        if record.backend not in tunnel.BACKENDS or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
+        if not capable(record).tunnelled or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
             return None
         try:
             fresh = tunnel.ensure(record)

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 
 from .. import store
-from ..backends.interface import CLIENT_SCHEME
+from ..backends.interface import CLIENT_SCHEME, capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -30,8 +30,6 @@ from .session import attach as session_attach
 WATCH_INTERVAL_S = registry.KERNELS_LOOK_EVERY_S
 CLIENT_TRIES = 3
 CLIENT_SETTLE_S = 40.0      # Ray's reconnect grace period (30 s) and a margin
-DRIVER_BACKENDS = ("local", "sim", "attach")      # the kernel joins these as a Ray driver
-CLIENT_BACKENDS = tunnel.BACKENDS   # … and these as a Ray Client, through the tunnel
 
 
 _watcher: threading.Thread | None = None
@@ -48,11 +46,12 @@ def connect(record: ClusterRecord) -> None:
     cluster, and attached to it."""
     global _watcher
     session = current()
+    can = capable(record)
     # a cloud head not yet reached (its `up` failed half-way) has no tunnel to open: attached only
-    reachable = record.backend not in CLIENT_BACKENDS or ClusterSpec.from_json(record.spec).remote.get("hosts")
-    if record.backend in CLIENT_BACKENDS and reachable:
+    reachable = not can.tunnelled or ClusterSpec.from_json(record.spec).remote.get("hosts")
+    if can.tunnelled and reachable:
         record = tunnel.ensure(record)
-    if not record.address or not reachable or record.backend not in DRIVER_BACKENDS + CLIENT_BACKENDS:
+    if not record.address or not reachable or can.kernel_joins is None:
         session_attach(record)     # this notebook looks after it, even without a driver
         return
     import ray
@@ -72,9 +71,8 @@ def connect(record: ClusterRecord) -> None:
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
     use_token_auth()      # our clusters require Ray's token, a driver's as a client's
-    if record.backend in CLIENT_BACKENDS or record.address.startswith(CLIENT_SCHEME):
-        client = record.address if record.backend == "attach" else \
-            ClusterSpec.from_json(record.spec).remote["client_address"]
+    if can.kernel_joins == "client" or record.address.startswith(CLIENT_SCHEME):
+        client = ClusterSpec.from_json(record.spec).remote["client_address"] if can.tunnelled else record.address
         _client_init(client, job_env(record, remote=True))
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",

@@ -37,7 +37,7 @@ from ..guard.lifecycle import LET_GO_S
 from ..guard.watchdog import UNREACHABLE_LIMIT, Watch, run
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
-from ..remote.headguard import ACTIVITY, CLOUDS, HEARTBEAT, LIMITS, fresh
+from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
 from .script import MARKER
 
@@ -72,7 +72,8 @@ class HeadWatch(Watch):
         self.order = order
         self.gcs = order["gcs"]
         self.stop_allowance = HEAD_STOP_ALLOWANCE_S
-        self.stop = self._stop_cloud_workers if order["backend"] in CLOUDS else self._stop_other_nodes
+        # a cloud head (its order names the provider) stops its workers through Ray's launcher
+        self.stop = self._stop_cloud_workers if order.get("cloud") else self._stop_other_nodes
         self.report: dict | None = None
         self.guard_kind = "head"
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
@@ -168,7 +169,7 @@ class HeadWatch(Watch):
         """Time a stop's Ray part (a driver, a task on every other node) once the nodes are there,
         so that a budget stop starts as far ahead of the cap as a stop takes here, not a guess."""
         others = [n for n in nodes if n.alive and not n.is_head]
-        if record.backend in CLOUDS or not record.budget_usd or not others:
+        if self.order.get("cloud") or not record.budget_usd or not others:
             return
         burn = ledger.burn_rate(self.cluster_id)
         near = burn > 0 and self.near != record.budget_usd and \
@@ -274,8 +275,8 @@ def main(argv: list[str]) -> int:
     watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order)
     reason = run(cluster_id, watch=watch)
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
-    if order["backend"] in CLOUDS:       # the head is an instance: it ends itself
-        end_cloud_head(cluster_id, order["backend"])
+    if order.get("cloud"):       # the head is a cloud's instance: it ends itself
+        end_cloud_head(cluster_id, order["cloud"])
     stop_detached(ONHOST.read_text(), order["marker"], 2.0,
                   temp_dir_of(order["temp_dirs"], order["ip"]))
     return 0

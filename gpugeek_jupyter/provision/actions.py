@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ..backends import sim
-from ..backends.interface import BACKENDS
+from ..backends.interface import BACKENDS, capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -20,7 +20,6 @@ from ..kernel.session import current, live_cluster
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, send_notice
 from ..remote import headguard
-from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
 from .status import ClusterStatus, status
 
@@ -49,7 +48,7 @@ def down(name: str | None = None, *, all: bool = False, forget: bool = False) ->
     session = current()
     records = registry.all_records(include_stopped=False) if all else [live_cluster(name)]
     if forget:
-        if all or records[0].backend not in TUNNELLED:
+        if all or not capable(records[0]).tunnelled:
             raise GpugeekError("down --forget: name the one remote cluster whose machines are gone")
         connection.disconnect(records[0])
         lifecycle.forget(records[0], "the notebook")
@@ -59,7 +58,7 @@ def down(name: str | None = None, *, all: bool = False, forget: bool = False) ->
     done = []
     for record in records:
         try:
-            stop(record, "detached" if record.backend == "attach" else "down")
+            stop(record, "down" if capable(record).launches else "detached")
         except GpugeekError as exc:
             raise GpugeekError(f"{exc}{lifecycle.forget_hint(record)}") from None
         if registry.get(record.id).stopped is None:
@@ -89,7 +88,7 @@ def limits(name: str | None = None, *, budget: float | None = None, idle: float 
     if budget is None and idle is None:
         raise GpugeekError("limits: give --budget USD, --idle MINUTES or both")
     record = live_cluster(name)
-    if record.backend in ("attach", "kuberay"):
+    if not capable(record).watched:
         raise GpugeekError(f"cluster {record.name!r} ({record.backend}) has no watchdog of ours: budget and idle "
                            f"stop are not enforced there")
     budget = record.budget_usd if budget is None else float(budget)
@@ -112,7 +111,7 @@ def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
     warning first, as the clouds give (the workers checkpoint and stop: ``workers/notice.py``).
     The call returns at once; the node goes when the notice runs out."""
     record = live_cluster(name)
-    if record.backend != "sim":
+    if not capable(record).simulated:
         raise GpugeekError("preempt rehearses losing a spot node, on the sim backend only")
     if not 0 <= notice <= 600:
         raise GpugeekError(f"--notice {notice:g}: give 0 to 600 seconds (AWS gives 120, GCP and Azure 30)")

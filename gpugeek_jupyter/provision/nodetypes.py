@@ -10,6 +10,7 @@ import re
 import pandas as pd
 
 from ..backends import sim
+from ..backends.interface import capable
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
 from ..cluster.spec import ClusterSpec, NodeType
@@ -18,8 +19,6 @@ from ..errors import GpugeekError, NoMatchingOffers
 from ..remote import ssh
 from ..vocab import NodePrice, Pricing
 
-CLOUD_PROVIDERS = ("aws", "gcp", "azure")
-
 
 def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, count: int | None = None,
              workers: int | None = None, min_workers: int | None = None, max_workers: int | None = None,
@@ -27,21 +26,22 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
              catalog: str | None = None, residency: str | None = None) -> ClusterSpec:
     """The spec ``up`` starts: this machine for ``local``, nothing of ours for ``attach``, else
     the chosen offer's node types (``workers`` kept up, up to ``max_workers``)."""
-    if backend in ("local", "attach"):
+    can = capable(backend)
+    if not can.from_offers:
         given = [f for f, v in (("--offer", offer), ("--plan", plan), ("--gpu", gpu), ("--workers", workers),
                                 ("--residency", residency),
                                 ("--min-workers", min_workers), ("--max-workers", max_workers)) if v is not None]
         if given or spot_fallback:
-            what = "this machine" if backend == "local" else "the cluster at --address"
+            what = "this machine" if can.runs_here else "the cluster at --address"
             raise GpugeekError(f"{', '.join(given) or '--spot-fallback'}: the {backend} backend runs on {what} "
                                f"— use --backend sim or a cloud to choose offers and workers")
-        usd = settings().local_usd_per_hour if backend == "local" else 0.0
+        usd = settings().local_usd_per_hour if can.local_price else 0.0
         return ClusterSpec(backend=backend, pricing="local",
-                           head_price=NodePrice(None, "local" if backend == "local" else "unpriced", usd))
+                           head_price=NodePrice(None, "local" if can.local_price else "unpriced", usd))
     if workers is not None and min_workers is not None and workers != min_workers:
         raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up); give one")
     row, plan_nodes = resolve_offer(offer=offer, plan=plan, gpu=gpu, count=count, pricing=pricing,
-                                    provider=backend if backend in CLOUD_PROVIDERS else None, catalog=catalog,
+                                    provider=can.provider, catalog=catalog,
                                     residency=residency)
     keep = workers if workers is not None else (min_workers if min_workers is not None else plan_nodes or 1)
     most = max_workers or max(keep, 1)
@@ -49,7 +49,7 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
         raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
     spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
                       spot_fallback=spot_fallback)
-    if backend == "sim":
+    if can.simulated:
         spec.notes.append(sim.cpu_note(spec))
     return spec
 

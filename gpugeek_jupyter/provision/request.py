@@ -6,10 +6,9 @@ that does not belong; the spec to start otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from ..backends.interface import BACKENDS
+from ..backends.interface import ATTACH, BACKENDS, DEFAULT, capable
 from ..cluster.registry import NAME
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
@@ -70,14 +69,15 @@ class UpRequest:
 
 
 def backend_name(backend: str | None, address: str | None) -> str:
+    """The backend named, or the default; for an ``--address``, the one that attaches."""
+    launching = [name for name, impl in BACKENDS.items() if impl.launches]
     if address:
-        if backend not in (None, "local", "attach"):
+        if backend is not None and backend != DEFAULT and (backend not in BACKENDS or backend in launching):
             raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
-        return "attach"
-    backend = backend or "local"
-    if backend not in BACKENDS or backend == "attach":
-        choices = ", ".join(b for b in BACKENDS if b != "attach")
-        raise GpugeekError(f"unknown backend {backend!r} — use one of {choices} (or --address ADDR)")
+        return ATTACH
+    backend = backend or DEFAULT
+    if backend not in launching:
+        raise GpugeekError(f"unknown backend {backend!r} — use one of {', '.join(launching)} (or --address ADDR)")
     return backend
 
 
@@ -86,16 +86,25 @@ SIZING_FLAGS = ("plan", "gpu", "workers", "min_workers", "max_workers")
 
 
 def spec_of(request: UpRequest) -> ClusterSpec:
-    """The spec to start, from the flags the request's backend checks."""
+    """The spec to start, from the flags the request's backend checks: your own ``--hosts``, or an
+    offer's node types (``--budget`` and ``--idle`` refused where no watchdog of ours holds them)."""
+    can = capable(request)
     ssh_only = request.given(*SSH_FLAGS) + (["--no-install"] if not request.install else [])
-    if request.backend != "ssh" and ssh_only:
-        raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend ssh (your own machines)")
-    if request.dashboard and request.backend not in ("local", "sim"):
-        raise GpugeekError(f"--dashboard starts Ray's dashboard on a local or sim head; a {request.backend} "
+    if not can.your_hosts and ssh_only:
+        raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")
+    if request.dashboard and not can.dashboard:
+        raise GpugeekError(f"--dashboard starts Ray's dashboard on a {_those('dashboard')} head; a {request.backend} "
                            f"head's dashboard is reached with `ray dashboard <its config>`")
-    spec = SPEC_OF.get(request.backend, _from_offers)(request)
+    if not can.watched and (request.budget or request.idle):
+        raise GpugeekError(f"--budget and --idle {can.no_limits_because}")
+    spec = _ssh(request) if can.your_hosts else _from_offers(request)
     spec.dashboard = bool(request.dashboard)
     return spec
+
+
+def _those(capability: str) -> str:
+    """The backends that can: ``local or sim``."""
+    return " or ".join(name for name, impl in BACKENDS.items() if getattr(impl, capability))
 
 
 def _ssh(request: UpRequest) -> ClusterSpec:
@@ -110,27 +119,10 @@ def _ssh(request: UpRequest) -> ClusterSpec:
                     python=request.python, install=request.install, pip_index_url=request.pip_index_url)
 
 
-def _without_limits(why: str) -> Callable[[UpRequest], ClusterSpec]:
-    """A backend whose clusters we do not stop: ``--budget`` and ``--idle`` would promise a stop."""
-    def check(request: UpRequest) -> ClusterSpec:
-        if request.budget or request.idle:
-            raise GpugeekError(f"--budget and --idle {why}")
-        return _from_offers(request)
-    return check
-
-
 def _from_offers(request: UpRequest) -> ClusterSpec:
-    """local (this machine), sim and the clouds: an offer's node types (``nodetypes.spec_for``)."""
+    """Every backend but your own hosts: an offer's node types, or none for this machine or an
+    attached cluster (``nodetypes.spec_for``)."""
     return spec_for(request.backend, offer=request.offer, plan=request.plan, gpu=request.gpu, count=request.count,
                     workers=request.workers, min_workers=request.min_workers, max_workers=request.max_workers,
                     pricing=request.pricing, spot_fallback=request.spot_fallback, catalog=request.catalog,
                     residency=request.residency)
-
-
-SPEC_OF: dict[str, Callable[[UpRequest], ClusterSpec]] = {
-    "ssh": _ssh,
-    "attach": _without_limits("stop a cluster, and an attached cluster is not ours to stop — start one with "
-                              "--backend local/sim/aws/… instead"),
-    "kuberay": _without_limits("are not enforced on KubeRay yet (no route to meter its head) — use the "
-                               "autoscaler's idle timeout in the manifest, or a cloud backend"),
-}

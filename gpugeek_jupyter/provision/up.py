@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from .. import ports
-from ..backends.interface import BACKENDS, CLIENT_SCHEME, LaunchConfig
+from ..backends.interface import BACKENDS, CLIENT_SCHEME, DEFAULT, LaunchConfig, capable
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -64,14 +64,14 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     spec.env = pip
     spec.working_dir = folder
     spec.storage = storage_url(storage) if storage else None
-    if spec.backend == "ssh":     # the hosts' runtime gets the file system it needs, and pip for the jobs'
+    if capable(spec).your_hosts:     # the hosts' runtime gets the file system it needs, and pip for the jobs'
         # `--env` packages (Ray's pip environments are clones of it)
         spec.remote["extra"] = (storage_packages(spec.storage) if spec.storage else []) + (["pip"] if pip else [])
     impl = BACKENDS[request.backend]
     if dry_run or (impl.confirm and not yes):
         return impl.show(request.name, spec)
     impl.preflight(spec)
-    if request.backend == "attach":
+    if not impl.launches:     # attach to what runs at --address: it must answer there
         _check_listening(address)
     record = _record(request, spec)
     _start(record, spec)
@@ -87,7 +87,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
 
 def _what(spec: ClusterSpec) -> str:
     """`` (2 × A100x8)`` or `` on 3 hosts``: what is being started, for people."""
-    if spec.backend == "ssh":
+    if capable(spec).your_hosts:
         hosts = len(spec.remote["hosts"])
         return f" on {hosts} host{'s' if hosts > 1 else ''}"
     return f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
@@ -97,7 +97,7 @@ def _record(request: UpRequest, spec: ClusterSpec) -> ClusterRecord:
     """The cluster in the registry before anything starts: a crash half-way leaves a row that
     says what to stop."""
     try:
-        record = registry.create(request.name, request.backend, spec.to_json(), simulated=spec.simulated,
+        record = registry.create(request.name, request.backend, spec.to_json(), simulated=capable(spec).simulated,
                                  budget_usd=request.budget, idle_minutes=request.idle)
     except ValueError as exc:
         raise GpugeekError(f"{exc} — pick another name") from None
@@ -158,7 +158,7 @@ def _abandon(record: ClusterRecord, exc: BaseException) -> None:
     except Exception as stop_error:  # noqa: BLE001 - any failure to stop leaves the cluster to watch
         record = registry.get(record.id)
         registry.update(record.id, start_failed=f"{reason}; stopping it failed ({stop_error})")
-        if BACKENDS[record.backend].launches and record.address and not (
+        if capable(record).launches and record.address and not (
                 record.watchdog_pid and processes.alive(record.watchdog_pid)):
             start_watchdog(record)
         raise GpugeekError(f"cluster {record.name!r} {reason}, and stopping what had started failed too "
@@ -182,7 +182,7 @@ def _check_listening(address: str | None) -> None:
 def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
     """``up NAME`` on a live cluster: connect to it again; its own settings stay (said when the
     request gave others)."""
-    if request.backend != record.backend and (request.address or request.backend != "local"):
+    if request.backend != record.backend and (request.address or request.backend != DEFAULT):
         raise GpugeekError(f"cluster {record.name!r} is a live {record.backend} cluster — "
                            f"`%gpugeek down {record.name}` first, or pick another name")
     ignored = request.given("address", "offer", "plan", "gpu", "workers", "min_workers", "max_workers",
@@ -190,7 +190,7 @@ def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
     if ignored:
         print(f"{', '.join(ignored)} ignored: {record.name!r} is already running with its own settings "
               f"(`%gpugeek scale` resizes it; `down` then `up` changes the rest)")
-    if record.backend in ("local", "sim") and not _reachable(record):
+    if capable(record).runs_here and not _reachable(record):
         # only a head of ours on this machine is known gone when it does not answer; a cloud head
         # behind a dropped tunnel may still be running (and billing), so it is never closed here
         stop(record, "lost: its head no longer answers")
@@ -204,8 +204,9 @@ def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
 
 
 def _reachable(record: ClusterRecord) -> bool:
+    """Whether the head of ours on this machine answers."""
     if not record.address:
-        return record.backend in ("aws", "gcp", "azure", "kuberay")
+        return False
     try:
         read_nodes(record.address, timeout=3)
         return True

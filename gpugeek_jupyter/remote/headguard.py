@@ -26,8 +26,6 @@ from ..meter import ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put
 from . import ssh
 
-BACKENDS = ("ssh", "aws", "gcp", "azure")    # the clusters whose head runs a watchdog of its own
-CLOUDS = ("aws", "gcp", "azure")
 PACKAGE = Path(__file__).resolve().parent.parent
 # What the head's watchdog (onhost/headwatch.py) imports, and nothing else: named, not guessed.
 # tests/test_headguard.py holds this list against the imports it reaches and runs the watchdog
@@ -49,8 +47,9 @@ def fresh(report: dict | None, now: float) -> bool:
 
 
 def guarded(record: ClusterRecord) -> bool:
-    """Whether the cluster's head runs the watchdog (recorded when ``up`` started it)."""
-    return record.backend in BACKENDS and bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
+    """Whether the cluster's head runs the watchdog: ``up`` records where it keeps its state once
+    it started it (an ssh head's by ``start``, a cloud head's by the launcher)."""
+    return bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
 
 
 def head_files() -> list[Path]:
@@ -84,14 +83,15 @@ def copy_package(folder: Path) -> None:
 
 
 def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str, gcs_port: int,
-          temp_dirs: dict[str, str], token_path: str) -> dict:
+          temp_dirs: dict[str, str], token_path: str, cloud: str | None = None) -> dict:
     """What the head's watchdog is told at its start (``headwatch.main``). ``ip`` may be
     ``{head_ip}``, filled in on the head; ``temp_dirs`` maps a node's address to Ray's temp dir
-    there (``*``: any, ``{ip}`` in it being the node's)."""
-    return {"name": record.name, "backend": record.backend, "spec": spec.to_json(), "marker": record.marker,
-            "budget": record.budget_usd, "idle": record.idle_minutes, "created": record.created,
-            "gcs": f"{ip}:{gcs_port}", "ip": ip, "temp_dirs": temp_dirs, "token_path": token_path,
-            "home": str(Path(token_path).parent / "head"), "interval": interval}
+    there (``*``: any, ``{ip}`` in it being the node's); ``cloud``: the provider whose instance the
+    head is (it ends itself), None on the user's own machine."""
+    return {"name": record.name, "backend": record.backend, "cloud": cloud, "spec": spec.to_json(),
+            "marker": record.marker, "budget": record.budget_usd, "idle": record.idle_minutes,
+            "created": record.created, "gcs": f"{ip}:{gcs_port}", "ip": ip, "temp_dirs": temp_dirs,
+            "token_path": token_path, "home": str(Path(token_path).parent / "head"), "interval": interval}
 
 
 def _on_head(remote: dict, command: str, *args: str, **kwargs) -> dict:

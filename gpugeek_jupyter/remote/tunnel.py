@@ -23,7 +23,6 @@ from ..errors import GpugeekError
 from . import ssh
 
 OPEN_TIMEOUT_S = 20
-BACKENDS = ("ssh", "aws", "gcp", "azure")   # the clusters this machine reaches through a tunnel
 HOLD_S = 2**31 - 1     # the session's remote command only holds it open; it ends with the session
 
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from dataclasses import asdict, replace
 
-from ..backends.interface import BACKENDS
+from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
@@ -28,9 +28,8 @@ from ..provision.actions import Cluster
 from ..provision.up import up
 from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..remote.headguard import guarded
-from ..remote.tunnel import BACKENDS as TUNNELLED
 from ..units import number
-from . import away, notice, oom, orphans, placement
+from . import away, oom, orphans, placement
 from .cell import calls_gg
 from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
 from .options import JobWatch, Report, RunOptions, gg_only, options
@@ -45,7 +44,7 @@ def _cluster() -> ClusterRecord:
     record = registry.live(name) if name else None
     if record is None:
         live = registry.all_records(include_stopped=False)
-        record = next((r for r in live if r.backend in ("local", "sim", "attach")), None)
+        record = next((r for r in live if capable(r).kernel_joins == "driver"), None)
         if record is None:
             print("no cluster yet: starting the local one (`%gpugeek up` chooses another)", flush=True)
             up()
@@ -71,7 +70,7 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
     changed = old is not None and _shape(old.options) != _shape(opts)
     if old is not None and (old.broken or changed or old.address != record.address):
         if changed and old.address == record.address:     # refused before the warm group goes
-            placement.never_fits(opts.workers, opts.gpus_per_worker, BACKENDS[record.backend].grows)
+            placement.never_fits(opts.workers, opts.gpus_per_worker, capable(record).grows)
         if changed and not old.broken and old.address == record.address:
             print("note: a different number of workers, GPUs or collective timeout — a new worker group; variables "
                   "defined on the old one are gone", flush=True)
@@ -104,8 +103,7 @@ def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
     cluster_id = record.id
     group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
                         on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
-                        notices=record.backend if record.backend in notice.SOURCES else None,
-                        grows=BACKENDS[record.backend].grows)
+                        notices=capable(record).notices, grows=capable(record).grows)
     group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
     group.keep_s = record.idle_minutes * 60 if record.idle_minutes else None
     return group
@@ -242,7 +240,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                     raise
                 except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
                     # a Ray Client that gave up (the link is down), or a stop begun elsewhere
-                    link_down = isinstance(error, ConnectionError) and record.backend in TUNNELLED
+                    link_down = isinstance(error, ConnectionError) and capable(record).tunnelled
                     stopped = isinstance(error, connection.StoppedElsewhere)
                     if isinstance(error, GpugeekError) or (group.connected() and not link_down and not stopped):
                         raise
@@ -381,7 +379,7 @@ def _lost(record: ClusterRecord, job_id: str) -> str:
     a remote head whose link went down (a Ray Client gives up after 30 s), which this machine
     cannot tell from a stopped one, and which may still bill."""
     now = registry.get(record.id)
-    if now.stopped or now.stopping or now.backend not in TUNNELLED:
+    if now.stopped or now.stopping or not capable(now).tunnelled:
         return _stopped_under(now, job_id)
     guards = ("its budget cap and idle stop run on its head" if guarded(now)
               else "it may still be running and billing")

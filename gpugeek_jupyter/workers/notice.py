@@ -27,7 +27,6 @@ from datetime import datetime
 from ..raynodes import NOTICE_NAMESPACE, NOTICE_PREFIX
 
 POLL_S = 1.0
-SOURCES = ("sim", "aws", "gcp", "azure")
 METADATA_TIMEOUT_S = 0.5
 
 
@@ -46,7 +45,7 @@ class NoticeWatch:
     ``deadline`` is when the node goes (None: no notice)."""
 
     def __init__(self, source: str, node_id: str, poll_s: float = POLL_S):
-        if source not in SOURCES:
+        if source not in readers():
             raise ValueError(f"no preemption notices from {source!r}")
         self.source, self.node_id, self.poll_s = source, node_id, poll_s
         self.deadline: float | None = None
@@ -54,7 +53,7 @@ class NoticeWatch:
         threading.Thread(target=self._run, name="gpugeek-notice", daemon=True).start()
 
     def _run(self) -> None:
-        read = {"sim": read_sim, "aws": read_aws, "gcp": read_gcp, "azure": read_azure}[self.source]
+        read = readers()[self.source]
         while self.deadline is None:
             try:
                 self.deadline = read(self.node_id)
@@ -62,6 +61,11 @@ class NoticeWatch:
             except Exception as exc:  # noqa: BLE001 - a metadata hiccup: look again next time
                 self.error = f"{type(exc).__name__}: {exc}"
             time.sleep(self.poll_s)
+
+
+def readers() -> dict:
+    """Where each source's notice is read: a backend's ``notices`` names one."""
+    return {"sim": read_sim, "aws": read_aws, "gcp": read_gcp, "azure": read_azure}
 
 
 def agreed_deadline(mine: float | None, device) -> float | None:

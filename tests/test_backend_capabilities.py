@@ -1,0 +1,93 @@
+"""A backend is one class that says what it can do (``backends/interface.py``); code outside
+``backends/`` asks a cluster's backend what it can do (``capable(record).tunnelled``) and never
+compares a backend's name. Read from the source: a new backend then needs no edit elsewhere."""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+
+import pytest
+
+from gpugeek_jupyter.backends.interface import BACKENDS, Backend, capabilities
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gpugeek_jupyter"
+NAMES = set(BACKENDS) | {"attach"}
+
+
+def _about_a_backend(node: ast.AST) -> bool:
+    """``record.backend``, a variable named ``backend``, or ``order["backend"]``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "backend"
+    if isinstance(node, ast.Name):
+        return node.id == "backend"
+    return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "backend"
+
+
+def _strings(node: ast.AST) -> list[str] | None:
+    """The strings a literal holds (a string, or a tuple, list or set of strings and ``None``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set) and node.elts and all(
+            isinstance(e, ast.Constant) and (e.value is None or isinstance(e.value, str)) for e in node.elts):
+        return [e.value for e in node.elts if e.value is not None]
+    return None
+
+
+def name_checks(source: str, where: str) -> list[str]:
+    """A backend compared with backend names, and literal lists of two or more backend names (a
+    list with other words in it, like the catalog's providers, is something else)."""
+    found, seen = [], set()
+    nodes = list(ast.walk(ast.parse(source)))
+    for node in nodes:
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = [side for side in sides if set(_strings(side) or ()) & NAMES]
+            if named and any(_about_a_backend(side) for side in sides):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+                seen.update(id(side) for side in named)
+    for node in nodes:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set) and id(node) not in seen:
+            names = _strings(node)
+            if names and len(names) >= 2 and set(names) <= NAMES:
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found, key=lambda line: int(line.split(":")[1]))
+
+
+def test_code_outside_the_backends_asks_what_a_backend_can_do_never_its_name():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "backends" not in path.relative_to(PACKAGE).parts:
+            found += name_checks(path.read_text(), str(path.relative_to(PACKAGE)))
+    assert not found, ("ask the backend (backends.interface.capable(record).tunnelled, …), or give it a "
+                       "capability that says so:\n" + "\n".join(found))
+
+
+def test_the_rule_sees_a_name_check_and_lets_other_words_be():
+    probe = ('ours_here = record.backend in ("local", "sim")\n'
+             'if spec.backend == "ssh":\n    pass\n'
+             'if backend not in (None, "local", "attach"):\n    pass\n'
+             'BACKENDS = ("ssh", "aws", "gcp", "azure")\n'
+             'stop = order["backend"] != "aws"\n'
+             'gpus = "its GPUs" if backend == "nccl" else "none"\n'       # torch.distributed's backend
+             'wanted = kind == "sim"\n'                                    # a widget's choice
+             'PROVIDERS = ("aws", "gcp", "azure", "lambda")\n')            # the catalog's providers
+    assert [line.split(":")[1] for line in name_checks(probe, "probe")] == ["1", "2", "4", "6", "7"]
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_each_backend_says_each_thing_it_can_do(name):
+    """``Backend`` declares each capability without a value: a backend that leaves one unsaid
+    fails here (and at its first use), not by inheriting a guess."""
+    backend = BACKENDS[name]
+    hints = typing.get_type_hints(Backend)
+    assert capabilities() and set(capabilities()) <= set(hints)
+    for capability in capabilities():
+        assert hasattr(backend, capability), f"the {name} backend does not say whether it is {capability}"
+        value = getattr(backend, capability)
+        assert isinstance(value, hints[capability]), f"{name}.{capability} = {value!r}"
+    assert backend.kernel_joins in ("driver", "client", None)
+    if backend.kernel_joins == "client":      # a kernel's Ray Client goes through the tunnel's port
+        assert backend.tunnelled
+    assert bool(backend.no_limits_because) == (not backend.watched), "say why --budget and --idle cannot hold"

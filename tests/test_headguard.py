@@ -21,18 +21,21 @@ from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.onhost import script as onhost
 from gpugeek_jupyter.raynodes import RayNode
-from gpugeek_jupyter.remote import headguard
+from gpugeek_jupyter.remote import headguard, ssh
 from gpugeek_jupyter.vocab import NodePrice
 
 
 def test_the_heads_package_is_exactly_what_its_watchdog_imports():
     """``HEAD_PACKAGE`` names what the head needs: every module the head's watchdog reaches (in any
-    function, too) is in it, and every entry holds one of them — no stale name, nothing extra."""
+    function, too) is in it, and the host script it reads as text for each node's stop
+    (``ssh.ONHOST``); every entry holds one of them — no stale name, nothing extra."""
     from test_layers import ROOT, graph, reachable
 
-    needed = reachable(f"{ROOT}.onhost.headwatch", graph())
+    needed = reachable(f"{ROOT}.guard.headwatch", graph())
+    read = ssh.ONHOST.relative_to(headguard.PACKAGE)
+    assert read in headguard.head_files(), f"the head's watchdog reads {read}, which HEAD_PACKAGE leaves out"
     shipped = {".".join([ROOT, *file.with_suffix("").parts]).removesuffix(".__init__")
-               for file in headguard.head_files()}
+               for file in headguard.head_files() if file != read}
     missing = needed - shipped
     assert not missing, f"the head's watchdog imports what HEAD_PACKAGE leaves out: {sorted(missing)}"
     packages = {m for m in shipped if (headguard.PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
@@ -47,13 +50,22 @@ def test_the_package_sent_to_the_head_runs_the_watchdog_from_itself(tmp_path):
     assert not sent & {"widgets", "magics", "workers", "kernel", "provision", "api.py", "health", "server"}, sent
     done = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import ray\n"
-         "import gpugeek_jupyter.onhost.headwatch as h\n"
+         "import gpugeek_jupyter.guard.headwatch as h\n"
          "print(h.__file__); print(sorted(m for m in sys.modules if m.startswith('gpugeek_jupyter.')))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     where, loaded = done.stdout.splitlines()
     assert where.startswith(str(tmp_path)), where
     assert "gpugeek_jupyter.guard.watchdog" in loaded and "workers" not in loaded
+
+
+def test_the_heads_stop_strips_the_marker_the_host_script_finds_its_processes_by():
+    """Each node's stop starts without the cluster's marker (``headwatch.stop_detached``), so it is
+    not among what it stops: the name the head strips (``cluster/processes.py``'s) is the one
+    ``onhost.py`` marks Ray with and looks for."""
+    from gpugeek_jupyter.guard import headwatch
+
+    assert headwatch.MARKER == onhost.MARKER
 
 
 def _a_cluster(name="c", budget=None) -> registry.ClusterRecord:
@@ -123,7 +135,7 @@ def test_a_cloud_head_starts_its_watchdog_from_what_the_launcher_copies(gpugeek_
     folder = launcher.write_node_files("cloudy", guard)
     assert json.loads((folder / launcher.GUARD_ORDER).read_text())["budget"] == 40.0
     assert guard["gcs"] == "{head_ip}:6379" and guard["home"].startswith(launcher.node_dir("cloudy"))
-    assert (folder / "package" / "gpugeek_jupyter" / "onhost" / "headwatch.py").exists()
+    assert (folder / "package" / "gpugeek_jupyter" / "guard" / "headwatch.py").exists()
     head_start, worker_start = launcher.start_commands("cloudy", record.marker)
     assert head_start.endswith(f"onhost.py guard @{launcher.node_dir('cloudy')}/{launcher.GUARD_ORDER}")
     assert "guard" not in worker_start
@@ -168,9 +180,8 @@ def test_the_heads_heartbeat_follows_only_a_look_that_saw_the_cluster(gpugeek_ho
     """A head watchdog that fails every look must not pass for alive (the laptop's watchdog stops
     enforcing while the heartbeat is fresh): no heartbeat after a failed look, one after a good one;
     after 3 failed looks its failing state is written for the readers."""
-    from gpugeek_jupyter.guard import health
+    from gpugeek_jupyter.guard import headwatch, health
     from gpugeek_jupyter.guard.watchdog import run
-    from gpugeek_jupyter.onhost import headwatch
 
     now = time.time()
     order = {"name": "hb", "backend": "ssh", "spec": ClusterSpec("ssh").to_json(), "gcs": "127.0.0.1:1",

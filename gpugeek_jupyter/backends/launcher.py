@@ -89,7 +89,7 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
     run = f"ulimit -n 65536; {runtime.python_on_host()} {node_dir(name)}/onhost.py start"
-    # then the head's watchdog (onhost/headwatch.py), on the package and order file_mounts copied
+    # then the head's watchdog (guard/headwatch.py), on the package and order file_mounts copied
     guard = f"{runtime.python_on_host()} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")

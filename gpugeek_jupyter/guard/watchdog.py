@@ -16,7 +16,7 @@ and acts:
   laptop slept, the network blinked) → open it again on the same local ports, so the kernel's
   Ray Client reconnects within its grace period and the cluster is metered on.
 
-A remote cluster's head runs this watch too (``headwatch.py``), and while its heartbeat comes
+A remote cluster's head runs this watch too (``guard/headwatch.py``), and while its heartbeat comes
 that one enforces the limits: this one then tells it what only this machine sees (its idleness
 verdict), passes a stop it began on to the kernels here, and once the cluster stops answering
 copies the head's ledger (``headguard.pull``) — and so learns of a stop made while it was away.

@@ -12,7 +12,7 @@ left on them but Ray's own temp dir and the cluster's token file.
     ps MARKER                 our processes on this host: those in a session MARKER proves ours
     stop MARKER GRACE [DIR]   SIGTERM, then SIGKILL after GRACE seconds, every process of ours;
                               then remove Ray's temp dir DIR
-    guard ORDER               the head's watchdog (``headwatch.py``), marked like Ray: this
+    guard ORDER               the head's watchdog (``guard/headwatch.py``), marked like Ray: this
                               package comes in the script (``PACKAGE = …``, a base64 tar.gz) and
                               is unpacked beside the token, or the launcher copied it there
     ledger HOME NAME          the head watchdog's ledger for cluster NAME, as JSON
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-MARKER = "GPUGEEK_CLUSTER"
+MARKER = "GPUGEEK_CLUSTER"    # cluster/processes.py's, which the head's watchdog uses
 TOKEN = globals().get("TOKEN")      # prepended by the sender for `start`
 PACKAGE = globals().get("PACKAGE")  # prepended by the sender for `guard`
 
@@ -320,7 +320,7 @@ def guard(args):
     env.pop("RAY_AUTH_TOKEN", None)
     # Ray first, as in every Ray process: it puts the packages it ships (psutil) on the path
     boot = ("import sys, runpy, ray\nsys.argv[0] = 'headwatch'\n"
-            "runpy.run_module('gpugeek_jupyter.onhost.headwatch', run_name='__main__')")
+            "runpy.run_module('gpugeek_jupyter.guard.headwatch', run_name='__main__')")
     with open(os.path.join(home, "watchdog.log"), "ab") as out:
         proc = subprocess.Popen([sys.executable, "-c", boot, path], env=env, stdout=out, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)

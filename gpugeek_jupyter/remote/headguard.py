@@ -1,5 +1,5 @@
-"""The notebook machine's side of a remote cluster's head watchdog (``headwatch.py``): starting it
-with the cluster, what this machine tells it, and copying its ledger back.
+"""The notebook machine's side of a remote cluster's head watchdog (``guard/headwatch.py``):
+starting it with the cluster, what this machine tells it, and copying its ledger back.
 
 The head's watchdog enforces the budget cap and the idle stop, so they hold while this machine
 sleeps or is cut off. This machine's own watchdog still runs while it can: it keeps the tunnel
@@ -27,15 +27,16 @@ from ..raynodes import ClusterUnreachable, kv_get, kv_put
 from . import ssh
 
 PACKAGE = Path(__file__).resolve().parent.parent
-# What the head's watchdog (onhost/headwatch.py) imports, and nothing else: named, not guessed.
-# tests/test_headguard.py holds this list against the imports it reaches and runs the watchdog
-# from the archive alone.
+# What the head's watchdog (guard/headwatch.py) imports, and nothing else: named, not guessed —
+# and the host script it reads as text (remote/ssh.py's ONHOST: each node's stop runs it), not
+# imported. tests/test_headguard.py holds this list against the imports it reaches and runs the
+# watchdog from the archive alone.
 HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py", "ports.py",
                 "versions.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
-                "guard/clusterjobs.py",
-                "cluster/", "remote/", "backends/", "onhost/__init__.py", "onhost/headwatch.py", "onhost/script.py")
+                "guard/clusterjobs.py", "guard/headwatch.py",
+                "cluster/", "remote/", "backends/", "onhost/script.py")
 ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
 LIMITS = "limits"            # budget and idle limits set here after `up`
 HEARTBEAT = "guard"          # the head watchdog's heartbeat

@@ -1,10 +1,10 @@
 """The watchdog on a remote cluster's head: its budget cap and idle stop hold while the laptop is
 closed, asleep or cut off.
 
-``up`` starts it on the head, right after Ray (``onhost.py guard``: this package unpacked beside
-the cluster's token and run by the head's Python, which has Ray). It keeps a ledger of its own on
-the head, metered from Ray's node table there, and runs the laptop watchdog's ``Watch`` with
-three differences:
+``up`` starts it on the head, right after Ray (``onhost.py guard``: the part of this package that
+``remote/headguard.py`` names, unpacked beside the cluster's token and run by the head's Python,
+which has Ray). It keeps a ledger of its own on the head, metered from Ray's node table there,
+and runs the laptop watchdog's ``Watch`` with three differences:
 
 - the stop goes through Ray: a task on every other node starts the stop of our processes there
   (``onhost.py stop``, by the cluster's marker, in a session of its own so that it outlives the
@@ -19,7 +19,7 @@ It writes a heartbeat there too (spend, the limits it enforces, a stop under way
 laptop knows the cluster is guarded. The laptop's ledger copies this one whenever it reaches the
 head (``headguard.pull``).
 
-    python -m gpugeek_jupyter.onhost.headwatch ORDER.json
+    python -m gpugeek_jupyter.guard.headwatch ORDER.json
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from pathlib import Path
 
 from ..backends.launcher import BOOTSTRAP
 from ..cluster import registry
-from ..guard.lifecycle import LET_GO_S
-from ..guard.watchdog import UNREACHABLE_LIMIT, Watch, run
+from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
-from .script import MARKER
+from .lifecycle import LET_GO_S
+from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table

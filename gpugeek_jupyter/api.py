@@ -15,6 +15,7 @@ from .backends.interface import LaunchConfig
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers as offers
+from .cells.watch import JobWatch
 from .cluster import registry
 from .guard.lifecycle import catch_up, counted_until, sync_ledger
 from .health.checkup import doctor
@@ -32,7 +33,6 @@ from .views.cost import budget_figure, cost_figure
 from .views.pricing import price_performance
 from .views.utilisation import idle_dollars, utilisation_heatmap
 from .vocab import CostGrouping
-from .workers.options import JobWatch
 
 __all__ = [
     "Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
@@ -49,7 +49,7 @@ def plan(*args, **kwargs) -> Plan:
     return made
 
 
-plan.__doc__ = planner.plan.__doc__
+plan.__doc__, plan.__signature__ = planner.plan.__doc__, planner.plan.__signature__
 
 
 def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, amp: str = "off",
@@ -65,7 +65,7 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
     In a notebook a live job monitor shows progress, loss, throughput and $ (``monitor=False``
     hides it) and leaves a static figure of the job when it ends.
     """
-    from .workers import jobs  # torch and Ray load with the first job
+    from .cells import jobs  # torch and Ray load with the first job
 
     return jobs.run(source, workers=workers, gpus_per_worker=gpus_per_worker, amp=amp,
                     grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
@@ -83,8 +83,8 @@ def torchrun(script: str, *args: str, name: str | None = None, monitor: bool = T
     script is read here; files it opens must be on the workers (``up --working-dir``)."""
     from pathlib import Path
 
+    from .cells import jobs
     from .errors import GpugeekError
-    from .workers import jobs
 
     path = Path(script).expanduser()
     try:
@@ -102,7 +102,7 @@ def jobs(name: str | None = None):
     started each — a kernel that died included."""
     import pandas as pd
 
-    from .workers import attach
+    from .cells import attach
 
     rows = attach.jobs(name)
     columns = ["name", "id", "state", "step", "usd", "kernel", "began", "ended"]
@@ -119,16 +119,16 @@ def attach(job: str, name: str | None = None, *, adopt: bool = False, monitor: b
     this kernel's cells run on the job's warm worker group, its variables with it (the kernel that
     started it must be gone). In a notebook the job monitor shows it as ``run`` does, its whole
     curve from the start (``monitor=False`` hides it)."""
-    from .workers import attach as attaching
+    from .cells import attach as attaching
 
     return attaching.attach(job, name, adopt=adopt, watch=display.view_maker(JobWatch) if monitor else None)
 
 
 def reset() -> bool:
     """Stop the worker group; the next ``run`` builds a fresh one."""
-    if current().group is None and "gpugeek_jupyter.workers.placement" not in sys.modules:
+    if current().group is None and "gpugeek_jupyter.cells.placement" not in sys.modules:
         return False     # no group was ever built here (and none of its placement groups is held)
-    from .workers import jobs
+    from .cells import jobs
 
     return jobs.reset()
 
@@ -139,7 +139,7 @@ def drain_telemetry() -> int:
     has samplers, so the others never load torch for this."""
     if current().group is None:
         return 0
-    from .workers import jobs
+    from .cells import jobs
 
     try:
         drained = jobs.drain_telemetry()

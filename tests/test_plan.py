@@ -283,3 +283,19 @@ def test_fixed_hours_rank_by_price_per_token():
 def test_empty_plan_names_the_constraint():
     assert "with 3 GPUs" in plan(params="7B", gpus=3).summary()
     assert "GiB per GPU" in plan(params="70B", gpus=1).summary()
+
+
+def test_plan_takes_one_request_and_says_a_wrong_option_in_one_line():
+    """``plan``'s options are one request's fields (``PlanRequest``): help() and completion list
+    them, and a keyword that is no option is refused in one line, not a TypeError."""
+    import inspect
+
+    from gpugeek_jupyter.sizing.request import PlanRequest
+
+    shown = list(inspect.signature(plan).parameters)
+    assert shown[:2] == ["params", "model"] and set(shown) == {f for f in PlanRequest.__dataclass_fields__}
+    with pytest.raises(GpugeekError, match="no option 'gpu_count'") as info:
+        plan(params="7B", gpu_count=8)
+    assert "\n" not in str(info.value)
+    asked = PlanRequest.of(params="7B", precision="fp16", batch="4")
+    assert (asked.precision, asked.batch) == ("fp16", 4)

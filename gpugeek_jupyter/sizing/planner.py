@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -20,14 +21,13 @@ from .. import config
 from ..catalog import offers as catalog_offers
 from ..catalog.residency import residency_mask
 from ..errors import GpugeekError
-from ..units import human_count, number, parse_count, positive_number, whole_number
-from ..vocab import Objective, Optimizer, Precision, Pricing, Strategy
+from ..units import human_count, parse_count
 from . import memory, spot
+from .request import PlanRequest
 
 if TYPE_CHECKING:  # torch loads when a model is planned
     from torch import nn
 
-DEFAULT_MFU = 0.40
 CHINCHILLA_TOKENS_PER_PARAM = 20
 TABLE_COLUMNS = [
     "id", "provider", "instance_type", "gpu", "gpu_count", "nodes", "gpu_mem_gib",
@@ -107,33 +107,7 @@ class Plan:
         return "\n".join(parts)
 
 
-def plan(
-    params: str | float | None = None,
-    model: nn.Module | None = None,
-    precision: str = "bf16",
-    optimizer: str = "adam",
-    batch: int = 1,
-    seq: int | None = None,
-    grad_ckpt: bool = False,
-    strategy: str = "ddp",
-    gpus: int | None = None,
-    tokens: str | float | None = None,
-    hours: float | None = None,
-    pricing: str = "on-demand",
-    objective: str = "cost",
-    top: int = 10,
-    mfu: float = DEFAULT_MFU,
-    gpu: str | None = None,
-    provider: str | None = None,
-    region: str | None = None,
-    catalog: str | None = None,
-    example: object = None,
-    ckpt_class: str | None = None,
-    residency: str | None = None,
-    checkpoint_every: float | None = None,
-    checkpoint_seconds: float | None = None,
-    restart_minutes: float = spot.DEFAULT_RESTART_MINUTES,
-) -> Plan:
+def plan(params: str | float | None = None, model: nn.Module | None = None, **options) -> Plan:
     """Size a training run and find the offers that fit it, best first by ``objective``.
 
     Give either ``params`` (``'7B'``) or ``model`` (a ``torch.nn.Module``: exact parameter bytes,
@@ -141,61 +115,50 @@ def plan(
     ``tokens`` (or samples, for models without a sequence) or ``hours`` sizes the run; with
     neither, the run is 20 tokens per parameter (Chinchilla-optimal). ``ckpt_class`` names the
     block class to checkpoint when the model keeps its blocks outside an ``nn.ModuleList``.
+    The options are ``PlanRequest``'s fields (``sizing/request.py``).
 
     Spot columns are *expected* hours and $: preemptions at each offer's rate redo the work since
     the last checkpoint (every ``checkpoint_every`` minutes, else the interval that minimises the
     cost, ``best_ckpt_min``) and pay ``restart_minutes`` each. See ``sizing/spot.py``.
     """
-    batch, top = whole_number(batch, "--batch"), whole_number(top, "--top")
-    seq, gpus = whole_number(seq, "--seq"), whole_number(gpus, "--gpus")
-    precision = Precision.parse(precision, "--precision").value
-    optimizer = Optimizer.parse(optimizer, "--optimizer").value
-    strategy = Strategy.parse(strategy, "--strategy").value
-    objective = Objective.parse(objective, "--objective").value
-    pricing = Pricing.parse(pricing, "--pricing").value
-    if (params is None) == (model is None):
-        raise GpugeekError("give exactly one of --params (like 7B) or --model VAR")
-    mfu = positive_number(mfu, "--mfu")
-    if mfu is None or not 0 < mfu <= 1:
-        raise GpugeekError(f"--mfu {mfu} must be a fraction in (0, 1]")
-    if tokens is not None and hours is not None:
-        raise GpugeekError("give --tokens or --hours, not both")
-    hours = positive_number(hours, "--hours")
-    checkpoint_every = positive_number(checkpoint_every, "--checkpoint-every")
-    checkpoint_seconds = positive_number(checkpoint_seconds, "--checkpoint-seconds")
-    restart_minutes = number(restart_minutes, "--restart-minutes", least=0)
-    if strategy == "fsdp" and gpus == 1:
-        raise GpugeekError("--strategy fsdp needs more than one GPU — raise --gpus or use ddp")
+    return planned(PlanRequest.of(params=params, model=model, **options))
 
+
+plan.__signature__ = inspect.signature(PlanRequest).replace(return_annotation=Plan)  # help() and completion
+
+
+def planned(ask: PlanRequest) -> Plan:
+    """The plan for a checked request: the run's memory, its length, the offers that hold it."""
+    model, precision, batch, seq, hours = ask.model, ask.precision, ask.batch, ask.seq, ask.hours
     if model is not None:
-        est = memory.from_model(model, precision, optimizer, batch, seq, grad_ckpt, strategy,
-                                gpus, example, ckpt_class)
+        est = memory.from_model(model, precision, ask.optimizer, batch, seq, ask.grad_ckpt, ask.strategy,
+                                ask.gpus, ask.example, ask.ckpt_class)
     else:
-        n = parse_count(params, "--params")
-        est = memory.from_params(n, precision, optimizer, batch, seq or 2048, grad_ckpt,
-                                 strategy, gpus)
+        n = parse_count(ask.params, "--params")
+        est = memory.from_params(n, precision, ask.optimizer, batch, seq or 2048, ask.grad_ckpt,
+                                 ask.strategy, ask.gpus)
     checkpoint_h, checkpoint_note = spot.checkpoint_hours(
-        est.weights_gib + est.optimizer_gib, checkpoint_seconds)
-    run_tokens = parse_count(tokens, "--tokens") if tokens is not None else None
+        est.weights_gib + est.optimizer_gib, ask.checkpoint_seconds)
+    run_tokens = parse_count(ask.tokens, "--tokens") if ask.tokens is not None else None
     if run_tokens is None and hours is None:
         run_tokens = CHINCHILLA_TOKENS_PER_PARAM * est.trainable_params
 
-    options = dict(gpus=gpus, pricing=pricing, gpu=gpu, provider=provider, region=region,
-                   residency=residency,
-                   catalog=catalog, precision=precision, grad_ckpt=grad_ckpt, tokens=run_tokens,
-                   hours=hours, mfu=mfu, checkpoint_h=checkpoint_h, restart_h=restart_minutes / 60,
-                   interval_h=checkpoint_every / 60 if checkpoint_every else None,
+    options = dict(gpus=ask.gpus, pricing=ask.pricing, gpu=ask.gpu, provider=ask.provider, region=ask.region,
+                   residency=ask.residency, catalog=ask.catalog, precision=precision, grad_ckpt=ask.grad_ckpt,
+                   tokens=run_tokens, hours=hours, mfu=ask.mfu, checkpoint_h=checkpoint_h,
+                   restart_h=ask.restart_minutes / 60,
+                   interval_h=ask.checkpoint_every / 60 if ask.checkpoint_every else None,
                    tokens_per_step=batch * (seq or 1) if model is not None else batch * (seq or 2048))
-    table = rank(candidates(est, **options), objective, by_hours=hours is not None)
+    table = rank(candidates(est, **options), ask.objective, by_hours=hours is not None)
     best = table.iloc[0] if not table.empty else None
     why_empty = "" if best is not None else _why_empty(est, options, precision)
     return Plan(
         memory=est, table=table[TABLE_COLUMNS].reset_index(drop=True), best=best,
-        pricing=pricing, objective=objective, tokens=run_tokens, hours=hours, mfu=mfu, top=top,
+        pricing=ask.pricing, objective=ask.objective, tokens=run_tokens, hours=hours, mfu=ask.mfu, top=ask.top,
         why_empty=why_empty,
-        assumptions=_assumptions(est, precision, optimizer, mfu, run_tokens, hours, tokens, pricing)
-        + _spot_assumptions(table, checkpoint_note, restart_minutes, checkpoint_every)
-        + _catalog_notes(catalog_offers.load_catalog(catalog), residency),
+        assumptions=_assumptions(est, precision, ask.optimizer, ask.mfu, run_tokens, hours, ask.tokens, ask.pricing)
+        + _spot_assumptions(table, checkpoint_note, ask.restart_minutes, ask.checkpoint_every)
+        + _catalog_notes(catalog_offers.load_catalog(ask.catalog), ask.residency),
     )
 
 

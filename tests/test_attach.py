@@ -16,10 +16,10 @@ import pytest
 from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cells import group, orphans
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.workers import group, orphans
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
             "import gpugeek_jupyter as gg\nprint(gg.jobs('held').to_json(orient='records'))",
             gpugeek_home).stdout.strip().splitlines()[-1])[0]["state"] == "finished", 60, "the job to finish")
         attached = new_kernel(
-            "import gpugeek_jupyter as gg\nfrom gpugeek_jupyter.workers import attach\nseen = []\n"
+            "import gpugeek_jupyter as gg\nfrom gpugeek_jupyter.cells import attach\nseen = []\n"
             "class Monitor:\n    def __init__(self, **job): pass\n"
             "    def update(self, samples): seen.extend(samples)\n"
             "    def finish(self, status): print('monitor', status, flush=True)\n"
@@ -132,7 +132,7 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
         def lead():
             import ray
 
-            from gpugeek_jupyter.workers.orphans import NAMESPACE, named_groups
+            from gpugeek_jupyter.cells.orphans import NAMESPACE, named_groups
 
             (names,) = named_groups().values()              # the one group on this cluster
             return ray.get_actor(names[0], namespace=NAMESPACE)

@@ -166,8 +166,8 @@ def test_a_working_dir_goes_to_the_job_without_what_never_should_or_is_one_line(
 def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monkeypatch):
     """Run on, the cell could run the workers' own versions of the user's modules (someone
     else's code): a check that cannot be made refuses the cell, saying so."""
+    from gpugeek_jupyter.cells import jobs
     from gpugeek_jupyter.kernel.session import Connection, current
-    from gpugeek_jupyter.workers import jobs
 
     (tmp_path / "helper.py").write_text("A = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))

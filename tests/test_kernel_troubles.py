@@ -68,7 +68,7 @@ def test_cell_notes_that_fail_are_counted_said_and_told_to_the_idle_clock(gpugee
 
 
 def test_readings_that_cannot_be_copied_never_fail_the_cell_and_are_said(gpugeek_home, monkeypatch):
-    from gpugeek_jupyter.workers import jobs
+    from gpugeek_jupyter.cells import jobs
 
     def broken():
         raise sqlite3.OperationalError("disk I/O error")

@@ -25,14 +25,14 @@ LAYERS: list[set[str]] = [
     {"units", "config", "vocab"},
     {"store", "raynodes", "blocks", "versions", "ports"},
     {"catalog", "launch"},    # offers | how a worker becomes a rank (torchrun's variables)
-    {"meter", "views"},
+    {"meter", "views", "workers"},   # the ledger, telemetry | records → figures | what runs in the Ray workers
     {"sizing"},
     {"cluster"},                # the state every process shares: spec, registry, processes
     {"remote"},                 # this machine reaching hosts: ssh, tunnel, head guard
     {"backends"},               # how machines appear and disappear
     {"guard", "kernel"},        # the watchdog, server and terminal | a kernel's own state
     {"provision", "onhost"},    # what a kernel asks for | what runs on a host
-    {"workers"},
+    {"cells"},                  # %%gpugeek run from the kernel: the warm group, a cell as a job
     {"health"},
     {"api", "server", "cli"},
     {"widgets"},
@@ -255,6 +255,40 @@ def room_lines(folder: Path) -> tuple[str, str]:
     return " ".join(runs.split()), " ".join(may.split())
 
 
+# what a Ray worker of a group may load of ours: the worker side, how a worker becomes a rank, and
+# the ground floor; never the kernel side (``cells/``), nor any kernel state under it
+WORKER_SIDE = {"workers", "launch"} | GROUND
+
+
+def outside_the_worker_side(modules: set[str]) -> list[str]:
+    """Our modules among ``modules`` that a worker may not load (the package root loads as every
+    module's parent, and is lazy: ``import gpugeek_jupyter`` loads none of its layers)."""
+    return sorted(m for m in modules if m.startswith(f"{ROOT}.") and unit(m) not in WORKER_SIDE)
+
+
+def test_the_worker_side_imports_nothing_of_the_kernel_side():
+    """``workers/`` holds what runs inside the Ray workers; ``cells/`` what only a kernel runs. No
+    module of the first reaches one of the second (nor ``kernel/``, ``provision/``, …) by any
+    chain of imports, in a function or not: a worker would load the kernel's state with it."""
+    edges = graph()
+    wrong = {m: outside_the_worker_side(reachable(m, edges)) for m in sorted(edges) if unit(m) == "workers"}
+    wrong = {m: reached for m, reached in wrong.items() if reached}
+    assert not wrong, "the worker side reaches beyond itself:\n" + "\n".join(f"{m} → {r}" for m, r in wrong.items())
+
+
+def test_a_ray_workers_first_import_loads_only_the_worker_side(gpugeek_home):
+    """Ray unpickles the ``Worker`` actor by its module path, so a worker's first import of ours is
+    ``workers.worker``; what it loads, read with ``-X importtime`` in a fresh interpreter, is the
+    worker side, ``launch/`` and the ground floor — no module of ``cells/``."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {ROOT}.workers.worker"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert f"{ROOT}.workers.worker" in loaded, "-X importtime said nothing of the worker's module"
+    wrong = outside_the_worker_side(loaded)
+    assert not wrong, f"a Ray worker's first import loads the kernel side: {wrong}"
+
+
 @pytest.mark.parametrize("folder", folders(), ids=lambda p: p.name)
 def test_each_folder_says_where_it_runs_and_imports_only_what_it_says(folder):
     runs, may = room_lines(folder)
@@ -320,7 +354,7 @@ def test_the_architecture_picture_is_the_layer_tests_own():
 
 
 LONG_FUNCTION_LINES = 60
-STORY_ROOMS = ("provision", "kernel", "guard", "backends", "remote", "onhost", "cluster", "workers")
+STORY_ROOMS = ("provision", "kernel", "guard", "backends", "remote", "onhost", "cluster", "workers", "cells")
 
 
 def test_no_function_in_the_cluster_rooms_or_workers_is_over_60_lines_without_saying_why():

@@ -11,10 +11,10 @@ import pytest
 from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cells.results import Interrupted, RemoteError
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
-from gpugeek_jupyter.workers.group import Interrupted, RemoteError
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +64,8 @@ def cluster(home):
     yield
     import ray
 
+    from gpugeek_jupyter.cells import jobs
     from gpugeek_jupyter.kernel.session import current
-    from gpugeek_jupyter.workers import jobs
 
     try:
         gg.run("pass", workers=2, monitor=False)
@@ -433,7 +433,7 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
 
     import ray
 
-    from gpugeek_jupyter.workers import placement
+    from gpugeek_jupyter.cells import placement
 
     rays = sys.modules["ray.util.placement_group"]     # (ray.util's name for it is the function)
 
@@ -488,7 +488,7 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
     """Where waiting can help (an autoscaler adds nodes), the wait says at once what it is for."""
     import ray
 
-    from gpugeek_jupyter.workers import orphans, placement
+    from gpugeek_jupyter.cells import orphans, placement
 
     gg.reset()          # no group of this kernel holds room: the wait is for the cluster to grow
 

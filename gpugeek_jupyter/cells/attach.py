@@ -14,6 +14,7 @@ from . import away
 from . import jobs as running
 from .orphans import NAMESPACE, group_name, named_groups
 from .results import Interrupted, Printer, RemoteError, Result
+from .watch import Watcher
 
 READ_WAIT_S = 2.0     # rank 0 holds a read of a running job's journal this long for news
 
@@ -76,9 +77,9 @@ def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False
     job_id = job["id"]
     if adopt:       # refused before the output, not after, when its kernel still runs here
         running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
-    watcher = running.Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
-                                    workers=len(named_groups().get(group_id, [])), simulated=record.simulated)
-                              if watch else None)
+    watcher = Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
+                            workers=len(named_groups().get(group_id, [])), simulated=record.simulated)
+                      if watch else None)
     status = "failed"
     try:
         result = _follow(record, group_id, lead, job, watcher.update)
@@ -148,10 +149,7 @@ def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
             raise GpugeekError(f"job {job['id']!r}'s journal is no longer kept on the cluster")
         if drained["dropped"]:
             print(f"[{drained['dropped']} earlier drains were dropped: the journal keeps the latest output]")
-        for rank in sorted(drained["ranks"]):
-            printer.show(rank, drained["ranks"][rank]["output"])
-            if drained["ranks"][rank]["samples"]:
-                on_samples(drained["ranks"][rank]["samples"])
+        printer.show_ranks(drained["ranks"], on_samples)
         cursor = drained["next"]
         if drained["outcome"] is not None:
             return _result(drained["outcome"], printer, on_samples, time.perf_counter() - began)
@@ -160,18 +158,11 @@ def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
 def _result(outcome: dict, printer: Printer, on_samples, seconds: float) -> Result:
     """The ended job's outcome as ``run`` gives it back (the ranks' last output and reports shown):
     its failure raised, else its value and pulls."""
-    from ray import cloudpickle
-
     results = outcome["results"]
-    for rank in sorted(results):
-        printer.show(rank, results[rank].get("output", ""))
-        if results[rank].get("samples"):
-            on_samples(results[rank]["samples"])
+    printer.show_ranks(results, on_samples)
     failed = outcome.get("failed")
     if failed is not None:
         raise RemoteError(failed, results[failed]["error"], memory=results[failed].get("memory"))
     if outcome.get("dead") is not None:
         raise GpugeekError(f"the job's rank {outcome['dead']} died before it ended")
-    first = results.get(0, {})
-    return Result(value=first.get("value"),
-                  pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {}, seconds=seconds)
+    return Result.of(results.get(0, {}), seconds)

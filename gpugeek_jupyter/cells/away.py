@@ -1,16 +1,21 @@
 """A cell whose cluster went out of reach: the job goes on there, and the cell picks up when the
-cluster answers again (the workers are detached, and rank 0 keeps the cell's journal)."""
+cluster answers again (the workers are detached, and rank 0 keeps the cell's journal). A cell
+that lost its cluster for good says so in one line (``lost``)."""
 
 from __future__ import annotations
 
 import time
 
+from ..backends.interface import capable
+from ..cluster import registry
+from ..cluster.registry import ClusterRecord
 from ..config import settings
 from ..errors import GpugeekError
 from ..kernel import connection
-from . import progress
-from .results import Interrupted
-from .sending import WorkerDied
+from ..meter import ledger
+from ..remote.headguard import guarded
+from ..workers import progress
+from .results import Interrupted, RemoteError, WorkerDied
 
 REJOIN_EVERY_S = 5.0     # a cell whose cluster is out of reach asks it again this often
 DRAIN_WAIT_S = 2.0       # how long rank 0 holds a read of the journal for news
@@ -27,8 +32,6 @@ def link_lost(group, exc: BaseException) -> bool:
     """Whether ``exc``, raised under a running cell, is the link to a remote cluster going down
     (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client that can
     connect again, and the error is a link's, or the client is no longer steady."""
-    from .results import RemoteError
-
     if not group.led or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
         return False
     return isinstance(exc, link_errors()) or not connection.steady()
@@ -77,3 +80,23 @@ def ride_out(group, cell_id: int, printer, on_samples) -> dict:
             group.last_trouble = f"{type(exc).__name__}: {exc}"    # asked again; named if it never answers
         time.sleep(REJOIN_EVERY_S)     # the link is down: nothing to poll but the link itself
 
+
+def lost(record: ClusterRecord, job_id: str) -> str:
+    """One line for a cell that lost its cluster: stopped (and why), or out of reach from here —
+    a remote head whose link went down (a Ray Client gives up after 30 s), which this machine
+    cannot tell from a stopped one, and which may still bill."""
+    now = registry.get(record.id)
+    if now.stopped or now.stopping or not capable(now).tunnelled:
+        return _stopped_under(now, job_id)
+    guards = ("its budget cap and idle stop run on its head" if guarded(now)
+              else "it may still be running and billing")
+    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — its job may go on "
+            f"there (`%gpugeek jobs {record.name}` once the network is back); {guards}")
+
+
+def _stopped_under(record: ClusterRecord, job_id: str) -> str:
+    """One line for a cell whose cluster was stopped while it ran, saying why."""
+    said = [e["message"].split(" — ")[0] for e in ledger.events(record.id) if e["kind"] in ("idle-stop", "budget-stop")]
+    status = ledger.job_status(record.id, job_id) or ""
+    why = said[-1] if said else status.removeprefix("stopped: ") if status.startswith("stopped: ") else "elsewhere"
+    return f"cluster {record.name!r} was stopped while the cell ran ({why}) — its workers and their variables are gone"

@@ -25,13 +25,15 @@ from ..errors import GpugeekError
 from ..kernel import connection
 from ..launch import torchrun
 from ..meter import telemetry
-from . import away, journal, orphans, progress
-from .options import RunOptions
+from ..workers import journal, progress
+from ..workers.options import RunOptions
+from ..workers.outcome import CANCEL_WAIT_S
+from ..workers.worker import LEAD_THREADS, Worker
+from . import away, orphans
 from .orphans import NAMESPACE, group_name
-from .placement import bundle, growing, keep, never_fits, rank_places, release_held, remove
-from .results import Interrupted, Printer, RemoteError, Result
-from .sending import Led, Sent, WorkerDied
-from .worker import CANCEL_WAIT_S, LEAD_THREADS, Worker
+from .placement import bundle, growing, keep, never_fits, no_room, rank_places, release_held, remove
+from .results import Interrupted, Printer, Result, WorkerDied, failure
+from .sending import Led, Sent
 
 READY_TIMEOUT_S = 120
 FIRST_WAIT_S = 0.05      # a cell done within this needs no drain at all
@@ -87,20 +89,9 @@ class WorkerGroup:
             self.stop()
             raise
         if not room:
-            have = ray.cluster_resources()
-            held = release_held()
+            have, held = ray.cluster_resources(), release_held()
             self.stop()
-            what = f"{gpus:g} GPU" if gpus else "1 CPU"
-            if held:
-                raise GpugeekError(
-                    f"{n} workers × {what} do not fit while an old worker group's placement group still holds "
-                    f"{sum(h.gpus for h in held):g} GPUs and {sum(h.cpus for h in held):g} CPUs (its removal "
-                    f"failed: {held[-1].why}) — `%gpugeek reset` tries again; the cluster need not grow")
-            holders = orphans.holders(self.group_id)
-            raise GpugeekError(
-                f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
-                f"{have.get('CPU', 0):g} CPUs" + "".join(f"; {h}" for h in holders) + ") — "
-                "use fewer --workers, or `%gpugeek scale` the cluster")
+            raise no_room(n, gpus, have, held, [] if held else orphans.holders(self.group_id))
         try:
             self._start_actors(n, gpus)
         except BaseException as exc:  # a setup timeout, a port taken meanwhile, Ctrl-C: free it all
@@ -311,13 +302,9 @@ class WorkerGroup:
         self._settle(outcome, printer, on_samples)
         if not sampled:            # what was sampled since the last drain, if a second ago
             self.drain_telemetry(every=SAMPLE_EVERY_S)
-        results = outcome["results"]
-        if any(r.get("interrupted") for r in results.values()):
+        if any(r.get("interrupted") for r in outcome["results"].values()):
             raise Interrupted("interrupted")
-        first = results[0]
-        return Result(value=first.get("value"),
-                      pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {},
-                      seconds=time.perf_counter() - start)
+        return Result.of(outcome["results"][0], time.perf_counter() - start)
 
     def _gather(self, cell, asked, timeout: float):
         """The cell's outcome and the node samplers' reports in one ``ray.get``, if all are there
@@ -344,27 +331,13 @@ class WorkerGroup:
 
     def _settle(self, outcome: dict, printer, on_samples) -> None:
         """The ranks' results: their output and reports shown, then the cell's failure raised."""
-        results = outcome["results"]
-        for rank in sorted(results):
-            printer.show(rank, results[rank].get("output", ""))
-            if on_samples and results[rank].get("samples"):
-                on_samples(results[rank]["samples"])
-        stuck = outcome["stuck"]
-        if stuck or outcome["dead"] is not None:    # nothing more can run on this group
+        printer.show_ranks(outcome["results"], on_samples)
+        if outcome["stuck"] or outcome["dead"] is not None:    # nothing more can run on this group
             self.broken = True
             self.stop()
-        if outcome["dead"] is not None:             # an error on a rank whose peer died under it
-            raise WorkerDied(outcome["dead"], "its process ended")
-        failed = outcome["failed"]
-        if failed is not None:
-            extra = (f"rank {', '.join(map(str, stuck))} did not stop (blocked in a collective), so the group was "
-                     f"stopped — its variables are gone, the next cell starts a new one" if stuck else "")
-            notices = [r["preempted"] for r in results.values() if r.get("preempted")]
-            preempted = {"step": notices[0]["step"], "deadline": max(n["deadline"] for n in notices),
-                         "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
-            if results[failed].get("said") and not extra:
-                raise GpugeekError(results[failed]["said"])
-            raise RemoteError(failed, results[failed]["error"], extra, preempted, results[failed].get("memory"))
+        error = failure(outcome)
+        if error is not None:
+            raise error
 
     def drain_telemetry(self, every: float = 0.0) -> int:
         """Move the node samplers' reports into the ledger (at most every ``every`` seconds)."""
@@ -394,11 +367,7 @@ class WorkerGroup:
                       f"last {journal.BOUND_BYTES >> 20} MiB]", flush=True)
             self.cursor = drained["next"]
             self.last_step = drained.get("step", self.last_step)
-        ranks = drained["ranks"]
-        for rank in sorted(ranks):
-            printer.show(rank, ranks[rank]["output"])
-            if on_samples and ranks[rank]["samples"]:
-                on_samples(ranks[rank]["samples"])
+        printer.show_ranks(drained["ranks"], on_samples)
         self._record_node_samples(drained["nodes"])
 
     def _cancel(self, cell) -> None:

@@ -27,12 +27,14 @@ from ..meter import ledger, telemetry
 from ..provision.actions import Cluster
 from ..provision.up import up
 from ..raynodes import DIED_BEFORE_NOTICED_S
-from ..remote.headguard import guarded
 from ..units import number
-from . import away, oom, orphans, placement
-from .cell import calls_gg
-from .group import Interrupted, RemoteError, WorkerDied, WorkerGroup
-from .options import JobWatch, Report, RunOptions, gg_only, options
+from ..workers import oom
+from ..workers.cell import calls_gg
+from ..workers.options import Report, RunOptions, gg_only, options
+from . import away, orphans, placement
+from .group import WorkerGroup
+from .results import Interrupted, RemoteError, WorkerDied
+from .watch import JobWatch, Watcher
 
 NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
 NODE_DEATH_S = 3 * DIED_BEFORE_NOTICED_S   # … and to find a node that died unannounced
@@ -59,6 +61,13 @@ def _shape(opts: RunOptions) -> tuple:
     return opts.workers, opts.gpus_per_worker, opts.collective_timeout
 
 
+def _reusable(group: WorkerGroup | None, opts: RunOptions, record: ClusterRecord) -> bool:
+    """Whether the warm ``group`` can run a cell of ``opts`` on cluster ``record`` (as just read):
+    not broken, built for the same shape, connected to the same address."""
+    return (group is not None and not group.broken and _shape(group.options) == _shape(opts)
+            and group.address == record.address)
+
+
 def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[WorkerGroup, ClusterRecord]:
     """The warm group of this size on the active cluster (``record``: as just read), built if needed."""
     session = current()
@@ -67,13 +76,13 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
         print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
               "defined on the old one are gone)", flush=True)
     old = session.group
-    changed = old is not None and _shape(old.options) != _shape(opts)
-    if old is not None and (old.broken or changed or old.address != record.address):
-        if changed and old.address == record.address:     # refused before the warm group goes
+    if old is not None and not _reusable(old, opts, record):
+        if _shape(old.options) != _shape(opts) and old.address == record.address:
+            # refused before the warm group goes
             placement.never_fits(opts.workers, opts.gpus_per_worker, capable(record).grows)
-        if changed and not old.broken and old.address == record.address:
-            print("note: a different number of workers, GPUs or collective timeout — a new worker group; variables "
-                  "defined on the old one are gone", flush=True)
+            if not old.broken:
+                print("note: a different number of workers, GPUs or collective timeout — a new worker group; "
+                      "variables defined on the old one are gone", flush=True)
         old.stop()
         session.group = None
     if session.group is None:
@@ -188,8 +197,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
     # a warm group of this shape answers where its workers run: one write for the job, not two
-    placed = len({i["node_id"] for i in warm.info}) if warm is not None and not warm.broken and warm.info \
-        and _shape(warm.options) == _shape(opts) and warm.address == record.address else None
+    placed = len({i["node_id"] for i in warm.info}) if _reusable(warm, opts, record) and warm.info else None
     ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, nodes=placed, options=said)
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": this_kernel(),
@@ -245,7 +253,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                     if isinstance(error, GpugeekError) or (group.connected() and not link_down and not stopped):
                         raise
                     group.broken = True      # its cluster was stopped under the cell, or is out of reach
-                    raise GpugeekError(_lost(record, job_id)) from None
+                    raise GpugeekError(away.lost(record, job_id)) from None
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -372,47 +380,3 @@ def _wait_gone(node_ids: list[str], until: float) -> None:
         if node_ids and not alive & set(node_ids):
             return
         time.sleep(0.5)
-
-
-def _lost(record: ClusterRecord, job_id: str) -> str:
-    """One line for a cell that lost its cluster: stopped (and why), or out of reach from here —
-    a remote head whose link went down (a Ray Client gives up after 30 s), which this machine
-    cannot tell from a stopped one, and which may still bill."""
-    now = registry.get(record.id)
-    if now.stopped or now.stopping or not capable(now).tunnelled:
-        return _stopped_under(now, job_id)
-    guards = ("its budget cap and idle stop run on its head" if guarded(now)
-              else "it may still be running and billing")
-    return (f"cluster {record.name!r} does not answer from here (the link to its head is down) — its job may go on "
-            f"there (`%gpugeek jobs {record.name}` once the network is back); {guards}")
-
-
-def _stopped_under(record: ClusterRecord, job_id: str) -> str:
-    """One line for a cell whose cluster was stopped while it ran, saying why."""
-    said = [e["message"].split(" — ")[0] for e in ledger.events(record.id) if e["kind"] in ("idle-stop", "budget-stop")]
-    status = ledger.job_status(record.id, job_id) or ""
-    why = said[-1] if said else status.removeprefix("stopped: ") if status.startswith("stopped: ") else "elsewhere"
-    return f"cluster {record.name!r} was stopped while the cell ran ({why}) — its workers and their variables are gone"
-
-
-class Watcher:
-    """The monitor, kept from ever breaking a job: its first error is said once and it stops."""
-
-    def __init__(self, monitor):
-        self.monitor = monitor
-
-    def update(self, samples: list[Report]) -> None:
-        self._call("update", samples)
-
-    def finish(self, status: str) -> None:
-        self._call("finish", status)
-
-    def _call(self, method: str, arg) -> None:
-        if self.monitor is None:
-            return
-        try:
-            getattr(self.monitor, method)(arg)
-        except Exception as exc:  # noqa: BLE001 - the job matters more than its picture
-            print(f"gpugeek: the job monitor stopped ({type(exc).__name__}: {exc}); the job goes on",
-                  flush=True)
-            self.monitor = None

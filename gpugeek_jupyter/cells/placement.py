@@ -130,3 +130,19 @@ def growing(n: int, gpus_per_worker: float) -> str:
     what = f"{need:g} GPU" if resource == "GPU" else f"{need:g} CPU"
     return (f"the cluster to make room for {n} workers × {what} ({free:g} {resource}s free now): it starts "
             f"nodes for them by itself, or a group that holds them ends")
+
+
+def no_room(n: int, gpus_per_worker: float, have: dict, held: list[Held], holders: list[str]) -> GpugeekError:
+    """Why a new group of ``n`` workers found no room in its wait: an old group's placement group
+    that would not go (``held``: `reset` tries again, and the cluster need not grow), else the
+    cluster's size (``have``: Ray's resources) and the jobs that hold it (``orphans.holders``)."""
+    what = f"{gpus_per_worker:g} GPU" if gpus_per_worker else "1 CPU"
+    if held:
+        return GpugeekError(
+            f"{n} workers × {what} do not fit while an old worker group's placement group still holds "
+            f"{sum(h.gpus for h in held):g} GPUs and {sum(h.cpus for h in held):g} CPUs (its removal "
+            f"failed: {held[-1].why}) — `%gpugeek reset` tries again; the cluster need not grow")
+    return GpugeekError(
+        f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
+        f"{have.get('CPU', 0):g} CPUs" + "".join(f"; {h}" for h in holders) + ") — "
+        "use fewer --workers, or `%gpugeek scale` the cluster")

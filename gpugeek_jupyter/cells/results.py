@@ -1,5 +1,6 @@
-"""What a cell gives back to the notebook: its value and pulled variables, a rank's error, the
-stop button's, and the ranks' output as it arrives (rank 0's as is, or every rank's labelled)."""
+"""What a cell gives back to the notebook: its value and pulled variables, a rank's error (or its
+death), the stop button's, and the ranks' output as it arrives (rank 0's as is, or every rank's
+labelled)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ class Interrupted(GpugeekError):
     """The stop button: every worker was interrupted."""
 
 
+class WorkerDied(Exception):
+    def __init__(self, rank: int, why: str):
+        super().__init__(f"worker {rank} died ({why})")
+        self.rank = rank
+
+
+def failure(outcome: dict) -> Exception | None:
+    """What a cell's outcome (``workers/outcome.py``) raises in the notebook; None: it did not fail.
+    A dead rank first (an error on a rank whose peer died under it is that death's); then the
+    failed rank's error — the ``gg`` helper's own word in one line, as in the kernel — with the
+    stuck ranks named and a preemption notice the ranks stopped on."""
+    results, stuck, failed = outcome["results"], outcome["stuck"], outcome["failed"]
+    if outcome["dead"] is not None:
+        return WorkerDied(outcome["dead"], "its process ended")
+    if failed is None:
+        return None
+    extra = (f"rank {', '.join(map(str, stuck))} did not stop (blocked in a collective), so the group was "
+             f"stopped — its variables are gone, the next cell starts a new one" if stuck else "")
+    notices = [r["preempted"] for r in results.values() if r.get("preempted")]
+    preempted = {"step": notices[0]["step"], "deadline": max(n["deadline"] for n in notices),
+                 "nodes": sorted({n["node"] for n in notices if n["node"]})} if notices else None
+    if results[failed].get("said") and not extra:
+        return GpugeekError(results[failed]["said"])
+    return RemoteError(failed, results[failed]["error"], extra, preempted, results[failed].get("memory"))
+
+
 @dataclass
 class Result:
     """What a cell gave back: rank 0's last value, the pulled variables, the wall time."""
@@ -36,6 +63,14 @@ class Result:
     value: dict | None = None
     pulled: dict = field(default_factory=dict)
     seconds: float = 0.0
+
+    @classmethod
+    def of(cls, first: dict, seconds: float) -> Result:
+        """Rank 0's result of the cell (``Worker.execute``), as the notebook gets it."""
+        from ray import cloudpickle
+
+        return cls(value=first.get("value"), seconds=seconds,
+                   pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {})
 
     def shown(self):
         """The value as the notebook should display it (None: nothing to display)."""
@@ -79,3 +114,11 @@ class Printer:
             text = "".join(out)
         sys.stdout.write(text)
         sys.stdout.flush()
+
+    def show_ranks(self, ranks: dict, on_samples=None) -> None:
+        """Each rank's output, in rank order ({rank: {"output", "samples"}}: a drain's or the
+        outcome's), and its ``gg`` reports handed to ``on_samples``."""
+        for rank in sorted(ranks):
+            self.show(rank, ranks[rank].get("output", ""))
+            if on_samples and ranks[rank].get("samples"):
+                on_samples(ranks[rank]["samples"])

@@ -1,5 +1,5 @@
 """The two ways a cell reaches the ranks, each followed to one outcome: {"results": {rank:
-result}, "failed": rank, "dead": rank, "stuck": [ranks]} (see ``Worker.execute_all``).
+result}, "failed": rank, "dead": rank, "stuck": [ranks]} (``workers/outcome.py``).
 
 The group waits on ``pending`` and hands what is done to ``take`` (None: not yet), or every value
 at once to ``complete`` when they all came within the first wait.
@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import pickle
 
-from .worker import CANCEL_WAIT_S, Worker, for_peers
-
-
-class WorkerDied(Exception):
-    def __init__(self, rank: int, why: str):
-        super().__init__(f"worker {rank} died ({why})")
-        self.rank = rank
+from ..workers import outcome
+from ..workers.outcome import CANCEL_WAIT_S, for_peers
+from .results import WorkerDied
 
 
 class Led:
@@ -51,7 +47,7 @@ class Sent:
         # rank 0 keeps the cell's journal (``job``) as its lead does on a Ray Client
         self.ranks = {(w.execute.remote(pickle.dumps(call), *extra, job=job or {}) if rank == 0 else
                        w.execute.remote(theirs, *extra)): rank for rank, w in enumerate(workers)}
-        self.outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
+        self.outcome = outcome.fresh()
 
     @property
     def pending(self) -> list:
@@ -59,7 +55,7 @@ class Sent:
 
     def complete(self, values: list) -> dict:
         for ref, value in zip(list(self.ranks), values, strict=True):
-            Worker.judge(self.ranks.pop(ref), value, self.outcome)
+            outcome.judge(self.ranks.pop(ref), value, self.outcome)
         return self.outcome
 
     def take(self, done: list) -> dict | None:
@@ -67,13 +63,13 @@ class Sent:
         import ray
 
         for ref in done:
-            Worker.collect(self.ranks.pop(ref), ref, self.outcome)
+            outcome.collect(self.ranks.pop(ref), ref, self.outcome)
         if self.ranks and (self.outcome["failed"] is not None or self.outcome["dead"] is not None):
             for rank in self.ranks.values():
                 self.workers[rank].interrupt.remote(self.cell_id)
             stopped, _ = ray.wait(list(self.ranks), num_returns=len(self.ranks), timeout=CANCEL_WAIT_S)
             for ref in stopped:
-                Worker.collect(self.ranks.pop(ref), ref, self.outcome)
+                outcome.collect(self.ranks.pop(ref), ref, self.outcome)
             self.outcome["stuck"] = sorted(self.ranks.values())
             self.ranks.clear()
         return None if self.ranks else self.outcome

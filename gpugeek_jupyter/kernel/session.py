@@ -35,7 +35,7 @@ class Connection:
 
 
 class WarmGroup(Protocol):
-    """What the session needs of a warm worker group (``workers/group.py``'s ``WorkerGroup``):
+    """What the session needs of a warm worker group (``cells/group.py``'s ``WorkerGroup``):
     to mark it lost with its connection, to stop it, and to leave it (stopped unless a job runs
     there: True then) when this kernel moves to another cluster."""
 

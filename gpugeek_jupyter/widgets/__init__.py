@@ -7,15 +7,15 @@ panel, a cost report as its dashboard, and every ``%%gpugeek run`` gets a job mo
 
 Runs on: a notebook's kernel.
 May import: `api.py`, `views/`, `catalog/`, `sizing/`, `meter/`, the types `provision/` and
-`workers/` show, the ground floor.
+`cells/` show, the ground floor.
 """
 
 from __future__ import annotations
 
 from .. import display
 from ..api import CostReport
+from ..cells.watch import JobWatch
 from ..provision.status import ClusterStatus
-from ..workers.options import JobWatch
 from ._base import widget_view
 from .cluster import ClusterPanel
 from .cost import CostDashboard

@@ -17,6 +17,8 @@ import queue
 import threading
 import time
 
+from .outcome import died, judge
+
 BOUND_BYTES = 16 * 2**20     # a cell's output and reports kept on rank 0, at most
 PEERS_WAIT_S = 60.0          # how long rank 0 waits for the other ranks' results of a sent cell
 PEERS_POLL_S = 0.1
@@ -241,7 +243,7 @@ class Ended:
             return self._by_cell.get(cell_id)
 
 
-def end_with_peers(kept: Journal, outcome: dict, peers: list, judge) -> None:
+def end_with_peers(kept: Journal, outcome: dict, peers: list) -> None:
     """End ``kept`` once every other rank has its result of the cell (``Worker.ended``), asked
     without waiting on them — their second thread stays free for interrupts; a rank that never
     answers within ``PEERS_WAIT_S`` is named stuck, one that died dead."""
@@ -254,7 +256,7 @@ def end_with_peers(kept: Journal, outcome: dict, peers: list, judge) -> None:
             try:
                 got = ray.get(peer.ended.remote(kept.cell_id), timeout=10)
             except Exception:  # noqa: BLE001 - a dead or unreachable rank: the outcome says so
-                outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                died(rank, outcome)
                 del missing[rank]
                 continue
             if got is not None:

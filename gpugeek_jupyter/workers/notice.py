@@ -12,7 +12,7 @@ once a second, where the provider documents it:
 A checkpoint is collective, so the ranks agree at every optimizer step whether any of them has
 a notice (one all-reduce of the latest deadline, only while checkpoints are on); then every rank
 saves the same step and raises ``Preempted`` — the cell ends everywhere at once and the notebook
-runs it again once the node is gone (``jobs.run``), which does not count as a failure.
+runs it again once the node is gone (``cells/jobs.py``), which does not count as a failure.
 """
 
 from __future__ import annotations

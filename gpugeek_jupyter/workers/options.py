@@ -1,12 +1,12 @@
-"""What ``%%gpugeek run`` asks of the workers, checked in one place — and the protocol of whatever
-watches a job (the notebook's job monitor). Torch-free: the kernel validates flags and the
-widgets name the protocol without loading torch.
+"""What ``%%gpugeek run`` asks of the workers, checked in one place, and the ``Report`` a worker
+sends home. Torch-free: the kernel validates flags, and the widgets read reports, without
+loading torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from typing import TypedDict
 
 from ..errors import GpugeekError
 from ..units import number
@@ -88,14 +88,3 @@ class Report(TypedDict, total=False):
     loop_start: float
     logged: dict       # every gg.log since the last report, as columns: {"step": [...], "loss": [...]}
 
-
-class JobWatch(Protocol):
-    """What watches a running job: made per job, fed the reports as they arrive (in the kernel's
-    main thread), told how the job ended. Its errors never fail the job."""
-
-    def __init__(self, *, cluster_id: int, job_id: str, name: str, workers: int,
-                 simulated: bool) -> None: ...
-
-    def update(self, samples: list[Report]) -> None: ...
-
-    def finish(self, status: str) -> None: ...

@@ -28,12 +28,12 @@ from concurrent import futures
 from .. import ports
 from ..errors import GpugeekError
 from ..launch import frameworks, rendezvous, torchrun
-from . import journal, line, notice, oom, progress
+from . import journal, line, notice, oom, outcome, progress
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
+from .outcome import CANCEL_WAIT_S, for_peers
 
-CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
 LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
                         # (its cell has its own)
 LEAD_POLL_S = 0.05      # while rank 0's own cell runs, the lead looks at it this often
@@ -57,7 +57,7 @@ class Worker:
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
         self.env: dict[str, str] = {}      # this rank's ``torchrun`` variables (``launch``)
-        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``orphans``)
+        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``cells/orphans.py``)
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0 hosts the rendezvous."""
@@ -122,8 +122,8 @@ class Worker:
         cell is kept in a journal, as the lead keeps it (``execute_all``)."""
         if job is not None:     # the other ranks' results come to the journal later (``end_with_peers``)
             return self._journaled(pickle.loads(call)[-1], job, lambda: self.execute(call, pushed),
-                                   lambda result: {"results": {0: result}, "failed": None if result["ok"] else 0,
-                                                   "dead": None, "stuck": []}, peers_too=True)
+                                   lambda result: {**outcome.fresh(), "results": {0: result},
+                                                   "failed": None if result["ok"] else 0}, peers_too=True)
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -278,19 +278,19 @@ class Worker:
         if self._keeper is None:
             self._keeper = journal.Keeper(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
         self._keeper.keep(kept)
-        outcome = None
+        ended = None
         try:
             result = run()
-            outcome = outcome_of(result)
+            ended = outcome_of(result)
             return result
         finally:
             self._keeper.release(kept)
-            outcome = outcome or {"results": {}, "failed": None, "dead": 0, "stuck": []}
+            ended = ended or outcome.fresh(dead=0)
             if peers_too and self._peers:
                 peers = self._peers
-                self._keeper.later(lambda: journal.end_with_peers(kept, outcome, peers, self.judge))
+                self._keeper.later(lambda: journal.end_with_peers(kept, ended, peers))
             else:
-                kept.end(outcome)
+                kept.end(ended)
                 self._keeper.later(lambda: journal.tell_watchdogs(kept))   # its end: the idle clock starts there
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
@@ -301,14 +301,14 @@ class Worker:
         theirs = for_peers(mine)
         extra = tuple(pushed or ())
         board = self._switchboard
-        outcome: dict = {"results": {}, "failed": None, "dead": None, "stuck": []}
+        ended = outcome.fresh()
         if board is not None:
             data = ray.get(extra[0]) if extra else None
             peers = {}     # rank → rank, as the actor-call way keys ref → rank: one loop for both
             for rank in range(1, len(self._peers) + 1):
                 peers[rank] = rank
                 if not board.send(rank, cell_id, theirs, data):
-                    outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                    outcome.died(rank, ended)
                     del peers[rank]
             own = self._cell_thread.submit(self.execute, call, data)
         else:
@@ -317,11 +317,11 @@ class Worker:
         deadline = None
         while True:
             if own is not None and own.done():
-                self.judge(0, own.result(), outcome)     # execute never raises
+                outcome.judge(0, own.result(), ended)     # execute never raises
                 own = None
             if own is None and not peers:
                 break
-            if deadline is None and (outcome["failed"] is not None or outcome["dead"] is not None):
+            if deadline is None and (ended["failed"] is not None or ended["dead"] is not None):
                 deadline = time.monotonic() + CANCEL_WAIT_S
                 if own is not None:
                     self.interrupt(cell_id)
@@ -337,38 +337,17 @@ class Worker:
                     for rank, result in board.receive(set(peers), cell_id, wait):
                         del peers[rank]
                         if result is None:
-                            outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
+                            outcome.died(rank, ended)
                         else:
-                            self.judge(rank, result, outcome)
+                            outcome.judge(rank, result, ended)
                 else:
                     done, _ = ray.wait(list(peers), num_returns=1, timeout=wait)
                     for ref in done:
-                        self.collect(peers.pop(ref), ref, outcome)
+                        outcome.collect(peers.pop(ref), ref, ended)
             else:
                 futures.wait([own], timeout=left)
-        outcome["stuck"] = sorted(([0] if own is not None else []) + list(peers.values()))
-        return outcome
-
-    @classmethod
-    def collect(cls, rank: int, ref, outcome: dict) -> None:
-        """A rank's finished call into the cell's outcome (a dead actor noted as such)."""
-        import ray
-
-        try:
-            result = ray.get(ref)
-        except ray.exceptions.RayActorError:
-            outcome["dead"] = rank if outcome["dead"] is None else outcome["dead"]
-            return
-        except Exception as exc:  # noqa: BLE001 - Ray could not run the call at all: say it as the rank's error
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "output": "", "samples": []}
-        cls.judge(rank, result, outcome)
-
-    @staticmethod
-    def judge(rank: int, result: dict, outcome: dict) -> None:
-        """A rank's result into the cell's outcome: the first error (not an interrupt) failed it."""
-        outcome["results"][rank] = result
-        if not result["ok"] and not result.get("interrupted") and outcome["failed"] is None:
-            outcome["failed"] = rank
+        ended["stuck"] = sorted(([0] if own is not None else []) + list(peers.values()))
+        return ended
 
     def keep_samplers(self, samplers: list, every: float) -> None:
         """Rank 0: the node samplers, which it asks with the ranks (``drain_all``, ``node_reports``)."""
@@ -398,7 +377,7 @@ class Worker:
                 "ended": kept.ended if kept else None, "owner": self.owner}
 
     def jobs(self) -> list[dict]:
-        """Rank 0: the cells it keeps journals of, as jobs (``attach.jobs``)."""
+        """Rank 0: the cells it keeps journals of, as jobs (``cells/attach.py``)."""
         return self._journals.summaries()
 
     def journal(self, cell_id: int | None, since: int = 0, wait_s: float = 0.0) -> dict | None:
@@ -412,8 +391,3 @@ class Worker:
         """Rank 0: the node samplers' reports, asked from inside the cluster."""
         return self._nodes.collect(self._nodes.ask(now=True))
 
-
-def for_peers(call: tuple) -> bytes:
-    """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
-    source, filename, _pull, _want_value, options, cell_id = call
-    return pickle.dumps((source, filename, [], False, options, cell_id))

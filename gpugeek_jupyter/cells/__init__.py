@@ -1,0 +1,12 @@
+"""cells: ``%%gpugeek run`` from the kernel's side, a notebook cell as a job on the active
+cluster's warm worker group. ``jobs`` tells a job's story (its ledger row, its group, the retries
+after a lost worker or a preemption); ``group`` builds the group in a placement group
+(``placement``), sends it cells (``sending``: to rank 0 alone, or to every rank) and shows what
+comes back (``results``); ``away`` rides out a link that went down; ``attach`` follows any job
+the cluster keeps; ``orphans`` tends the groups whose kernel is gone; ``watch`` keeps the job
+monitor from ever breaking a job.
+
+Runs on: a notebook's kernel only; a Ray worker loads none of it (what runs there is `workers/`).
+May import: `workers/`, `provision/`, `kernel/`, `backends/` (what one can do), `remote/`, `cluster/`,
+`launch/`, `meter/`, the ground floor.
+"""

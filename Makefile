@@ -113,6 +113,12 @@ frameworks-lab: $(VENV)/.installed-test sshd chromium lab-files
 	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_frameworks_on_hosts.py
 	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser/test_framework_monitor_in_lab.py
 
+# A stranger on the lab's bridge tries every port of both hosts of a 2-host ssh cluster, without
+# the token (tests/lab/test_stranger.py, about seven minutes; `make test` tries the head's).
+.PHONY: stranger
+stranger: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_STRANGER_EVERY_HOST=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_stranger.py
+
 # The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.

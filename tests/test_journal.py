@@ -91,6 +91,22 @@ def test_a_journaled_cell_tells_its_end_after_it_ended(monkeypatch):
     assert wait_until(lambda: told[-1]["job"] == "j2" and told[-1], 5, "the second end told")["step"] == 40
 
 
+def test_cells_ending_back_to_back_are_told_once_a_beat_the_last_one(monkeypatch):
+    """A cell's end reaches the watchdogs within half a keeping period, off the cell's path; ten
+    quick cells cost one write to the cluster's store, not ten, and it names the last."""
+    monkeypatch.setattr(journal, "KEEP_EVERY_S", 0.4)
+    told = []
+    keeper = Keeper(lambda k: None, report=lambda j: told.append(journal.told(j)))
+    for cell in range(1, 11):
+        kept = Journal(cell, {"id": f"j{cell}"})
+        kept.end({"results": {}, "failed": None, "dead": None, "stuck": []})
+        keeper.tell_soon(kept)
+    last = wait_until(lambda: told and told[-1], 2, "the last end told")
+    assert last["job"] == "j10" and last["running"] is False
+    time.sleep(2 * journal.KEEP_EVERY_S)     # nothing to poll for: no second tell may come
+    assert len(told) == 1, told
+
+
 def test_a_drain_before_its_cell_is_kept_and_old_cells_go():
     kept = Journals()
     early = kept.open(1)

@@ -167,6 +167,8 @@ class Keeper:
         self.current: Journal | None = None
         self._lock = threading.Lock()          # a drain in progress: a cell's release waits for it
         self._told_at = 0.0
+        self._untold: Journal | None = None     # a cell's end, told with the keeper's next beat
+        self._untold_lock = threading.Lock()
         self._later: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True).start()
         threading.Thread(target=self._run_later, name="gpugeek-journal-end", daemon=True).start()
@@ -184,9 +186,20 @@ class Keeper:
     def later(self, work) -> None:
         self._later.put(work)
 
+    def tell_soon(self, journal: Journal) -> None:
+        """Tell the watchdogs of ``journal``'s end within ``KEEP_EVERY_S / 2``: cells run back to back
+        then cost one write to the cluster's store a beat, not one each (an idle clock counts
+        minutes; a second's delay changes nothing)."""
+        with self._untold_lock:
+            self._untold = journal
+
     def _keep(self) -> None:
         while True:
             time.sleep(KEEP_EVERY_S / 2)
+            with self._untold_lock:
+                untold, self._untold = self._untold, None
+            if untold is not None and self.report is not None:
+                self.report(untold)
             with self._lock:
                 kept = self.current
                 if kept is None:
@@ -243,10 +256,10 @@ class Ended:
             return self._by_cell.get(cell_id)
 
 
-def end_with_peers(kept: Journal, outcome: dict, peers: list) -> None:
+def end_with_peers(kept: Journal, outcome: dict, peers: list, told) -> None:
     """End ``kept`` once every other rank has its result of the cell (``Worker.ended``), asked
     without waiting on them — their second thread stays free for interrupts; a rank that never
-    answers within ``PEERS_WAIT_S`` is named stuck, one that died dead."""
+    answers within ``PEERS_WAIT_S`` is named stuck, one that died dead; then ``told(kept)``."""
     import ray
 
     missing = dict(enumerate(peers, 1))
@@ -266,7 +279,7 @@ def end_with_peers(kept: Journal, outcome: dict, peers: list) -> None:
             time.sleep(PEERS_POLL_S)          # the ranks' cells are ending: asked again shortly
     outcome["stuck"] = sorted({*outcome["stuck"], *missing})
     kept.end(outcome)
-    tell_watchdogs(kept)
+    told(kept)
 
 
 def tell_watchdogs(kept: Journal) -> None:

@@ -288,10 +288,10 @@ class Worker:
             ended = ended or outcome.fresh(dead=0)
             if peers_too and self._peers:
                 peers = self._peers
-                self._keeper.later(lambda: journal.end_with_peers(kept, ended, peers))
+                self._keeper.later(lambda: journal.end_with_peers(kept, ended, peers, self._keeper.tell_soon))
             else:
                 kept.end(ended)
-                self._keeper.later(lambda: journal.tell_watchdogs(kept))   # its end: the idle clock starts there
+                self._keeper.tell_soon(kept)      # its end: the idle clock starts there
 
     def _lead(self, call: bytes, pushed: list | None) -> dict:
         import ray

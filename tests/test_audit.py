@@ -43,6 +43,17 @@ def test_news_is_shown_once_and_the_event_stays_as_written(gpugeek_home):
     assert ledger.events(record.id) == before
 
 
+def test_an_end_told_late_sits_in_the_log_where_it_happened(gpugeek_home):
+    """A watchdog learns of a job's end a beat after the cluster's rank 0 ended it, and writes it
+    at that moment: the log reads in the order things happened, not the order they were written."""
+    record = registry.create("late", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    now = time.time()
+    ledger.event(record.id, "run-end", "train (j1) finished", at=now)
+    ledger.event(record.id, "job-ended", "job 'train' finished on the cluster", at=now - 0.2)
+    log = gg.log("late")
+    assert list(log["kind"]) == ["job-ended", "run-end"] and log["at"].is_monotonic_increasing
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dollars(ipython, gpugeek_home):

@@ -140,9 +140,10 @@ def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
 
 
 def events(name: str | None = None, since: float | None = None) -> list[dict]:
-    """The ledger's events (the audit log) in the order they were written, with their cluster's
-    name: who (``user``, ``client``), from where (``host``), what (``options``, JSON) and the
-    cluster's $ then (``usd``)."""
+    """The ledger's events (the audit log) in the order they happened, with their cluster's name:
+    who (``user``, ``client``), from where (``host``), what (``options``, JSON) and the cluster's $
+    then (``usd``). A watchdog writes a job's end when it learns it, at the moment the cluster
+    says it ended: that row sits where it happened, so time and dollars only grow down the log."""
     where, args = [], []
     if name:
         where.append("c.name=?")
@@ -153,7 +154,7 @@ def events(name: str | None = None, since: float | None = None) -> list[dict]:
     sql = ("SELECT e.id, e.at, c.name AS cluster, e.cluster_id, e.kind, e.message, e.user, e.client, e.host,"
            " e.options, e.usd FROM events e"
            " JOIN clusters c ON c.id = e.cluster_id" + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY e.id")
+           + " ORDER BY e.at, e.id")
     return [dict(r) for r in store.query(sql, tuple(args))]
 
 

@@ -118,6 +118,11 @@ def test_a_stranger_on_the_hosts_network_gets_no_answer_without_the_token(lab, p
     token = str(head.file(spec.remote["token_path"].replace("~", "/root")))
     control_touch = f"/tmp/stranger-control-{uuid.uuid4().hex[:8]}"
     with_token = stranger(lab, head.address, [gcs, client], control_touch, token=token)
+    if not with_token[client]["client"].startswith("ran on"):
+        # Ray's head starts a server process for each client, and under load that start can fail
+        # once ("Starting Ray client server failed"): the control tries again before it counts
+        print(f"\nthe control's first Ray Client try: {with_token[client]['client']} — once more")
+        with_token[client] = stranger(lab, head.address, [client], control_touch, token=token)[client]
     print(f"\nholding the token: a driver at {gcs}: {with_token[gcs]['driver']}; a client at {client}: "
           f"{with_token[client]['client']}")
     assert with_token[gcs]["driver"].startswith("answered"), with_token

@@ -141,13 +141,14 @@ chromium:
 	fi
 
 # The multi-host lab (tests/lab/, tests/netlab.py) runs an sshd per host: Debian's openssh-server,
-# installed when missing (as root; elsewhere those tests skip with the reason).
+# installed when missing (as root; elsewhere those tests skip with the reason), and rsync, with
+# which Ray's cluster launcher copies files to the hosts.
 sshd:
-	@if [ ! -x /usr/sbin/sshd ]; then \
+	@if [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing openssh-server (apt)"; \
+	    echo "installing openssh-server and rsync (apt)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq --no-install-recommends openssh-server >/dev/null || exit 1; \
+	      apt-get install -y -qq --no-install-recommends openssh-server rsync >/dev/null || exit 1; \
 	  else \
 	    echo "no /usr/sbin/sshd and not root: the multi-host lab tests will skip" >&2; \
 	  fi; \

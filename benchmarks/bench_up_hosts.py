@@ -1,7 +1,7 @@
 """``up --backend ssh`` on three lab hosts whose runtimes are made, against bare Ray started the
-same way on the same hosts.
+same way on the same hosts, or against ``up --backend onprem`` (Ray's own ``ray up``).
 
-    sudo .venv/bin/python benchmarks/bench_up_hosts.py [--rounds 5]
+    sudo .venv/bin/python benchmarks/bench_up_hosts.py [--rounds 5] [--against bare|onprem]
 
 Needs root, ``ip``, ``unshare``, ``/usr/sbin/sshd`` and ``make lab-files`` (it builds the lab of
 ``tests/netlab.py``: hosts that share nothing with this machine, h3 bare) and takes it all down at
@@ -14,6 +14,9 @@ the end, errors included. A first ``up`` makes each host's runtime (timed, not c
         then ``ray start --address`` on h2 and h3 at once, with the flags ``up`` gives Ray; timed
         until the last one returns. Then every process in the hosts' namespaces but their sshd is
         ended, by PID (not timed).
+- onprem: ``gg.up(backend="onprem", hosts=…)`` until it returns: Ray's ``ray up`` on the head
+        (setup command, start command), its autoscaler starting the two other hosts, every host
+        joined, the tunnel, this process connected. Then ``gg.down`` (not timed).
 
 The sides alternate, the order flipped every round, so the machine's noise hits both alike; the
 ratio is of the medians. Also printed: the checks alone on ready hosts (``runtime.ready``).
@@ -70,6 +73,7 @@ def bare(lab, ray: str, round_no: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", choices=("bare", "onprem"), default="bare")
     args = parser.parse_args()
     import netlab
 
@@ -87,9 +91,9 @@ def main() -> None:
 
         names = ",".join(f"root@{h.address}" for h in lab.hosts)
 
-        def up(name: str) -> float:
+        def up(name: str, backend: str = "ssh") -> float:
             began = time.monotonic()
-            gg.up(name, backend="ssh", hosts=names, ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0,
+            gg.up(name, backend=backend, hosts=names, ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0,
                   pip_index_url=index)
             took = time.monotonic() - began
             gg.down(name)
@@ -99,20 +103,24 @@ def main() -> None:
         print(f"first up (the hosts' runtimes made): {first:.1f} s", flush=True)
         ray = runtime.python_on_host().replace("/bin/python", "/bin/ray")
         spec = ClusterSpec.from_json(registry.latest("first").spec)
-        times: dict[str, list[float]] = {"up": [], "bare": [], "checks": []}
+        other = args.against
+        times: dict[str, list[float]] = {"up": [], other: [], "checks": []}
         for i in range(args.rounds):
-            order = ["up", "bare"] if i % 2 == 0 else ["bare", "up"]
+            order = ["up", other] if i % 2 == 0 else [other, "up"]
             for side in order:
-                times[side].append(up(f"round{i}") if side == "up" else bare(lab, ray, i))
+                if side == "up":
+                    times[side].append(up(f"round{i}"))
+                else:
+                    times[side].append(up(f"onprem{i}", "onprem") if other == "onprem" else bare(lab, ray, i))
             began = time.monotonic()
             runtime.ready(spec, say=lambda *a, **k: None)
             times["checks"].append(time.monotonic() - began)
-            print(f"round {i + 1}: up {times['up'][-1]:.1f} s, bare {times['bare'][-1]:.1f} s, "
+            print(f"round {i + 1}: up {times['up'][-1]:.1f} s, {other} {times[other][-1]:.1f} s, "
                   f"checks {times['checks'][-1]:.2f} s", flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"\nmedians of {args.rounds} rounds: up {med['up']:.1f} s (range {min(times['up']):.1f}–"
-              f"{max(times['up']):.1f}), bare ray start {med['bare']:.1f} s (range {min(times['bare']):.1f}–"
-              f"{max(times['bare']):.1f}); up / bare = {med['up'] / med['bare']:.2f}; the checks on ready "
+              f"{max(times['up']):.1f}), {other} {med[other]:.1f} s (range {min(times[other]):.1f}–"
+              f"{max(times[other]):.1f}); up / {other} = {med['up'] / med[other]:.2f}; the checks on ready "
               f"hosts {med['checks']:.2f} s")
     finally:      # a cluster a failed round left: stopped before the lab goes (it would dial dead hosts)
         from gpugeek_jupyter.cluster import registry

@@ -82,6 +82,34 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     assert (folder / "runtime.py").read_text() == Path(runtime.SCRIPT).read_text()
 
 
+def test_onprem_yaml_is_the_clouds_with_the_hosts_for_its_provider():
+    """Your own machines through Ray's launcher: the same generator, the same setup and start
+    commands; only what names the machines differs (Ray's on-premise provider, which refuses node
+    types of its own: Ray's validation fills in its one)."""
+    hosts = "root@10.213.1.11,root@10.213.1.12,root@10.213.1.13"
+    cloud = gg.up("same", backend="aws", gpu="A100", count=8, workers=2).config
+    own = gg.up("same", backend="onprem", hosts=hosts, ssh_key="/k", gpus_per_host=8, usd_per_hour=2.0,
+                dry_run=True).config
+    machines = {"cluster_name", "max_workers", "provider", "auth", "available_node_types", "head_node_type"}
+    starts = {"head_start_ray_commands", "worker_start_ray_commands"}
+    assert {k: v for k, v in cloud.items() if k not in machines | starts} == \
+        {k: v for k, v in own.items() if k not in machines | starts}
+    resources = {"gpus", "cpus", "node_type", "dashboard"}    # a cloud's head is a CPU machine
+    for key in starts:
+        [a], [b] = cloud[key], own[key]
+        assert a.split(" start ")[0] == b.split(" start ")[0] and shlex.split(a)[7:] == shlex.split(b)[7:]
+        assert {k: v for k, v in _order(a).items() if k not in resources} == \
+            {k: v for k, v in _order(b).items() if k not in resources}
+    assert own["provider"] == {"type": "local", "head_ip": "10.213.1.11", "worker_ips": ["10.213.1.12", "10.213.1.13"]}
+    assert own["auth"] == {"ssh_user": "root", "ssh_private_key": "/k"} and own["max_workers"] == 2
+    prepared = launcher.validate(own)             # Ray's prepare_local + its JSON schema
+    [node_type] = prepared["available_node_types"].values()
+    assert (node_type["min_workers"], node_type["max_workers"]) == (2, 2), "every host kept in the cluster"
+    head = _order(own["head_start_ray_commands"][0])
+    assert head["gpus"] == 8 and "node_type" not in head, "the head trains too, its node type Ray's own"
+    assert not gg.clusters()["name"].tolist(), "showing a config records no cluster"
+
+
 def _order(command: str) -> dict:
     words = shlex.split(command)
     return json.loads(words[words.index("start") + 1])
@@ -235,7 +263,7 @@ def _one_line(ipython, capsys, line):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, gcp, azure, kuberay"),
+    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, gcp, azure, onprem, kuberay"),
     ("up --backend sim --offer aws/p5.48xlarge/us-east-9",
      "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
     ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0 must be a whole number ≥ 1"),

@@ -19,7 +19,7 @@ import pytest
 from cluster_processes import settings, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.backends.interface import LocalBackend
+from gpugeek_jupyter.backends.local import LocalBackend
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.guard import board as server
 from gpugeek_jupyter.guard.lifecycle import phase_of

@@ -21,7 +21,7 @@ ROOT = "gpugeek_jupyter"
 # Lowest first. A module may import modules of its own unit (without a cycle) or of a unit in a
 # lower rank, never one in its own rank or above. docs/ARCHITECTURE.md draws the same picture.
 LAYERS: list[set[str]] = [
-    {"errors", "display"},
+    {"errors", "display", "onhost"},   # … | what runs on a bare host: the standard library alone
     {"units", "config", "vocab"},
     {"store", "raynodes", "blocks", "versions", "ports"},
     {"catalog", "launch"},    # offers | how a worker becomes a rank (torchrun's variables)
@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"remote"},                 # this machine reaching hosts: ssh, tunnel, head guard
     {"backends"},               # how machines appear and disappear
     {"guard", "kernel"},        # the watchdog, server and terminal | a kernel's own state
-    {"provision", "onhost"},    # what a kernel asks for | what runs on a host
+    {"provision"},              # what a kernel asks for
     {"cells"},                  # %%gpugeek run from the kernel: the warm group, a cell as a job
     {"health"},
     {"api", "server", "cli"},

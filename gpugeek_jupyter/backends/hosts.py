@@ -22,6 +22,7 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh, tunnel
+from .base import Backend, LaunchConfig, Started
 
 GCS_PORT = 6379
 CLIENT_PORT = 10001
@@ -125,9 +126,10 @@ def rejoin(record: ClusterRecord) -> list[str]:
     return [str(hosts[i]) for i in gone]
 
 
-def stop(record: ClusterRecord, grace: float = 5.0) -> None:
+def stop(record: ClusterRecord, grace: float = 5.0, head_first: bool = False) -> None:
     """Stop our processes on every host we started Ray on, and the tunnel; raise, naming the
-    hosts, when any host cannot be reached or still runs a process of ours."""
+    hosts, when any host cannot be reached or still runs a process of ours. ``head_first``: the
+    head before the others (an autoscaler there would start them again)."""
     spec = ClusterSpec.from_json(record.spec)
     remote = spec.remote
     hosts, pythons = targets(spec), remote.get("pythons")
@@ -140,7 +142,8 @@ def stop(record: ClusterRecord, grace: float = 5.0) -> None:
                 return str(exc)
             return None if answer.get("ok") else f"{hosts[i]}: processes {answer.get('left')} would not stop"
 
-        failures = [f for f in ssh.on_hosts(list(range(len(hosts))), stop_one) if f]
+        first = [stop_one(0)] if head_first else []
+        failures = [f for f in first + ssh.on_hosts(list(range(len(first), len(hosts))), stop_one) if f]
         if failures:
             raise GpugeekError("; ".join(failures))
     if record.session_id:
@@ -166,3 +169,45 @@ def _node_ip(target: ssh.Target, answer: dict) -> str:
         return addresses[0]
     raise GpugeekError(f"{target}: cannot tell which of its addresses ({', '.join(addresses) or 'none'}) the "
                        f"other hosts reach it at — name the host by that address in --hosts")
+
+
+class SshBackend(Backend):
+    """The user's own machines: Ray started and stopped by us on each host over SSH (``hosts``)."""
+
+    name = "ssh"
+    launches = watched = tunnelled = your_hosts = True
+    confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
+    kernel_joins = "client"
+    notices = provider = None
+
+    def show(self, name, spec):
+        remote = spec.remote
+        lines = [f"head: {remote['hosts'][0]}  ray start --head --port={GCS_PORT} "
+                 f"--ray-client-server-port={CLIENT_PORT} --num-gpus={remote['gpus_per_host']}"]
+        lines += [f"worker: {h}  ray start --address=<head>:{GCS_PORT} --num-gpus={remote['gpus_per_host']}"
+                  for h in remote["hosts"][1:]]
+        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{GCS_PORT} -L <client>:<head>:{CLIENT_PORT} "
+                     f"{remote['hosts'][0]}")
+        return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
+
+    def preflight(self, spec):
+        """Every host answers over SSH and is ready to run Ray, before anything is recorded or started."""
+        prepare(spec)
+
+    def start(self, record, spec):
+        opened = start(record, spec)
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid])
+
+    def stop(self, record, grace=5.0):
+        stop(record, grace)
+
+    def scale(self, record, spec, workers):
+        """An ssh cluster is the hosts named: scaling to all of them brings back any whose Ray is gone."""
+        if workers != len(spec.remote["hosts"]) - 1:
+            raise GpugeekError(f"an ssh cluster is the hosts you named ({len(spec.remote['hosts']) - 1} besides the "
+                               f"head) — `scale {len(spec.remote['hosts']) - 1}` restarts Ray on any of them that lost "
+                               f"it; other hosts need `down`, then `up` with other --hosts")
+        back = rejoin(record)
+        print(f"Ray started again on {', '.join(back)}" if back else "every host runs its Ray: nothing to do",
+              flush=True)
+        return spec

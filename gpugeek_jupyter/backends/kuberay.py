@@ -8,8 +8,17 @@ min and max replicas. Applied with ``kubectl`` only when the user says ``--yes``
 
 from __future__ import annotations
 
+import subprocess
+
+import yaml
+
+from ..cluster import registry
 from ..cluster.spec import ClusterSpec, NodeType
+from ..config import home
+from ..errors import GpugeekError
 from ..raynodes import NODE_ENV
+from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .launcher import kubectl_available
 
 IDLE_TIMEOUT_S = 300
 # what each managed Kubernetes calls its spot capacity (node label → value)
@@ -80,3 +89,50 @@ def _group(t: NodeType) -> dict:
             }],
         }},
     }
+
+
+class KubeRayBackend(Backend):
+    name = "kuberay"
+    launches = confirm = from_offers = True
+    grows = True                # KubeRay's autoscaler
+    watched = False             # no route to meter its head yet
+    no_limits_because = ("are not enforced on KubeRay yet (no route to meter its head) — use the autoscaler's "
+                         "idle timeout in the manifest, or a cloud backend")
+    runs_here = tunnelled = simulated = your_hosts = local_price = dashboard = False
+    kernel_joins = None         # a kernel records itself attached, no more
+    notices = provider = None
+
+    def show(self, name, spec):
+        made = manifest(name, spec)
+        folder = home() / "launch"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{name}-raycluster.yaml"
+        text = yaml.safe_dump(made, sort_keys=False)
+        path.write_text(text)
+        return LaunchConfig(self.name, text, path,
+                            "Add --yes to `kubectl apply` it (needs the KubeRay operator in the cluster).",
+                            made)
+
+    def preflight(self, spec):
+        if not kubectl_available():
+            raise GpugeekError("kubectl is not on PATH — install it and point KUBECONFIG at your cluster")
+
+    def start(self, record, spec):
+        shown = self.show(record.name, spec)
+        registry.update(record.id, temp_dir=str(shown.path))
+        self._kubectl("apply", "-f", str(shown.path))
+        return Started(address=None, temp_dir=str(shown.path))
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        return
+
+    def stop(self, record, grace=3.0):
+        if record.temp_dir:
+            self._kubectl("delete", "-f", str(record.temp_dir))
+
+    @staticmethod
+    def _kubectl(*args: str) -> None:
+        done = subprocess.run(["kubectl", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise GpugeekError(f"kubectl {args[0]} failed: {last}")

@@ -40,6 +40,7 @@ from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
 NODE_IDLE_MINUTES = 5
 # The head runs Ray's control plane, not training: a small CPU machine. The catalog holds GPU
 # offers only, so the head is not priced — status and cost say so.
+ONPREM = "onprem"       # your own machines, through Ray's on-premise node provider
 HEAD_INSTANCE = {"aws": "m5.xlarge", "gcp": "n2-standard-4", "azure": "Standard_D4s_v5"}
 GCP_ACCELERATOR = {  # machine families that take attached GPUs (a2/a3/g2 carry theirs built in)
     "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
@@ -56,38 +57,65 @@ SHOWN_MARKER = "<marker, set by up>"
 
 def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
     """The cluster-launcher config for ``spec`` (before Ray fills its defaults); ``marker`` is
-    the cluster's, known once ``up`` has recorded it."""
-    provider = spec.backend
-    workers = {t.name: _worker(provider, t) for t in spec.node_types}
-    head_config = _node_config(provider, HEAD_INSTANCE[provider], None, spot=False)
-    if provider == "aws":       # the head's watchdog ends the head with `shutdown`: that must terminate it
-        head_config["InstanceInitiatedShutdownBehavior"] = "terminate"
-    head = {"node_config": head_config, "resources": {}}
-    head_start, worker_start = start_commands(name, marker or SHOWN_MARKER)
+    the cluster's, known once ``up`` has recorded it. The clouds and your own machines
+    (``onprem``) differ only in what says which machines there are."""
+    head_start, worker_start = start_commands(name, marker or SHOWN_MARKER, spec)
+    machines = _onprem(name, spec, marker) if spec.backend == ONPREM else _cloud(name, spec)
     return {
-        "cluster_name": name,
-        "max_workers": sum(t.max_workers for t in spec.node_types),
+        "cluster_name": machines.pop("cluster_name"),
+        "max_workers": machines.pop("max_workers"),
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": NODE_IDLE_MINUTES,
-        "provider": _provider(provider, spec.node_types[0], name),
-        "auth": _auth(provider),
-        "available_node_types": {"head": head, **workers},
-        "head_node_type": "head",
+        **machines,
         "file_mounts": {node_dir(name): str(node_files(name))},
-        "setup_commands": [setup_command(name)],
+        "setup_commands": [setup_command(name, spec)],
         "head_start_ray_commands": [head_start],
         "worker_start_ray_commands": [worker_start],
     }
 
 
-def start_commands(name: str, marker: str) -> tuple[str, str]:
+def _cloud(name: str, spec: ClusterSpec) -> dict:
+    """A cloud's machines: instance types from the offers, the head a small CPU machine."""
+    provider = spec.backend
+    workers = {t.name: _worker(provider, t) for t in spec.node_types}
+    head_config = _node_config(provider, HEAD_INSTANCE[provider], None, spot=False)
+    if provider == "aws":       # the head's watchdog ends the head with `shutdown`: that must terminate it
+        head_config["InstanceInitiatedShutdownBehavior"] = "terminate"
+    return {"cluster_name": name, "max_workers": sum(t.max_workers for t in spec.node_types),
+            "provider": _provider(provider, spec.node_types[0], name), "auth": _auth(provider),
+            "available_node_types": {"head": {"node_config": head_config, "resources": {}}, **workers},
+            "head_node_type": "head"}
+
+
+def _onprem(name: str, spec: ClusterSpec, marker: str | None) -> dict:
+    """Your own machines through Ray's on-premise provider: the head on the first host, every
+    other host a worker that Ray's autoscaler on the head starts (all of them, always). Ray keeps
+    this cluster's state under its name on each machine, so each ``up`` gets a name of its own."""
+    remote = spec.remote
+    targets = ssh.parse_hosts(remote["hosts"])
+    ips = remote.get("ips") or [t.host for t in targets]
+    auth = {"ssh_user": targets[0].user or "root"}
+    if remote.get("ssh_key"):
+        auth["ssh_private_key"] = remote["ssh_key"]
+    tag = _tag(marker) if marker else "<tag>"
+    return {"cluster_name": f"{name}-{tag}", "max_workers": len(ips) - 1,
+            "provider": {"type": "local", "head_ip": ips[0], "worker_ips": ips[1:]}, "auth": auth}
+
+
+def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> tuple[str, str]:
     """The head's and every worker's start command: ``onhost.py start``, as on an ssh cluster's
     hosts. A worker's head address, node type and resources are what Ray's launcher exports to it
     (``RAY_HEAD_IP``, ``RAY_NODE_TYPE_NAME``, ``RAY_OVERRIDE_RESOURCES``); its temp dir is named
-    by its address. The head's autoscaler gets the config `ray up` left there."""
-    order = {"marker": marker, "temp_dir": f"/tmp/gg-{_tag(name)}-{{ip}}", "token_path": f"{node_dir(name)}/auth_token",
+    by its address. The head's autoscaler gets the config `ray up` left there. A cloud's head is a
+    CPU machine; your own machines' head trains too, with the GPUs and CPUs you gave per host."""
+    order = {"marker": marker, "temp_dir": temp_dir(name), "token_path": f"{node_dir(name)}/auth_token",
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
-    head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
+    if spec is not None and spec.backend == ONPREM:
+        # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
+        order.update(gpus=spec.remote.get("gpus_per_host"), cpus=spec.remote.get("cpus_per_host"))
+        head = {"role": "head", **order, "dashboard": spec.dashboard, "env": HEAD_ENV}
+    else:
+        head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
     run = f"ulimit -n 65536; {runtime.python_on_host()} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (guard/headwatch.py), on the package and order file_mounts copied
     guard = f"{runtime.python_on_host()} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
@@ -95,18 +123,25 @@ def start_commands(name: str, marker: str) -> tuple[str, str]:
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
 
 
-def setup_command(name: str) -> str:
+def temp_dir(name: str) -> str:
+    """Ray's temp dir on every node, ``{ip}`` being the node's address."""
+    return f"/tmp/gg-{_tag(name)}-{{ip}}"
+
+
+def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     """Run on every node before its start command: the runtime made there (or found made), by the
-    image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI."""
-    order = runtime.order_for({"pip_index_url": settings().pip_index_url})
+    image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI (your own machines:
+    ``--pip-index-url``, and what the jobs' storage needs)."""
+    own = spec is not None and spec.backend == ONPREM
+    order = runtime.order_for(spec.remote if own else {"pip_index_url": settings().pip_index_url})
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 
 def guard_order(record, spec: ClusterSpec) -> dict:
     """The head watchdog's order for a cloud head (its address filled in there)."""
     return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
-                           temp_dirs={"*": f"/tmp/gg-{_tag(record.name)}-{{ip}}"},
-                           token_path=f"{node_dir(record.name)}/auth_token", cloud=spec.backend)
+                           temp_dirs={"*": temp_dir(record.name)}, token_path=f"{node_dir(record.name)}/auth_token",
+                           cloud=None if spec.backend == ONPREM else spec.backend)
 
 
 def node_ip_command(name: str) -> str:
@@ -334,15 +369,16 @@ def answer(text: str) -> dict:
 RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]  # this env's `ray` CLI
 
 
-def ray_cli(*args: str, log: Path, timeout: float | None = None) -> str:
+def ray_cli(*args: str, log: Path, timeout: float | None = None, env: dict | None = None) -> str:
     """Run the ``ray`` CLI of this environment; its output goes to ``log``; one line if it fails."""
-    return _run([*RAY, *args], args, log, timeout)
+    return _run([*RAY, *args], args, log, timeout, env)
 
 
-def _run(cmd: list[str], args, log: Path, timeout: float | None = None) -> str:
+def _run(cmd: list[str], args, log: Path, timeout: float | None = None, env: dict | None = None) -> str:
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=out, timeout=timeout)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=out, timeout=timeout,
+                              env={**os.environ, **env} if env else None)
         out.write(done.stdout)
     if done.returncode != 0:
         raise GpugeekError(f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}) — see {log}")

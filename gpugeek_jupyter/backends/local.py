@@ -9,6 +9,7 @@ token authentication on (``RAY_AUTH_MODE=token``): nobody without the token can 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -20,6 +21,7 @@ from .. import ports
 from ..cluster import processes
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, use_token_auth
+from .base import Backend, LaunchConfig, Started
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120
@@ -126,3 +128,27 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
     pids = [p.pid for p in processes.session_processes(proc.pid, since, marker)]
     return Head(address=f"{HOST}:{port}", session_id=proc.pid, temp_dir=temp_dir, pids=pids,
                 dashboard_url=f"http://{HOST}:{dashboard_port}" if dashboard_port else None)
+
+
+class LocalBackend(Backend):
+    name = "local"
+    launches = watched = runs_here = local_price = dashboard = True
+    confirm = grows = tunnelled = simulated = from_offers = your_hosts = False
+    kernel_joins = "driver"
+    notices = provider = None
+
+    def show(self, name, spec):
+        text = ("ray start --head --node-ip-address=127.0.0.1 --port=<free port> "
+                "--include-dashboard=false --temp-dir=/tmp/gg-<random>")
+        return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
+
+    def start(self, record, spec):
+        temp_dir = new_temp_dir()
+        started = start_head(temp_dir, record.marker, dashboard=spec.dashboard)
+        return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
+
+    def stop(self, record, grace=3.0):
+        if record.session_id:
+            processes.stop_session(record.session_id, record.created, record.marker, grace)
+        if record.temp_dir and Path(record.temp_dir).name.startswith("gg-"):
+            shutil.rmtree(record.temp_dir, ignore_errors=True)

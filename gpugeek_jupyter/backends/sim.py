@@ -21,6 +21,9 @@ from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import RayNode, read_nodes
+from . import local
+from .base import LaunchConfig, Started
+from .local import LocalBackend
 
 NODE_IDLE_MINUTES = 1.0      # a node above min_workers is removed after this long idle
 ENV = {
@@ -147,3 +150,28 @@ def _cmdline(proc) -> list[str]:
         return proc.cmdline()
     except psutil.Error:       # gone, or not ours to read
         return []
+
+
+class SimBackend(LocalBackend):
+    name = "sim"
+    grows = simulated = from_offers = True     # Ray's fake multi-node autoscaler, node types from offers
+    local_price = False
+    notices = "sim"             # `%gpugeek preempt NODE --notice S`
+
+    def show(self, name, spec):
+        config = autoscaler_config(name, spec, "127.0.0.1:<port>")
+        return LaunchConfig(self.name, json.dumps(config, indent=1), None,
+                            f"{cpu_note(spec)}. Run without --dry-run to start it.", config)
+
+    def start(self, record, spec):
+        temp_dir = local.new_temp_dir()
+        config = config_path(temp_dir)
+
+        def port_chosen(port: int) -> None:   # the autoscaler's config names the GCS address
+            write_config(config, record.name, spec, f"{local.HOST}:{port}")
+        started = local.start_head(temp_dir, record.marker, port_chosen, num_cpus=0, num_gpus=0,
+                                   autoscaling_config=config, env=ENV, dashboard=spec.dashboard)
+        return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
+
+    def scale(self, record, spec, workers):
+        return scale(record.name, spec, record.address, record.temp_dir, workers)

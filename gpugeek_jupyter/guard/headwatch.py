@@ -215,6 +215,7 @@ class HeadWatch(Watch):
         """Every node but this one stopped through Ray; raises when some are still in Ray's table
         after ``NODES_GONE_S`` (the stop is then retried at the next look)."""
         self._say_stopping()
+        end_autoscaler(self.order["marker"])
         others = [n for n in read_nodes(self.gcs) if n.alive and not n.is_head]
         if not others:
             return
@@ -227,6 +228,24 @@ class HeadWatch(Watch):
             time.sleep(0.5)
         left = [n.node_id[:8] for n in read_nodes(self.gcs) if n.alive and not n.is_head]
         raise RuntimeError(f"nodes {', '.join(left)} are still in Ray's table {NODES_GONE_S:.0f} s after their stop")
+
+
+def end_autoscaler(marker: str) -> list[int]:
+    """End the Ray autoscaler of ours on this head, if one runs (your own machines through Ray's
+    on-premise provider): it would start the nodes' Ray again as soon as the stop ends it."""
+    from ..onhost import script as onhost
+
+    ended = []
+    for pid in onhost.ours(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"autoscaler" not in f.read():
+                    continue
+            os.kill(pid, 15)
+            ended.append(pid)
+        except OSError:
+            continue
+    return ended
 
 
 def temp_dir_of(temp_dirs: dict, ip: str) -> str:

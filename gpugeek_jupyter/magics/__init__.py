@@ -121,8 +121,9 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @subcommand
 @magic_arguments()
 @argument("name", nargs="?", help="cluster name (default: the backend's name); a live one is re-attached")
-@argument("--backend", help="local (default), sim, ssh, aws, gcp, azure or kuberay")
-@argument("--hosts", help="ssh: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
+@argument("--backend", help="local (default), sim, ssh, onprem (your hosts through Ray's `ray up`), aws, gcp, "
+                             "azure or kuberay")
+@argument("--hosts", help="ssh, onprem: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
 @argument("--ssh-key", help="ssh: the private key to log in with (default: your ssh config and agent)")
 @argument("--gpus-per-host", type=number("--gpus-per-host", int), help="ssh: GPUs each host has")
 @argument("--cpus-per-host", type=number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")

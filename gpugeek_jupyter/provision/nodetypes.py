@@ -57,7 +57,8 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
 def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = None,
              cpus_per_host: int | None = None, usd_per_hour: float | None = None, offer: str | None = None,
              pricing: str = Pricing.ON_DEMAND, python: str | None = None, catalog: str | None = None,
-             residency: str | None = None, install: bool = True, pip_index_url: str | None = None) -> ClusterSpec:
+             residency: str | None = None, install: bool = True, pip_index_url: str | None = None,
+             backend: str) -> ClusterSpec:
     """The user's own machines, each priced at the rate given or as the offer given (per host).
     ``python``, ``install`` and ``pip_index_url``: how each host gets its runtime (``remote.runtime``)."""
     targets = ssh.parse_hosts(hosts)
@@ -71,18 +72,18 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
         raise GpugeekError(f"--usd-per-hour {usd_per_hour!r}: give a number of dollars ≥ 0")
     if offer is not None:
         row, _ = resolve_offer(offer=offer, pricing=pricing, catalog=catalog, residency=residency)
-        spec = build_spec("ssh", row, pricing=pricing, workers=len(targets) - 1, max_workers=len(targets) - 1,
+        spec = build_spec(backend, row, pricing=pricing, workers=len(targets) - 1, max_workers=len(targets) - 1,
                           spot_fallback=False)
         host = spec.node_types[0]
         host.name = "host"
         gpus = int(row["gpu_count"]) if gpus_per_host is None else gpus_per_host
     else:
         gpus = gpus_per_host or 0
-        host = NodeType(name="host", offer_id="", provider="ssh", instance_type="your machine", region="",
+        host = NodeType(name="host", offer_id="", provider=backend, instance_type="your machine", region="",
                         zone="", gpu="", gpu_count=gpus, gpu_mem_gib=None, vcpus=cpus_per_host, mem_gib=None,
                         pricing="rate", usd_per_hour=float(usd_per_hour), on_demand_usd_per_hour=None,
                         min_workers=len(targets) - 1, max_workers=len(targets) - 1)
-        spec = ClusterSpec(backend="ssh", node_types=[host], pricing="rate")
+        spec = ClusterSpec(backend=backend, node_types=[host], pricing="rate")
         if not usd_per_hour:
             spec.notes.append("priced at $0/h: these machines cost nothing here")
     spec.head_price = host.price()

@@ -116,7 +116,8 @@ def _ssh(request: UpRequest) -> ClusterSpec:
     return ssh_spec(request.hosts, ssh_key=request.ssh_key, gpus_per_host=request.gpus_per_host,
                     cpus_per_host=request.cpus_per_host, usd_per_hour=request.usd_per_hour, offer=request.offer,
                     pricing=request.pricing, catalog=request.catalog, residency=request.residency,
-                    python=request.python, install=request.install, pip_index_url=request.pip_index_url)
+                    python=request.python, install=request.install, pip_index_url=request.pip_index_url,
+                    backend=request.backend)
 
 
 def _from_offers(request: UpRequest) -> ClusterSpec:

@@ -36,7 +36,7 @@ HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py",
-                "cluster/", "remote/", "backends/", "onhost/script.py")
+                "cluster/", "remote/", "backends/", "onhost/__init__.py", "onhost/script.py")
 ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
 LIMITS = "limits"            # budget and idle limits set here after `up`
 HEARTBEAT = "guard"          # the head watchdog's heartbeat

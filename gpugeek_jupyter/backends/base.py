@@ -1,0 +1,99 @@
+"""What every backend is: a ``Backend`` says what it can do (its capabilities, each declared here
+without a value, so every backend says each one) and how its machines appear and disappear;
+``start`` answers with what it ``Started``, ``show`` with the ``LaunchConfig`` it would run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
+from ..errors import GpugeekError
+from ..raynodes import read_nodes
+
+READY_TIMEOUT_S = 180
+CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
+
+
+@dataclass
+class Started:
+    address: str | None
+    session_id: int | None = None
+    pids: list[int] | None = None
+    temp_dir: str | None = None
+    dashboard_url: str | None = None
+
+
+@dataclass
+class LaunchConfig:
+    """What ``up`` would do, shown instead of doing it (``--dry-run``, or a cloud without ``--yes``)."""
+
+    backend: str
+    text: str
+    path: Path | None
+    next_step: str
+    config: dict
+
+    def __repr__(self) -> str:
+        where = f"written to {self.path}\n" if self.path else ""
+        return f"{self.text.rstrip()}\n\n{where}{self.next_step}"
+
+    def _repr_markdown_(self) -> str:
+        lang = "json" if self.text.lstrip().startswith("{") else "yaml"
+        where = f"Written to `{self.path}`. " if self.path else ""
+        return f"```{lang}\n{self.text.rstrip()}\n```\n\n{where}{self.next_step}"
+
+
+class Backend:
+    """One kind of cluster: how its machines appear and disappear, and what it can do. Each
+    capability is declared here without a value, so every backend says each one."""
+
+    name = ""
+    launches: bool          # we start and stop it (False: an existing cluster we only attach to)
+    confirm: bool           # needs --yes before it spends money
+    grows: bool             # an autoscaler may add nodes for work that does not fit yet
+    watched: bool           # a watchdog of ours meters it and holds its budget cap and idle stop
+    runs_here: bool         # its head is processes of ours on this machine, gone when they are
+    tunnelled: bool         # this machine reaches its head through an SSH tunnel of the cluster's own
+    kernel_joins: str | None    # as a Ray "driver", a Ray "client" through the tunnel, or None: attached only
+    simulated: bool         # its GPUs are declared and its dollars rehearsed; preemptions rehearsed on it
+    notices: str | None     # where its spot nodes' preemption notices come from (None: none come)
+    from_offers: bool       # you choose its machines from the catalog: --offer, --gpu, --plan, --workers
+    your_hosts: bool        # its machines are the --hosts you name, Ray on each in a runtime we make there
+    local_price: bool       # it costs what config.toml says this machine costs (local_usd_per_hour)
+    provider: str | None    # the cloud that rents you its machines and bills for them (None: no cloud)
+    dashboard: bool         # --dashboard starts Ray's dashboard on its head
+    no_limits_because = ""  # why --budget and --idle are refused on one that is not watched
+
+    def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
+        raise NotImplementedError
+
+    def preflight(self, spec: ClusterSpec) -> None:
+        """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
+
+    def start(self, record: ClusterRecord, spec: ClusterSpec) -> Started:
+        raise NotImplementedError
+
+    def wait_ready(self, record: ClusterRecord, spec: ClusterSpec, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once every node the cluster must have (head + min workers) has joined."""
+        if not record.address:
+            return
+        want = sum(t.min_workers for t in spec.node_types)
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [n for n in read_nodes(record.address) if n.alive]
+            workers = [n for n in alive if not n.is_head]
+            if alive and len(workers) >= want:
+                return
+            if time.monotonic() > deadline:
+                raise GpugeekError(f"only {len(workers)} of {want} worker nodes joined in {timeout:.0f} s "
+                                   f"— see the logs in {record.temp_dir}")
+            time.sleep(0.2)
+
+    def stop(self, record: ClusterRecord, grace: float = 3.0) -> None:
+        raise NotImplementedError
+
+    def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
+        raise GpugeekError(f"the {self.name} backend cannot scale — it is one machine")

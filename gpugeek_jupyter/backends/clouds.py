@@ -1,0 +1,88 @@
+"""aws, gcp, azure: the clouds through Ray's cluster launcher (``launcher.py`` writes the YAML)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from ..cluster import processes, registry
+from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
+from ..config import home
+from ..remote import ssh, tunnel
+from . import hosts, launcher
+from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+
+
+class LauncherBackend(Backend):
+    """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``. Past the provider
+    section it is an ssh cluster: the same ``onhost.py start`` on every node, the same tunnel."""
+
+    launches = confirm = watched = tunnelled = from_offers = True
+    grows = True                # up to --max-workers, by Ray's autoscaler
+    runs_here = simulated = your_hosts = local_price = dashboard = False
+    kernel_joins = "client"
+
+    def __init__(self, provider: str):
+        self.name = self.provider = provider
+        self.notices = provider     # its metadata service warns a spot node before taking it
+
+    def config(self, name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
+        config = launcher.cluster_config(name, spec, marker)
+        launcher.validate(config)
+        return config
+
+    def show(self, name, spec):
+        config = self.config(name, spec)
+        path = launcher.write(name, config)
+        head_note = (f"The head node ({launcher.HEAD_INSTANCE[self.name]}) is not priced: the catalog "
+                     f"holds GPU offers only. ")
+        notes = " ".join(spec.notes)
+        return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), path,
+                            f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it "
+                            f"(the folder in its file_mounts is written then).", config)
+
+    def preflight(self, spec):
+        launcher.check_credentials(self.name)
+
+    def start(self, record, spec):
+        config = self.config(record.name, spec, record.marker)
+        path = launcher.write(record.name, config)
+        # recorded before `ray up`, so a failure half-way can still be taken down
+        registry.update(record.id, temp_dir=str(path))
+        log = self._log(record)
+        guard = launcher.guard_order(record, spec)
+        launcher.write_node_files(record.name, guard)
+        launcher.ray_cli("up", "-y", str(path), log=log)
+        found = launcher.find_head(record.name, path, log)
+        spec.remote.update(hosts=[f"{found.ssh_user}@{found.public_ip}"], head_ip=found.private_ip,
+                           ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT,
+                           known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"),
+                           guard_home=guard["home"])
+        registry.update(record.id, spec=spec.to_json())
+        opened = tunnel.open_tunnel(record, spec)
+        spec.remote["client_address"] = opened.client
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        return  # `ray up` returns once the head is up; workers join as the autoscaler brings them
+
+    def stop(self, record, grace=3.0):
+        if record.temp_dir:
+            launcher.ray_cli("down", "-y", str(record.temp_dir), log=self._log(record))
+        if record.session_id:     # the tunnel
+            processes.stop_session(record.session_id, record.created, record.marker, grace)
+        shutil.rmtree(launcher.node_files(record.name), ignore_errors=True)
+
+    def scale(self, record, spec, workers):
+        spec.workers.min_workers = spec.workers.max_workers = workers
+        config = self.config(record.name, spec, record.marker)
+        path = launcher.write(record.name, config)
+        launcher.write_node_files(record.name)
+        launcher.ray_cli("up", "-y", "--no-restart", str(path), log=self._log(record))
+        return spec
+
+    def _log(self, record: ClusterRecord) -> Path:
+        return home() / "launch" / f"{record.name}-{self.name}.log"

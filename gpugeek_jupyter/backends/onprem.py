@@ -1,0 +1,125 @@
+"""Your own machines through Ray's cluster launcher and its on-premise node provider: the cloud
+path's YAML (``launcher.py``) with the hosts in its provider section."""
+
+from __future__ import annotations
+
+import shutil
+
+import yaml
+
+from ..cluster import registry
+from ..cluster.spec import ClusterSpec
+from ..errors import GpugeekError
+from ..remote import ssh, tunnel
+from . import hosts, launcher
+from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .clouds import LauncherBackend
+
+UP_TIMEOUT_S = 900     # `ray up` makes the head's runtime (minutes on a bare host) and starts Ray
+# Ray's on-premise provider under autoscaler v1: under v2 (the default since Ray 2.50) the head,
+# whose node type is the workers' one, counts as one of them, and its state file on the head
+# says the head is not running — one host was never started, seen on the lab's three hosts
+ONPREM_UP_ENV = {"RAY_UP_enable_autoscaler_v2": "0"}
+
+
+def check_onprem(spec: ClusterSpec) -> None:
+    """One line for what Ray's on-premise provider cannot do with ``--hosts``: it logs in to every
+    host as one user on port 22, copies files with ``rsync``, and its autoscaler on the head
+    logs in to the others with the key ``ray up`` copies there."""
+    targets = ssh.parse_hosts(spec.remote["hosts"])
+    if len(targets) < 2:
+        raise GpugeekError("--backend onprem: name at least two --hosts (the head and a worker) — for one "
+                           "machine use --backend ssh")
+    if len({t.user for t in targets}) > 1 or any(t.port for t in targets):
+        raise GpugeekError("--backend onprem: Ray's on-premise provider logs in to every host as one user on "
+                           "port 22 — write --hosts as USER@HOST for one USER, or use --backend ssh")
+    if not spec.remote.get("ssh_key"):
+        raise GpugeekError("--backend onprem: give --ssh-key: Ray copies it to the head, whose autoscaler "
+                           "logs in to the other hosts with it")
+    if spec.remote.get("python") or not spec.remote.get("install", True):
+        raise GpugeekError("--python and --no-install are for --backend ssh: through Ray's launcher, Ray runs in "
+                           "the runtime its setup command makes on each host")
+    if shutil.which("rsync") is None:
+        raise GpugeekError("`ray up` copies files with rsync, which is not on PATH — install rsync "
+                           "(apt install rsync, brew install rsync)")
+    onprem_ips(spec)
+
+
+def onprem_ips(spec: ClusterSpec) -> list[str]:
+    """Each host's address, as Ray's on-premise provider will look it up (one line if a name does
+    not resolve here)."""
+    import socket
+
+    ips = []
+    for target in ssh.parse_hosts(spec.remote["hosts"]):
+        try:
+            ips.append(socket.gethostbyname(target.host))
+        except OSError:
+            raise GpugeekError(f"--hosts {target.host!r}: the name does not resolve here — give its address") from None
+    return ips
+
+
+class OnPremBackend(LauncherBackend):
+    """Your own machines through Ray's cluster launcher and its on-premise node provider: ``ray up``
+    logs in to the first of ``--hosts``, runs the setup command (the runtime) and the head's start
+    command there, and the head's autoscaler does the same on every other host. What runs is an
+    ssh cluster's: the same ``onhost.py start``, marker, token, tunnel and head watchdog; its stop
+    is an ssh cluster's too, by process on each host (Ray's on-premise ``ray down`` forgets the
+    nodes but leaves their Ray running)."""
+
+    name = launcher.ONPREM
+    launches = watched = tunnelled = your_hosts = True
+    confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
+    kernel_joins = "client"
+    notices = provider = None
+
+    def __init__(self):
+        pass
+
+    def show(self, name, spec):
+        config = self.config(name, spec)
+        return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), launcher.write(name, config),
+                            "Ray validated this config. Run without --dry-run to `ray up` it on your hosts.", config)
+
+    def preflight(self, spec):
+        check_onprem(spec)
+
+    def start(self, record, spec):
+        remote = spec.remote
+        remote["ips"] = onprem_ips(spec)
+        # `onhost.py` (ps, stop) needs only the standard library: the host's python3 runs it
+        remote.update(pythons=["python3"] * len(remote["ips"]), head_ip=remote["ips"][0],
+                      temp_dirs=[launcher.temp_dir(record.name).replace("{ip}", ip) for ip in remote["ips"]],
+                      token_path=f"{launcher.node_dir(record.name)}/auth_token",
+                      gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT)
+        config = self.config(record.name, spec, record.marker)
+        path = launcher.write(record.name, config)
+        registry.update(record.id, temp_dir=str(path), spec=spec.to_json())   # a stop knows the hosts from here on
+        guard = launcher.guard_order(record, spec)
+        launcher.write_node_files(record.name, guard)
+        launcher.ray_cli("up", "-y", "--no-config-cache", str(path), log=self._log(record),
+                         timeout=UP_TIMEOUT_S, env=ONPREM_UP_ENV)
+        remote["guard_home"] = guard["home"]
+        registry.update(record.id, spec=spec.to_json())
+        opened = tunnel.open_tunnel(record, spec)
+        remote["client_address"] = opened.client
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
+
+    def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
+        """Every host joins: the head's autoscaler starts them all, each after its setup command
+        (minutes where it makes the runtime)."""
+        Backend.wait_ready(self, record, spec, max(timeout, UP_TIMEOUT_S))
+
+    def stop(self, record, grace=5.0):
+        """By process on each host, the head first: its autoscaler would start a stopped worker again."""
+        hosts.stop(record, grace, head_first=True)
+        shutil.rmtree(launcher.node_files(record.name), ignore_errors=True)
+
+    def scale(self, record, spec, workers):
+        others = len(spec.remote["hosts"]) - 1
+        if workers != others:
+            raise GpugeekError(f"an onprem cluster is the hosts you named ({others} besides the head) — other "
+                               f"hosts need `down`, then `up` with other --hosts")
+        print("Ray's autoscaler on the head keeps every host in the cluster: it starts Ray again on one that "
+              "lost it", flush=True)
+        return spec

@@ -74,3 +74,17 @@ for batch in gg.steps(data):
     time.sleep({pause_s})
 final_step = gg.step{keep}
 """
+
+
+# A DDP step on every rank: whether the ranks' gradients agree after all-reduce, and the addresses
+# the ranks ran on (rank 0's value: ``(equal, sorted addresses)``).
+DDP_ACROSS_HOSTS = """
+import torch, torch.distributed as dist
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+model(torch.randn(16, 8) + rank).pow(2).mean().backward()
+grads = [torch.zeros_like(model.module.weight.grad) for _ in range(world_size)]
+dist.all_gather(grads, model.module.weight.grad)
+ips = [None] * world_size
+dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
+(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)))
+"""

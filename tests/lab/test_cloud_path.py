@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_processes import new_kernel, wait_until
+from models import DDP_ACROSS_HOSTS
 from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
@@ -182,16 +183,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
 
         print(f"  re-attached in a new process: {time.monotonic() - began:.1f} s")
-        result = gg.run("""
-import torch, torch.distributed as dist
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-model(torch.randn(16, 8) + rank).pow(2).mean().backward()
-grads = [torch.zeros_like(model.module.weight.grad) for _ in range(world_size)]
-dist.all_gather(grads, model.module.weight.grad)
-ips = [None] * world_size
-dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
-(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)))
-""", workers=3)
+        result = gg.run(DDP_ACROSS_HOSTS, workers=3)
         equal, ips = result.shown()
         assert equal, "gradients differ between ranks"
         assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"

@@ -21,6 +21,7 @@ import time
 import pytest
 from cluster_processes import of_cluster, settings, still_running, wait_until
 from laptop_gone import head_ledger, spend
+from models import DDP_ACROSS_HOSTS
 from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
@@ -40,16 +41,6 @@ INTERVAL_S = 1.0      # the watchdogs' metering interval
 AHEAD_S = 20.0        # the cap is set this far ahead of the spend when the laptop goes
 STOP_SLACK_S = 12.0   # a stop under a loaded machine's scheduling may end this much past the cap
 STAYS_DOWN_S = 12.0   # the hosts stay empty this long after the stop: past two of the autoscaler's rounds
-DDP_CELL = """
-import torch, torch.distributed as dist
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-model(torch.randn(16, 8) + rank).pow(2).mean().backward()
-grads = [torch.zeros_like(model.module.weight.grad) for _ in range(world_size)]
-dist.all_gather(grads, model.module.weight.grad)
-ips = [None] * world_size
-dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
-(all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)))
-"""
 
 
 def _up(lab, name: str, backend: str) -> float:
@@ -90,7 +81,7 @@ def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(l
             assert mode == "600", f"the token on {host.name} is readable by others ({mode})"
         wait_until(lambda: headguard.beating(registry.get(record.id)), 30, "the head watchdog's heartbeat")
 
-        result = gg.run(DDP_CELL, workers=3)
+        result = gg.run(DDP_ACROSS_HOSTS, workers=3)
         equal, ips = result.shown()
         assert equal, "gradients differ between ranks"
         assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"

@@ -98,7 +98,7 @@ def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(l
         gone = time.monotonic()
         try:
             assert still_running(ours, wait=5) == [], "this machine's watchdog or tunnel survived SIGKILL"
-            wait_until(lambda: not any(h.strays(ssh_sessions=False) for h in lab.hosts), AHEAD_S + 90,
+            wait_until(lambda: not any(h.strays(ssh_sessions=False) for h in lab.hosts), AHEAD_S + 120,
                        "every host free of the cluster's processes (by namespace)")
             stopped_after = time.monotonic() - gone
             time.sleep(STAYS_DOWN_S)      # an autoscaler left running would start the workers again

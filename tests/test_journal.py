@@ -116,3 +116,43 @@ def test_a_drain_before_its_cell_is_kept_and_old_cells_go():
         kept.open(cell)
     assert kept.get(1) is None and kept.get().cell_id == 1 + journal.CELLS_KEPT
     assert [s["cell"] for s in kept.summaries()] == list(range(2, 2 + journal.CELLS_KEPT))
+
+
+class _Peer:
+    """A rank as rank 0's keeper asks it (``Worker.ended``), with Ray's call and get played by
+    hand: it has each cell's result once the cell is in ``done``; every request is counted."""
+
+    def __init__(self, done: set[int], dead: bool = False):
+        self.done, self.dead, self.asked = done, dead, []
+        self.ended = self
+
+    def remote(self, cell_ids: list[int]):
+        self.asked.append(list(cell_ids))
+        if self.dead:
+            raise RuntimeError("the actor died")
+        return [{"ok": True, "output": f"rank 1, cell {c}"} if c in self.done else None for c in cell_ids]
+
+
+def test_cells_ending_back_to_back_ask_each_rank_once_for_all_of_them(monkeypatch):
+    """Rank 0 ends a cell's journal with the other ranks' results: cells that ended meanwhile cost
+    each rank one request together, the journals end in order as their results come, and a rank
+    that died is named dead in every one of them."""
+    import ray
+
+    from gpugeek_jupyter.workers import outcome
+
+    monkeypatch.setattr(ray, "get", lambda got, timeout=None: got)
+    monkeypatch.setattr(journal, "PEERS_POLL_S", 0.01)
+    told = []
+    ends = [(Journal(cell, {"id": f"j{cell}"}), outcome.fresh()) for cell in (1, 2, 3)]
+    peer = _Peer({1, 2})
+    threading.Timer(0.05, lambda: peer.done.add(3)).start()      # cell 3 still ends on rank 1
+    journal.end_with_peers(ends, [peer], told.append)
+    assert peer.asked[0] == [1, 2, 3] and all(ask == [3] for ask in peer.asked[1:]), peer.asked
+    assert [kept.cell_id for kept in told] == [1, 2, 3], "the journals end in the order their cells ran"
+    assert all(kept.outcome["results"][1]["output"] == f"rank 1, cell {kept.cell_id}" for kept, _ in ends)
+
+    gone = [(Journal(cell, {"id": f"g{cell}"}), outcome.fresh()) for cell in (4, 5)]
+    dead = _Peer(set(), dead=True)
+    journal.end_with_peers(gone, [dead], told.append)
+    assert dead.asked == [[4, 5]] and [kept.outcome["dead"] for kept, _ in gone] == [1, 1]

@@ -12,13 +12,12 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import asdict, replace
+from dataclasses import fields, replace
 
 from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
-from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..kernel import connection, environment
@@ -193,7 +192,8 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     warm = current().group
     job_name = name or f"cell {warm.cells + 1 if warm is not None and not warm.broken else 1}"
     # the job starts before its group is built: building it is the job's work (the idle autostop)
-    said = {k: v for k, v in (*asdict(opts).items(), ("push", sorted(push) if push else None), ("pull", pull),
+    flat = ((f.name, getattr(opts, f.name)) for f in fields(opts))     # asdict's deep copy costs per cell
+    said = {k: v for k, v in (*flat, ("push", sorted(push) if push else None), ("pull", pull),
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
     # a warm group of this shape answers where its workers run: one write for the job, not two
@@ -271,7 +271,7 @@ def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOption
     ``--checkpoint-dir``, else the cluster's storage (``up --storage``), else this kernel's home
     (one host only). A framework's own are copied beside them (``workers/saves.py``) only into a
     ``--checkpoint-dir`` or the storage: elsewhere its own ``output_dir`` is all there is."""
-    storage = ClusterSpec.from_json(record.spec).storage
+    storage = record.spec.get("storage")     # ClusterSpec's, read without building one: every cell asks
     root = opts.checkpoint_dir or (f"{storage}/checkpoints/{key}" if storage else None)
     if opts.checkpoint_every and not opts.checkpoint_dir:
         opts = replace(opts, checkpoint_dir=root or str(home() / "checkpoints" / key))

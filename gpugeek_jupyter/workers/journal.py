@@ -183,8 +183,10 @@ class Keeper:
             if self.current is journal:
                 self.current = None
 
-    def later(self, work) -> None:
-        self._later.put(work)
+    def end_with_peers(self, journal: Journal, outcome: dict, peers: list) -> None:
+        """End ``journal`` with the other ranks' results of its cell, off the cell's path
+        (``end_with_peers``, batched with the cells that ended meanwhile)."""
+        self._later.put((journal, outcome, peers))
 
     def tell_soon(self, journal: Journal) -> None:
         """Tell the watchdogs of ``journal``'s end within ``KEEP_EVERY_S / 2``: cells run back to back
@@ -212,11 +214,20 @@ class Keeper:
 
     def _run_later(self) -> None:
         while True:
-            work = self._later.get()
-            try:
-                work()
-            except Exception:  # noqa: BLE001 - a journal's end must not stop the next one's
-                pass
+            ends = [self._later.get()]
+            while True:           # and every end queued meanwhile: one request per rank for all
+                try:
+                    ends.append(self._later.get_nowait())
+                except queue.Empty:
+                    break
+            by_group: dict[int, list] = {}
+            for journal, outcome, peers in ends:     # a group rebuilt between two cells has other peers
+                by_group.setdefault(id(peers), [peers, []])[1].append((journal, outcome))
+            for peers, batch in by_group.values():
+                try:
+                    end_with_peers(batch, peers, self.tell_soon)
+                except Exception:  # noqa: BLE001 - a journal's end must not stop the next one's
+                    pass
 
 
 def _steps(ranks) -> list[int]:
@@ -256,30 +267,43 @@ class Ended:
             return self._by_cell.get(cell_id)
 
 
-def end_with_peers(kept: Journal, outcome: dict, peers: list, told) -> None:
-    """End ``kept`` once every other rank has its result of the cell (``Worker.ended``), asked
-    without waiting on them — their second thread stays free for interrupts; a rank that never
-    answers within ``PEERS_WAIT_S`` is named stuck, one that died dead; then ``told(kept)``."""
+def end_with_peers(ends: list[tuple[Journal, dict]], peers: list, told) -> None:
+    """End each journal of ``ends`` (cells in the order they ran) once every other rank has its
+    result of the cell (``Worker.ended``), asked without waiting on them — their second thread
+    stays free for interrupts — with one request per rank for all of them: cells run back to back
+    cost a rank one request a batch, not one each. A rank that never answers within
+    ``PEERS_WAIT_S`` is named stuck, one that died dead; then ``told`` the last one ended."""
     import ray
 
-    missing = dict(enumerate(peers, 1))
+    waiting = [(kept, outcome, dict(enumerate(peers, 1))) for kept, outcome in ends]
     deadline = time.monotonic() + PEERS_WAIT_S
-    while missing and time.monotonic() < deadline:
-        for rank, peer in list(missing.items()):
-            try:
-                got = ray.get(peer.ended.remote(kept.cell_id), timeout=10)
-            except Exception:  # noqa: BLE001 - a dead or unreachable rank: the outcome says so
-                died(rank, outcome)
-                del missing[rank]
+    while any(missing for _, _, missing in waiting) and time.monotonic() < deadline:
+        for rank, peer in enumerate(peers, 1):
+            asked = [(kept, outcome, missing) for kept, outcome, missing in waiting if rank in missing]
+            if not asked:
                 continue
-            if got is not None:
-                judge(rank, got, outcome)
+            try:
+                got = ray.get(peer.ended.remote([kept.cell_id for kept, _, _ in asked]), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or unreachable rank: the outcomes say so
+                got = None
+            for i, (_, outcome, missing) in enumerate(asked):
+                if got is None:
+                    died(rank, outcome)
+                elif got[i] is not None:
+                    judge(rank, got[i], outcome)
+                else:
+                    continue
                 del missing[rank]
-        if missing:
+        while waiting and not waiting[0][2]:       # the ones complete, in order
+            kept, outcome, _ = waiting.pop(0)
+            kept.end(outcome)
+            told(kept)
+        if waiting:
             time.sleep(PEERS_POLL_S)          # the ranks' cells are ending: asked again shortly
-    outcome["stuck"] = sorted({*outcome["stuck"], *missing})
-    kept.end(outcome)
-    told(kept)
+    for kept, outcome, missing in waiting:
+        outcome["stuck"] = sorted({*outcome["stuck"], *missing})
+        kept.end(outcome)
+        told(kept)
 
 
 def tell_watchdogs(kept: Journal) -> None:

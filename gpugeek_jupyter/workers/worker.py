@@ -227,10 +227,10 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def ended(self, cell_id: int) -> dict | None:
-        """This rank's result of cell ``cell_id`` once it ended (its last output and reports), for
-        rank 0's journal; None while it runs."""
-        return self._ended.get(cell_id)
+    def ended(self, cell_ids: list[int]) -> list[dict | None]:
+        """This rank's result of each cell once it ended (its last output and reports), for rank
+        0's journals; None for one that still runs."""
+        return [self._ended.get(cell_id) for cell_id in cell_ids]
 
     def description(self) -> dict:
         """What ``setup`` said of this rank: a kernel that adopts the group reads it here."""
@@ -288,7 +288,7 @@ class Worker:
             ended = ended or outcome.fresh(dead=0)
             if peers_too and self._peers:
                 peers = self._peers
-                self._keeper.later(lambda: journal.end_with_peers(kept, ended, peers, self._keeper.tell_soon))
+                self._keeper.end_with_peers(kept, ended, peers)
             else:
                 kept.end(ended)
                 self._keeper.tell_soon(kept)      # its end: the idle clock starts there

@@ -107,6 +107,11 @@ def test_onprem_yaml_is_the_clouds_with_the_hosts_for_its_provider():
     assert (node_type["min_workers"], node_type["max_workers"]) == (2, 2), "every host kept in the cluster"
     head = _order(own["head_start_ray_commands"][0])
     assert head["gpus"] == 8 and "node_type" not in head, "the head trains too, its node type Ray's own"
+    given = gg.up("same", backend="onprem", hosts=hosts, ssh_key="/k", usd_per_hour=0, python="/opt/py/bin/python",
+                  dry_run=True).config       # --python: Ray runs in your environment, which setup checks
+    assert all(c.startswith("ulimit -n 65536; /opt/py/bin/python ")
+               for c in given["head_start_ray_commands"] + given["worker_start_ray_commands"])
+    assert json.loads(shlex.split(given["setup_commands"][0])[-1])["python"] == "/opt/py/bin/python"
     assert not gg.clusters()["name"].tolist(), "showing a config records no cluster"
 
 

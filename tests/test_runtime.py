@@ -78,8 +78,8 @@ def test_the_order_is_the_kernels_versions():
 
 
 @pytest.mark.parametrize("flags, said", [
-    ({"python": "/opt/py/bin/python"}, "--python: only for --backend ssh (your own machines)"),
-    ({"install": False}, "--no-install: only for --backend ssh (your own machines)"),
+    ({"python": "/opt/py/bin/python"}, "--python: only for --backend ssh or onprem (your own machines)"),
+    ({"install": False}, "--no-install: only for --backend ssh or onprem (your own machines)"),
     ({"backend": "ssh", "hosts": "10.0.0.5", "usd_per_hour": 0, "pip_index_url": "mirror"},
      "--pip-index-url 'mirror': give the URL of a package index, like https://pypi.example.com/simple"),
 ])

@@ -110,15 +110,17 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
     CPU machine; your own machines' head trains too, with the GPUs and CPUs you gave per host."""
     order = {"marker": marker, "temp_dir": temp_dir(name), "token_path": f"{node_dir(name)}/auth_token",
              "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
+    python = runtime.python_on_host()     # the runtime the setup command makes
     if spec is not None and spec.backend == ONPREM:
         # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
         order.update(gpus=spec.remote.get("gpus_per_host"), cpus=spec.remote.get("cpus_per_host"))
         head = {"role": "head", **order, "dashboard": spec.dashboard, "env": HEAD_ENV}
+        python = spec.remote.get("python") or python       # --python: an environment of yours, checked by setup
     else:
         head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV}
-    run = f"ulimit -n 65536; {runtime.python_on_host()} {node_dir(name)}/onhost.py start"
+    run = f"ulimit -n 65536; {python} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (guard/headwatch.py), on the package and order file_mounts copied
-    guard = f"{runtime.python_on_host()} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
+    guard = f"{python} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
 

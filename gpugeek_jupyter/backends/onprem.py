@@ -36,9 +36,6 @@ def check_onprem(spec: ClusterSpec) -> None:
     if not spec.remote.get("ssh_key"):
         raise GpugeekError("--backend onprem: give --ssh-key: Ray copies it to the head, whose autoscaler "
                            "logs in to the other hosts with it")
-    if spec.remote.get("python") or not spec.remote.get("install", True):
-        raise GpugeekError("--python and --no-install are for --backend ssh: through Ray's launcher, Ray runs in "
-                           "the runtime its setup command makes on each host")
     if shutil.which("rsync") is None:
         raise GpugeekError("`ray up` copies files with rsync, which is not on PATH — install rsync "
                            "(apt install rsync, brew install rsync)")

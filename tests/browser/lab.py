@@ -359,6 +359,15 @@ def error_outputs(page, stderr: bool = True) -> list[dict]:
     }}""")
     tb = re.compile(r"Traceback \(most recent call last\)|^-{20,}\s*\n\s*\w+(Error|Exception)\b|"
                     r"^\w+(Error|Exception|Interrupt)\b", re.M)
+    merged: list[dict] = []     # one print to stderr may reach Lab as two outputs (its text, then its
+    for item in found:          # newline, with stdout between): one stream of the cell, as a reader sees it
+        last = merged[-1] if merged else None
+        if last and item["kind"] == "stderr" == last["kind"] and item["cell"] == last["cell"] and \
+                not tb.search(item["text"]) and not tb.search(last["text"]):
+            last["text"] += item["text"]
+        else:
+            merged.append(item)
+    found = merged
     for item in found:
         if item["kind"] == "stderr" and tb.search(item["text"]):
             item["kind"] = "error"

@@ -71,7 +71,7 @@ class OnPremBackend(LauncherBackend):
     notices = provider = None
 
     def __init__(self):
-        pass
+        """No cloud to name: the launcher's YAML and log are all it takes from ``LauncherBackend``."""
 
     def show(self, name, spec):
         config = self.config(name, spec)

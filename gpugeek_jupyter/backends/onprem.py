@@ -39,7 +39,6 @@ def check_onprem(spec: ClusterSpec) -> None:
     if shutil.which("rsync") is None:
         raise GpugeekError("`ray up` copies files with rsync, which is not on PATH — install rsync "
                            "(apt install rsync, brew install rsync)")
-    onprem_ips(spec)
 
 
 def onprem_ips(spec: ClusterSpec) -> list[str]:
@@ -80,10 +79,12 @@ class OnPremBackend(LauncherBackend):
 
     def preflight(self, spec):
         check_onprem(spec)
+        spec.remote["ips"] = onprem_ips(spec)    # as Ray's provider will look them up
 
     def start(self, record, spec):
         remote = spec.remote
-        remote["ips"] = onprem_ips(spec)
+        if not remote.get("ips"):      # preflight found them
+            remote["ips"] = onprem_ips(spec)
         # `onhost.py` (ps, stop) needs only the standard library: the host's python3 runs it
         remote.update(pythons=["python3"] * len(remote["ips"]), head_ip=remote["ips"][0],
                       temp_dirs=[launcher.temp_dir(record.name).replace("{ip}", ip) for ip in remote["ips"]],

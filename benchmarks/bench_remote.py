@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_remote.py [--rounds 7] [--cells 100] [--steps 300] [--against REV]
                                                 [--parts ABC] [--ddp-hosts 3[,2]]
+    .venv/bin/python benchmarks/bench_remote.py --parts L --against REV    # no lab, no root needed
 
 Needs root, ``ip``, ``unshare`` and ``/usr/sbin/sshd`` (it builds the multi-host lab of
 ``tests/netlab.py``: three "hosts" in network namespaces, each with its own sshd) and takes it all
@@ -17,6 +18,9 @@ figures are medians of the rounds' medians.
      ``--against REV`` adds a third side: the local empty cell with the package of git revision
      REV (``git archive``d to a temporary folder put first on the path of that side and its workers),
      and with it bench_run's P1 (the warm 20-step DDP cell) on both local sides.
+- L: the local empty cell and P1 alone on the machine — no lab, no remote side: the package of
+     this tree against that of ``--against REV`` (needed), two local clusters side by side, as
+     A's third side is but without the three hosts' Ray processes sharing the two cores.
 - C: rank 0's hop to a rank on another host and back, the two ways it can go: a Ray actor call,
      and the cell line (``workers/line.py``), timed call by call inside one actor, interleaved.
 - B: steps/s of the DDP loop of ``bench_run.py``'s P2 (MLP 256→1024→256, batch 64) across the three
@@ -370,7 +374,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="DDP steps per loop")
     parser.add_argument("--against", metavar="REV",
                         help="also time the local empty cell with the package of git revision REV")
-    parser.add_argument("--parts", default="ABC", help="which parts to run (default ABC)")
+    parser.add_argument("--parts", default="ABC", help="which parts to run (default ABC; L alone)")
     parser.add_argument("--ddp-hosts", default="3", help="B on this many hosts, in turn: 3, 2 or 3,2")
     parser.add_argument("--side", choices=("local", "remote"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,8 +382,12 @@ def main() -> None:
         return side(args.side)
     parts = set(args.parts.upper())
     ddp_hosts = [int(n) for n in args.ddp_hosts.split(",")]
+    if parts == {"L"}:
+        if not args.against:
+            raise SystemExit("bench_remote: --parts L compares against a revision: give --against REV")
+        return part_l(args)
     if not parts or parts - set("ABC") or any(n not in (2, 3) for n in ddp_hosts):
-        raise SystemExit("bench_remote: --parts takes letters of ABC, --ddp-hosts 2 or 3 (or 3,2)")
+        raise SystemExit("bench_remote: --parts takes letters of ABC (or L alone), --ddp-hosts 2 or 3 (or 3,2)")
 
     import netlab
 
@@ -466,6 +474,48 @@ def part_a(args, spec: dict, sides: dict, logs: Path, before_tree: str | None) -
     remote.ask(op="cells", n=5, workers=3)          # the 3-worker group built before it is counted
     return {"rounds": rounds, "requests": requests,
             "requests3": remote.ask(op="requests", n=20, workers=3)}
+
+
+def part_l(args) -> None:
+    """The local empty cell and P1, this tree against ``--against``'s, alone on the machine."""
+    home = tempfile.mkdtemp(prefix="gpugeek-bench-local-")
+    os.environ["GPUGEEK_HOME"] = home
+    before_tree = export(args.against)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (logs in {home})", flush=True)
+    sides: dict[str, Side] = {}
+    rounds = []
+    try:
+        sides["local"] = Side("local", {"name": LOCAL}, Path(home) / "local.log")
+        sides["local"].read()
+        sides["before"] = Side("local", {"name": BEFORE}, Path(home) / "before.log", package_from=before_tree)
+        sides["before"].read()
+        for name, s in sides.items():
+            s.ask(op="cells", n=20, workers=2)            # builds the group, warms up
+            print(f"{name}: kernel and worker load {s.ask(op='where', workers=2)}", flush=True)
+        for r in range(args.rounds):
+            got = {}
+            for which in ("local", "before") if r % 2 == 0 else ("before", "local"):
+                got[which] = med(sides[which].ask(op="cells", n=args.cells, workers=2)["s"])
+                got[f"{which} P1"] = med(sides[which].ask(op="p1", n=max(5, args.cells // 4))["s"])
+            rounds.append(got)
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in got.items()), flush=True)
+    finally:
+        for s in sides.values():
+            s.stop()
+        down_leftover_clusters()
+        shutil.rmtree(before_tree, ignore_errors=True)
+
+    def column(key):
+        return [g[key] for g in rounds]
+
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {args.cells} cells a side")
+    print(f"L  local empty cell, workers=2: now {ms(column('local'))}, with {args.against} {ms(column('before'))} "
+          f"→ now/before {med([g['local'] / g['before'] for g in rounds]):.2f} (goal: now ≤ 2.5 ms)")
+    print(f"   P1 (the warm 20-step DDP cell): now {ms(column('local P1'))}, with {args.against} "
+          f"{ms(column('before P1'))} → now/before {med([g['local P1'] / g['before P1'] for g in rounds]):.3f} "
+          f"(goal within 5 %)")
+    for key in rounds[0]:
+        print(f"   per round, {key} (ms): {listed(column(key), 1000)}")
 
 
 def part_b(args, remote: Side, hosts: list, with_cells: bool) -> dict:

@@ -156,3 +156,47 @@ def test_cells_ending_back_to_back_ask_each_rank_once_for_all_of_them(monkeypatc
     dead = _Peer(set(), dead=True)
     journal.end_with_peers(gone, [dead], told.append)
     assert dead.asked == [[4, 5]] and [kept.outcome["dead"] for kept, _ in gone] == [1, 1]
+
+
+def test_a_burst_of_cells_past_what_the_ranks_keep_ends_every_journal_at_once(monkeypatch):
+    """Quick cells back to back can end faster than rank 0 asks: by then the other ranks keep only
+    the last ``CELLS_KEPT`` results. A result a rank ended but let go is said so, not taken for a
+    cell still running (which waited ``PEERS_WAIT_S`` and then called finished cells stuck), and
+    the keeper asks only for the journals still kept."""
+    import ray
+
+    from gpugeek_jupyter.workers import outcome
+    from gpugeek_jupyter.workers.journal import Ended
+
+    monkeypatch.setattr(ray, "get", lambda got, timeout=None: got)
+    ended = Ended()
+    for cell in range(1, 21):
+        ended.keep({"cell": cell, "ok": True, "output": f"rank 1, cell {cell}"})
+    assert ended.get(20)["output"] == "rank 1, cell 20" and ended.get(21) is None, "21 has not ended here"
+    assert ended.get(3) == {"forgotten": True}
+
+    class Asked:
+        def __init__(self):
+            self.asked = []
+            self.ended = self
+
+        def remote(self, cell_ids):
+            self.asked.append(list(cell_ids))
+            return [ended.get(c) for c in cell_ids]
+
+    peer = Asked()
+    ends = [(Journal(cell, {"id": f"j{cell}"}), outcome.fresh()) for cell in (2, 19, 20)]
+    started = time.monotonic()
+    journal.end_with_peers(ends, [peer], lambda kept: None)
+    assert time.monotonic() - started < 1.0, "nothing waited on the forgotten cell"
+    assert [kept.state for kept, _ in ends] == ["finished"] * 3 and peer.asked == [[2, 19, 20]]
+    assert 1 not in ends[0][0].outcome["results"], "a forgotten result is left out, not made up"
+    assert ends[2][0].outcome["results"][1]["output"] == "rank 1, cell 20"
+
+    keeper = Keeper(lambda k: None)
+    burst = [Journal(cell, {"id": f"b{cell}"}) for cell in range(1, 11)]
+    peer.asked.clear()
+    for kept in burst:
+        keeper.end_with_peers(kept, outcome.fresh(), [peer])
+    wait_until(lambda: all(kept.outcome is not None for kept in burst), 5, "every journal of the burst ended")
+    assert all(len(ask) <= journal.CELLS_KEPT for ask in peer.asked), peer.asked

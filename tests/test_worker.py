@@ -10,7 +10,7 @@ from gpugeek_jupyter.workers.worker import Worker
 
 
 def call(source: str, cell_id: int) -> bytes:
-    return pickle.dumps((source, f"<cell {cell_id}>", [], True, options(), cell_id))
+    return pickle.dumps((source, f"<cell {cell_id}>", [], True, options(), cell_id, None))   # no job: not rank 0
 
 
 def test_an_interrupt_that_comes_before_its_cell_still_stops_it():

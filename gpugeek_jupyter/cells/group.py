@@ -218,20 +218,23 @@ class WorkerGroup:
     # -- a cell ---------------------------------------------------------------------------------
 
     def run(self, source: str, options: RunOptions, *, push: dict | None = None,
-            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None, job: dict | None = None) -> Result:
-        """Run one cell on every rank and wait for it, showing what it prints as it prints. Long
-        because it is the hot path's one loop: the drain out, the cell's references and what was
-        shown live in its locals, and each turn of the loop is a Ray request saved."""
+            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None, job: dict | None = None,
+            on_sent=None) -> Result:
+        """Run one cell on every rank and wait for it, showing what it prints as it prints;
+        ``on_sent()`` is called once it is on its way (the job's ledger row is written while the
+        workers run it, not before). Long because it is the hot path's one loop: the drain out,
+        the cell's references and what was shown live in its locals, and each turn of the loop is
+        a Ray request saved."""
         import ray
         from ray import cloudpickle
 
         self.cells += 1
         cell_id = self.cells
-        call = (source, options.source_name(cell_id), pull or [], True, options, cell_id)
+        call = (source, options.source_name(cell_id), pull or [], True, options, cell_id, job)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         self.job = job
-        cell = (Led if self.led else Sent)(self.workers, call, pushed, job)
+        cell = (Led if self.led else Sent)(self.workers, call, pushed)
         asked = self._ask_nodes(SAMPLE_EVERY_S)
         sampled = asked is not None
         printer = Printer(all_ranks)
@@ -239,6 +242,8 @@ class WorkerGroup:
         stopped = cancelled = False
         self.cursor = 0
         try:
+            if on_sent is not None:
+                on_sent()
             gathered = self._gather(cell, asked, FIRST_WAIT_S)
             if gathered is not None:           # done at once: no loop, no drains
                 outcome, samples = gathered

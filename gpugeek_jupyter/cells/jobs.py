@@ -185,23 +185,26 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         print(f"note: {', '.join(unused)} {'is' if len(unused) == 1 else 'are'} for the gg helper, and {what} never "
               f"calls gg — they do nothing here; set your framework's own (bf16=True, gradient_checkpointing=True, "
               f"gradient_accumulation_steps=…)", flush=True)
+    began = time.time()
     record = _cluster()
     opts = _checkpoints(opts, record, name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10])
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
     warm = current().group
     job_name = name or f"cell {warm.cells + 1 if warm is not None and not warm.broken else 1}"
-    # the job starts before its group is built: building it is the job's work (the idle autostop)
     flat = ((f.name, getattr(opts, f.name)) for f in fields(opts))     # asdict's deep copy costs per cell
     said = {k: v for k, v in (*flat, ("push", sorted(push) if push else None), ("pull", pull),
                                ("all_ranks", all_ranks), ("max_failures", max_failures), ("name", job_name))
             if v not in (None, False, [])}
     # a warm group of this shape answers where its workers run: one write for the job, not two
     placed = len({i["node_id"] for i in warm.info}) if _reusable(warm, opts, record) and warm.info else None
-    ledger.job_started(cluster_id, job_id, job_name, workers=opts.workers, nodes=placed, options=said)
+    start_row = _once(lambda: ledger.job_started(cluster_id, job_id, job_name, at=began, workers=opts.workers,
+                                                 nodes=placed, options=said))
+    if placed is None:      # the group is built first: building it is the job's work (the idle autostop)
+        start_row()         # (on a warm group the row is written while the workers run the cell)
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": this_kernel(),
-           "started": time.time(), "pull": pull or []}
+           "started": began, "pull": pull or []}
     watcher = Watcher(watch(cluster_id=cluster_id, job_id=job_id, name=job_name, workers=opts.workers,
                              simulated=record.simulated) if watch else None)
 
@@ -215,13 +218,15 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         with connection.cell_running():     # the watcher never shuts Ray down under it
             group, record = group_for(opts, record)
             if _bring_modules(record, group, source, push):
+                start_row()       # a new group is built: the job's work
                 group, record = group_for(opts)
             if (nodes := len({i["node_id"] for i in group.info})) != placed:
+                start_row()
                 ledger.job_placed(cluster_id, job_id, nodes=nodes)
             while True:
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
-                                       on_samples=on_samples, job=job)
+                                       on_samples=on_samples, job=job, on_sent=start_row)
                     status = "finished"
                     return result
                 except WorkerDied as died:
@@ -261,8 +266,20 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
         status = "interrupted" if isinstance(error, Interrupted) else "failed"
         raise
     finally:
+        start_row()          # a job refused before its cell went out has its row too
         ledger.job_ended(cluster_id, job_id, status)
         watcher.finish(status)
+
+
+def _once(write):
+    """``write``, done at the first call only."""
+    done = []
+
+    def once() -> None:
+        if not done:
+            done.append(True)
+            write()
+    return once
 
 
 def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOptions:

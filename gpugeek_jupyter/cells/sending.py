@@ -19,8 +19,8 @@ class Led:
     (``Worker.execute_all``): one request per cell, whatever the group's size — for a notebook
     that is a Ray Client, where every request crosses the network."""
 
-    def __init__(self, workers: list, call: tuple, pushed, job: dict | None = None):
-        self.pending = [workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None, job)]
+    def __init__(self, workers: list, call: tuple, pushed):
+        self.pending = [workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)]
 
     def complete(self, values: list) -> dict:
         return values[0]
@@ -39,14 +39,13 @@ class Sent:
     hop each way is quicker than going through rank 0. The notebook then does what rank 0's lead
     does: a rank that fails or dies stops the others (``CANCEL_WAIT_S``, else they are stuck)."""
 
-    def __init__(self, workers: list, call: tuple, pushed, job: dict | None = None):
+    def __init__(self, workers: list, call: tuple, pushed):
         theirs = for_peers(call)
-        cell_id = call[-1]
         extra = (pushed,) if pushed else ()
-        self.workers, self.cell_id = workers, cell_id
-        # rank 0 keeps the cell's journal (``job``) as its lead does on a Ray Client
-        self.ranks = {(w.execute.remote(pickle.dumps(call), *extra, job=job or {}) if rank == 0 else
-                       w.execute.remote(theirs, *extra)): rank for rank, w in enumerate(workers)}
+        self.workers, self.cell_id = workers, call[5]
+        # rank 0 keeps the cell's journal (the call's job) as its lead does on a Ray Client
+        mine = pickle.dumps((*call[:-1], call[-1] or {}))
+        self.ranks = {w.execute.remote(theirs if rank else mine, *extra): rank for rank, w in enumerate(workers)}
         self.outcome = outcome.fresh()
 
     @property

@@ -7,6 +7,7 @@ kernels attached to a cluster are recorded by pid (+ start time, against pid reu
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -118,8 +119,19 @@ def get(cluster_id: int) -> ClusterRecord:
 
 
 def live(name: str) -> ClusterRecord | None:
+    """The live cluster of that name; read at every cell, so a row read as before is not parsed
+    again (a copy of the record it made: a caller may change its own)."""
     rows = store.query("SELECT * FROM clusters WHERE name=? AND stopped IS NULL", (name,))
-    return from_row(rows[0]) if rows else None
+    if not rows:
+        return None
+    raw = tuple(rows[0])
+    parsed = _parsed.get(name)
+    if parsed is None or parsed[0] != raw:
+        parsed = _parsed[name] = (raw, from_row(rows[0]))
+    return copy.copy(parsed[1])
+
+
+_parsed: dict[str, tuple[tuple, ClusterRecord]] = {}     # name → (the row as last read, its record)
 
 
 def latest(name: str) -> ClusterRecord | None:

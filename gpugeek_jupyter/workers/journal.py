@@ -220,8 +220,10 @@ class Keeper:
                     ends.append(self._later.get_nowait())
                 except queue.Empty:
                     break
+            for journal, outcome, _ in ends[:-CELLS_KEPT]:   # gone from the journals kept: nobody can read
+                journal.end(outcome)                        # them, so no rank is asked for them
             by_group: dict[int, list] = {}
-            for journal, outcome, peers in ends:     # a group rebuilt between two cells has other peers
+            for journal, outcome, peers in ends[-CELLS_KEPT:]:   # a group rebuilt meanwhile has other peers
                 by_group.setdefault(id(peers), [peers, []])[1].append((journal, outcome))
             for peers, batch in by_group.values():
                 try:
@@ -252,6 +254,7 @@ class Ended:
 
     def __init__(self):
         self._by_cell: dict[int, dict] = {}
+        self._upto = 0             # the latest cell this rank ended: it runs them in order
         self._lock = threading.Lock()
 
     def keep(self, result: dict) -> None:
@@ -259,12 +262,16 @@ class Ended:
             return
         with self._lock:
             self._by_cell[result["cell"]] = {k: result[k] for k in self.KEYS if k in result}
+            self._upto = max(self._upto, result["cell"])
             while len(self._by_cell) > CELLS_KEPT:
                 self._by_cell.pop(min(self._by_cell))
 
     def get(self, cell_id: int) -> dict | None:
+        """The cell's result; None while it runs here (or has not come yet); {"forgotten": True}
+        for one it ended whose result it no longer keeps (a reader asked too late)."""
         with self._lock:
-            return self._by_cell.get(cell_id)
+            kept = self._by_cell.get(cell_id)
+            return kept if kept is not None or cell_id > self._upto else {"forgotten": True}
 
 
 def end_with_peers(ends: list[tuple[Journal, dict]], peers: list, told) -> None:
@@ -289,10 +296,10 @@ def end_with_peers(ends: list[tuple[Journal, dict]], peers: list, told) -> None:
             for i, (_, outcome, missing) in enumerate(asked):
                 if got is None:
                     died(rank, outcome)
-                elif got[i] is not None:
-                    judge(rank, got[i], outcome)
-                else:
+                elif got[i] is None:
                     continue
+                elif not got[i].get("forgotten"):
+                    judge(rank, got[i], outcome)      # (a forgotten result: the journal has rank 0's)
                 del missing[rank]
         while waiting and not waiting[0][2]:       # the ones complete, in order
             kept, outcome, _ = waiting.pop(0)

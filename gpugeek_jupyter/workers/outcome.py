@@ -43,6 +43,6 @@ def collect(rank: int, ref, outcome: dict) -> None:
 
 
 def for_peers(call: tuple) -> bytes:
-    """Rank 0's call as the other ranks get it: no value back, nothing pulled."""
-    source, filename, _pull, _want_value, options, cell_id = call
-    return pickle.dumps((source, filename, [], False, options, cell_id))
+    """Rank 0's call as the other ranks get it: no value back, nothing pulled, no journal."""
+    source, filename, _pull, _want_value, options, cell_id, _job = call
+    return pickle.dumps((source, filename, [], False, options, cell_id, None))

@@ -115,15 +115,20 @@ class Worker:
                           "pid": os.getpid(), "node_id": node_id}
         return self.described
 
-    def execute(self, call: bytes, pushed: bytes | None = None, job: dict | None = None) -> dict:
+    def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
-        (source, filename, pull, want_value, options, cell_id): one argument, as Ray serialises
-        each argument on its own. ``job`` (rank 0, sent by a notebook that is a Ray driver): the
-        cell is kept in a journal, as the lead keeps it (``execute_all``)."""
+        (source, filename, pull, want_value, options, cell_id, job): one argument, as Ray
+        serialises each argument on its own. A ``job`` (rank 0's call, sent by a notebook that is
+        a Ray driver): the cell is kept in a journal, as the lead keeps it (``execute_all``)."""
+        cell = pickle.loads(call)
+        job = cell[-1]
         if job is not None:     # the other ranks' results come to the journal later (``end_with_peers``)
-            return self._journaled(pickle.loads(call)[-1], job, lambda: self.execute(call, pushed),
+            return self._journaled(cell[5], job, lambda: self._execute(cell, pushed),
                                    lambda result: {**outcome.fresh(), "results": {0: result},
                                                    "failed": None if result["ok"] else 0}, peers_too=True)
+        return self._execute(cell, pushed)
+
+    def _execute(self, cell: tuple, pushed: bytes | None) -> dict:
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -131,7 +136,7 @@ class Worker:
                 if result is None:
                     sys.stdout = sys.stderr = progress.Stream(self._outbox)
                     self._outbox.begin()
-                    result = self._run(call, pushed)
+                    result = self._run(cell, pushed)
                 self._stop_interrupts()
                 sys.stdout, sys.stderr = stdout, stderr
                 result.update(self.drain())
@@ -141,10 +146,10 @@ class Worker:
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
 
-    def _run(self, call: bytes, pushed: bytes | None) -> dict:
+    def _run(self, call: tuple, pushed: bytes | None) -> dict:
         from ray import cloudpickle
 
-        source, filename, pull, want_value, options, cell_id = pickle.loads(call)
+        source, filename, pull, want_value, options, cell_id, _job = call
         cell = Cell(source, filename)
         cell.register()
         result: dict = {"ok": True}
@@ -255,7 +260,7 @@ class Worker:
             self._switchboard = None
         return sorted(missing)
 
-    def execute_all(self, call: bytes, pushed: list | None = None, job: dict | None = None) -> dict:
+    def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' over the
         cell line (by actor call where there is none) — and wait for them all. A rank that fails
         (or dies) stops the others: they are interrupted and get ``CANCEL_WAIT_S`` to end; any
@@ -266,7 +271,8 @@ class Worker:
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
         self._outbox.begin()     # a drain held on rank 0 is answered when every rank is done
         try:
-            return self._journaled(pickle.loads(call)[-1], job or {}, lambda: self._lead(call, pushed), dict)
+            mine = pickle.loads(call)
+            return self._journaled(mine[5], mine[-1] or {}, lambda: self._lead(mine, pushed), dict)
         finally:
             self._outbox.end(lead=True)
 
@@ -293,11 +299,10 @@ class Worker:
                 kept.end(ended)
                 self._keeper.tell_soon(kept)      # its end: the idle clock starts there
 
-    def _lead(self, call: bytes, pushed: list | None) -> dict:
+    def _lead(self, mine: tuple, pushed: list | None) -> dict:
         import ray
 
-        mine = pickle.loads(call)
-        cell_id = mine[-1]
+        cell_id = mine[5]
         theirs = for_peers(mine)
         extra = tuple(pushed or ())
         board = self._switchboard
@@ -310,10 +315,10 @@ class Worker:
                 if not board.send(rank, cell_id, theirs, data):
                     outcome.died(rank, ended)
                     del peers[rank]
-            own = self._cell_thread.submit(self.execute, call, data)
+            own = self._cell_thread.submit(self._execute, mine, data)
         else:
             peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
-            own = self._cell_thread.submit(self.execute, call, *(ray.get(list(extra)) if extra else ()))
+            own = self._cell_thread.submit(self._execute, mine, *(ray.get(list(extra)) if extra else ()))
         deadline = None
         while True:
             if own is not None and own.done():

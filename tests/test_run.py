@@ -219,36 +219,30 @@ dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
 """
 
 
-def test_rank_0_leading_the_cell_as_for_a_ray_client_stops_failures_the_same_way(ipython, capsys):
-    """A Ray Client sends the cell to rank 0 alone, which hands it on (``execute_all``); here the
-    local group is told to work that way, and fails, gets stuck and is interrupted as above."""
+def test_rank_0_leading_the_cell_over_its_cell_line_stops_failures(ipython, capsys):
+    """The notebook sends the cell to rank 0 alone, which hands it on over the cell line
+    (``execute_all``): it fails, gets stuck and is interrupted as above, and a rank's death is
+    seen at once."""
     from gpugeek_jupyter.kernel.session import current
 
     gg.run("pass", workers=2)
-    current().group.led = True
     assert current().group.line_note is None, "rank 1 did not connect to rank 0's cell line"
-    try:
-        assert gg.run("print('from', rank)\nrank * 10", workers=2, all_ranks=True).shown() == 0
-        assert sorted(capsys.readouterr().out.splitlines()) == ["[rank 0] from 0", "[rank 1] from 1"]
-        with pytest.raises(RemoteError, match="rank 1: ValueError: bad batch"):
-            gg.run("if rank == 1:\n    raise ValueError('bad batch')\n", workers=2)
-        threading.Timer(1.0, _thread.interrupt_main).start()
-        with pytest.raises(Interrupted, match="the group is ready"):
-            gg.run("import time\nfor _ in range(600):\n    time.sleep(0.05)\n", workers=2)
-        start = time.monotonic()
-        with pytest.raises(RemoteError) as info:
-            gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
-        assert time.monotonic() - start < 12 and "rank 0 did not stop" in info.value.extra
-        gg.run("pass", workers=2)
-        current().group.led = True
-        start = time.monotonic()        # a rank's process ends: its cell line closes at once
-        with pytest.raises(GpugeekError, match="worker 1 died"):
-            gg.run("import os\nif rank == 1:\n    os._exit(1)\n", workers=2)
-        assert time.monotonic() - start < 10
-    finally:
-        group = current().group
-        if group is not None:
-            group.led = False
+    assert gg.run("print('from', rank)\nrank * 10", workers=2, all_ranks=True).shown() == 0
+    assert sorted(capsys.readouterr().out.splitlines()) == ["[rank 0] from 0", "[rank 1] from 1"]
+    with pytest.raises(RemoteError, match="rank 1: ValueError: bad batch"):
+        gg.run("if rank == 1:\n    raise ValueError('bad batch')\n", workers=2)
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    with pytest.raises(Interrupted, match="the group is ready"):
+        gg.run("import time\nfor _ in range(600):\n    time.sleep(0.05)\n", workers=2)
+    start = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        gg.run(STUCK_AFTER_RANK_1_FAILS, workers=2)
+    assert time.monotonic() - start < 12 and "rank 0 did not stop" in info.value.extra
+    gg.run("pass", workers=2)
+    start = time.monotonic()        # a rank's process ends: its cell line closes at once
+    with pytest.raises(GpugeekError, match="worker 1 died"):
+        gg.run("import os\nif rank == 1:\n    os._exit(1)\n", workers=2)
+    assert time.monotonic() - start < 10
     assert gg.run("world_size", workers=2).shown() == 2
 
 
@@ -298,9 +292,7 @@ def test_output_streams_and_all_ranks_are_prefixed(ipython, capsys):
     assert sorted(out) == ["[rank 0] from 0", "[rank 1] from 1"]
 
 
-@pytest.mark.parametrize("led", [False, True], ids=["sent", "led"])
-def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_two_seconds(
-        ipython, monkeypatch, led):
+def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_two_seconds(ipython, monkeypatch):
     """A print shows while the cell still runs; the node samplers report during it too; and a
     cell that prints nothing for 5.5 s costs the notebook a drain every 2 s, not ten a second."""
     import sys
@@ -312,7 +304,6 @@ def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_t
     deadline = time.monotonic() + 20      # a new group's samplers take a moment to start
     while group.drain_telemetry() == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    group.led = led
     seen: list[tuple[float, str]] = []
     start = time.monotonic()
 
@@ -327,15 +318,12 @@ def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_t
     record_nodes = group.on_node_samples
     monkeypatch.setattr(group, "on_node_samples", lambda s: (seen.append((time.monotonic() - start, "nodes")),
                                                              record_nodes(s)))
-    try:
-        monkeypatch.setattr(sys, "stdout", Clocked())
-        start = time.monotonic()
-        drains = group.drains
-        gg.run("print('early', flush=True)\ntime.sleep(5.5)\nprint('late')", workers=2, monitor=False)
-        took = time.monotonic() - start
-        monkeypatch.undo()
-    finally:
-        group.led = False
+    monkeypatch.setattr(sys, "stdout", Clocked())
+    start = time.monotonic()
+    drains = group.drains
+    gg.run("print('early', flush=True)\ntime.sleep(5.5)\nprint('late')", workers=2, monitor=False)
+    took = time.monotonic() - start
+    monkeypatch.undo()
     early = next(t for t, text in seen if "early" in text)
     late = next(t for t, text in seen if "late" in text)
     assert early < 1.5 < 5.5 <= late, seen

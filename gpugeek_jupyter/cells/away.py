@@ -32,7 +32,7 @@ def link_lost(group, exc: BaseException) -> bool:
     """Whether ``exc``, raised under a running cell, is the link to a remote cluster going down
     (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client that can
     connect again, and the error is a link's, or the client is no longer steady."""
-    if not group.led or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
+    if not group.client or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
         return False
     return isinstance(exc, link_errors()) or not connection.steady()
 

@@ -33,7 +33,7 @@ from . import away, orphans
 from .orphans import NAMESPACE, group_name
 from .placement import bundle, growing, keep, never_fits, no_room, rank_places, release_held, remove
 from .results import Interrupted, Printer, Result, WorkerDied, failure
-from .sending import Led, Sent
+from .sending import Led
 
 READY_TIMEOUT_S = 120
 FIRST_WAIT_S = 0.05      # a cell done within this needs no drain at all
@@ -59,7 +59,7 @@ class WorkerGroup:
         self.broken = False
         self.line_note: str | None = None
         self.drains = 0         # drains sent while cells ran (one a second or so: tests read it)
-        self.led = False        # cells go to rank 0 alone (a Ray Client), else to every rank
+        self.client = False     # this kernel is a Ray Client: the link can go down under a cell (``away``)
         self.keep_s: float | None = None    # a gone kernel's ended group is kept this long (the idle window)
         # the workers belong to the cluster, not to this kernel's connection (detached, named): a
         # cell outlives a link that went down, and the group a Ray Client that had to reconnect
@@ -126,7 +126,7 @@ class WorkerGroup:
                               "about a millisecond slower each")
         from ray.util.client import ray as client
 
-        self.led = client.is_connected()
+        self.client = client.is_connected()
         if self.on_node_samples is not None:       # one sampler per node the group runs on
             self.samplers = telemetry.start_samplers(sorted({i["node_id"] for i in self.info}),
                                                      gpus=self.sample_gpus, detached=True)
@@ -149,7 +149,7 @@ class WorkerGroup:
         self.info = ray.get([w.description.remote() for w in self.workers], timeout=READY_TIMEOUT_S)
         self.options, self.samplers = told["options"], list(told["samplers"])
         self.pg = get_placement_group(group_name(group_id))
-        self.led = client.is_connected()
+        self.client = client.is_connected()
 
     def refind(self) -> bool:
         """After this kernel connected again: its workers, found by name (they outlived the old
@@ -234,7 +234,7 @@ class WorkerGroup:
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         self.job = job
-        cell = (Led if self.led else Sent)(self.workers, call, pushed)
+        cell = Led(self.workers, call, pushed)
         asked = self._ask_nodes(SAMPLE_EVERY_S)
         sampled = asked is not None
         printer = Printer(all_ranks)
@@ -258,23 +258,15 @@ class WorkerGroup:
                     poll = self.workers[0].drain_all.remote(hold, self.cursor, cell_id)
                     poll_at = now + DRAIN_GAP_S
                     self.drains += 1
-                if poll is not None and self.led:
-                    # a Ray Client, where each request goes through the cluster's client server:
-                    # the drain alone is waited on, as rank 0 answers it when the cell ends (its
-                    # lead stops the ranks if one fails) and a dead rank 0 fails it at once
+                if poll is not None:
+                    # the drain alone is waited on (on a Ray Client each request crosses the
+                    # network), as rank 0 answers it when the cell ends (its lead stops the ranks
+                    # if one fails) and a dead rank 0 fails it at once
                     drained, poll = self._get(poll, hold + progress.ANSWER_WITHIN_S), None
                     self.show(drained, printer, on_samples)
                     if drained is not None and drained["running"] and time.perf_counter() >= poll_at:
                         continue      # a quiet cell: the next drain, nothing else to ask
-                    waiting = cell.pending
-                else:
-                    waiting = cell.pending + ([poll] if poll is not None else [])
-                timeout = hold + 1.0 if poll is not None else max(0.0, poll_at - time.perf_counter())
-                done, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
-                if poll is not None and poll in done:
-                    done.remove(poll)
-                    self.show(self._get(poll, 0.0), printer, on_samples)   # rank 0 dead: its cell says so
-                    poll = None
+                done, _ = ray.wait(cell.pending, num_returns=1, timeout=max(0.0, poll_at - time.perf_counter()))
                 if done:
                     try:
                         outcome = cell.take(done)

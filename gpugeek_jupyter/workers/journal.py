@@ -13,15 +13,10 @@ told how many were dropped. The last ``CELLS_KEPT`` cells' journals are kept.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 
-from .outcome import died, judge
-
 BOUND_BYTES = 16 * 2**20     # a cell's output and reports kept on rank 0, at most
-PEERS_WAIT_S = 60.0          # how long rank 0 waits for the other ranks' results of a sent cell
-PEERS_POLL_S = 0.1
 CELLS_KEPT = 4               # journals kept: the running cell's and the last ones before it
 KEEP_EVERY_S = 2.0           # while nobody reads, rank 0 drains this often itself
 
@@ -159,8 +154,7 @@ class Keeper:
     was). While a cell runs it drains into the cell's journal whenever the notebook has not read
     for ``KEEP_EVERY_S`` — the ranks' output and reports are kept on rank 0, not left to pile up
     in their outboxes — and tells the cluster's watchdogs that the job works (``report``), so that
-    no idle clock runs while it does. What a cell's end leaves to do (telling the watchdogs,
-    waiting for the other ranks' last results) runs on a second thread, off the cell's path."""
+    no idle clock runs while it does. A cell's end is told with its next beat, off the cell's path."""
 
     def __init__(self, drain, report=None):
         self.drain, self.report = drain, report
@@ -169,9 +163,7 @@ class Keeper:
         self._told_at = 0.0
         self._untold: Journal | None = None     # a cell's end, told with the keeper's next beat
         self._untold_lock = threading.Lock()
-        self._later: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True).start()
-        threading.Thread(target=self._run_later, name="gpugeek-journal-end", daemon=True).start()
 
     def keep(self, journal: Journal) -> None:
         with self._lock:
@@ -182,11 +174,6 @@ class Keeper:
         with self._lock:
             if self.current is journal:
                 self.current = None
-
-    def end_with_peers(self, journal: Journal, outcome: dict, peers: list) -> None:
-        """End ``journal`` with the other ranks' results of its cell, off the cell's path
-        (``end_with_peers``, batched with the cells that ended meanwhile)."""
-        self._later.put((journal, outcome, peers))
 
     def tell_soon(self, journal: Journal) -> None:
         """Tell the watchdogs of ``journal``'s end within ``KEEP_EVERY_S / 2``: cells run back to back
@@ -212,26 +199,6 @@ class Keeper:
                     self.report(kept)
                     self._told_at = time.monotonic()
 
-    def _run_later(self) -> None:
-        while True:
-            ends = [self._later.get()]
-            while True:           # and every end queued meanwhile: one request per rank for all
-                try:
-                    ends.append(self._later.get_nowait())
-                except queue.Empty:
-                    break
-            for journal, outcome, _ in ends[:-CELLS_KEPT]:   # gone from the journals kept: nobody can read
-                journal.end(outcome)                        # them, so no rank is asked for them
-            by_group: dict[int, list] = {}
-            for journal, outcome, peers in ends[-CELLS_KEPT:]:   # a group rebuilt meanwhile has other peers
-                by_group.setdefault(id(peers), [peers, []])[1].append((journal, outcome))
-            for peers, batch in by_group.values():
-                try:
-                    end_with_peers(batch, peers, self.tell_soon)
-                except Exception:  # noqa: BLE001 - a journal's end must not stop the next one's
-                    pass
-
-
 def _steps(ranks) -> list[int]:
     """The steps the ranks' reports name (a drain's ranks, or an outcome's results)."""
     return [s["step"] for d in ranks for s in d.get("samples", ()) if s.get("step") is not None]
@@ -243,74 +210,6 @@ def told(journal: Journal) -> dict:
             "name": journal.job.get("name"), "kernel": journal.job.get("kernel"),
             "running": journal.outcome is None, "step": journal.step,
             "began": journal.began, "ended": journal.ended, "state": journal.state}
-
-
-class Ended:
-    """A rank's last results, by cell: for a cell the notebook sent to every rank (a Ray driver on
-    the cluster's network), rank 0 ends the journal with them, so it holds every rank's last
-    output and reports, as when rank 0 leads the cell."""
-
-    KEYS = ("ok", "interrupted", "error", "type", "said", "output", "samples", "memory")
-
-    def __init__(self):
-        self._by_cell: dict[int, dict] = {}
-        self._upto = 0             # the latest cell this rank ended: it runs them in order
-        self._lock = threading.Lock()
-
-    def keep(self, result: dict) -> None:
-        if result.get("cell") is None:
-            return
-        with self._lock:
-            self._by_cell[result["cell"]] = {k: result[k] for k in self.KEYS if k in result}
-            self._upto = max(self._upto, result["cell"])
-            while len(self._by_cell) > CELLS_KEPT:
-                self._by_cell.pop(min(self._by_cell))
-
-    def get(self, cell_id: int) -> dict | None:
-        """The cell's result; None while it runs here (or has not come yet); {"forgotten": True}
-        for one it ended whose result it no longer keeps (a reader asked too late)."""
-        with self._lock:
-            kept = self._by_cell.get(cell_id)
-            return kept if kept is not None or cell_id > self._upto else {"forgotten": True}
-
-
-def end_with_peers(ends: list[tuple[Journal, dict]], peers: list, told) -> None:
-    """End each journal of ``ends`` (cells in the order they ran) once every other rank has its
-    result of the cell (``Worker.ended``), asked without waiting on them — their second thread
-    stays free for interrupts — with one request per rank for all of them: cells run back to back
-    cost a rank one request a batch, not one each. A rank that never answers within
-    ``PEERS_WAIT_S`` is named stuck, one that died dead; then ``told`` the last one ended."""
-    import ray
-
-    waiting = [(kept, outcome, dict(enumerate(peers, 1))) for kept, outcome in ends]
-    deadline = time.monotonic() + PEERS_WAIT_S
-    while any(missing for _, _, missing in waiting) and time.monotonic() < deadline:
-        for rank, peer in enumerate(peers, 1):
-            asked = [(kept, outcome, missing) for kept, outcome, missing in waiting if rank in missing]
-            if not asked:
-                continue
-            try:
-                got = ray.get(peer.ended.remote([kept.cell_id for kept, _, _ in asked]), timeout=10)
-            except Exception:  # noqa: BLE001 - a dead or unreachable rank: the outcomes say so
-                got = None
-            for i, (_, outcome, missing) in enumerate(asked):
-                if got is None:
-                    died(rank, outcome)
-                elif got[i] is None:
-                    continue
-                elif not got[i].get("forgotten"):
-                    judge(rank, got[i], outcome)      # (a forgotten result: the journal has rank 0's)
-                del missing[rank]
-        while waiting and not waiting[0][2]:       # the ones complete, in order
-            kept, outcome, _ = waiting.pop(0)
-            kept.end(outcome)
-            told(kept)
-        if waiting:
-            time.sleep(PEERS_POLL_S)          # the ranks' cells are ending: asked again shortly
-    for kept, outcome, missing in waiting:
-        outcome["stuck"] = sorted({*outcome["stuck"], *missing})
-        kept.end(outcome)
-        told(kept)
 
 
 def tell_watchdogs(kept: Journal) -> None:

@@ -9,10 +9,10 @@ the running cell between two bytecodes — the only way found to stop a cell and
 
 Rank 0 also leads: the notebook sends it the cell once (``execute_all``) and it hands the cell to
 the other ranks from inside the cluster, over the cell line (``line``), so a cell costs the
-notebook one request whatever the group's size — what counts when the notebook is a Ray Client
-across a network. The lead is where a failing rank stops the others. Rank 0 runs its cells in a
-thread of its own, beside the lead, so that a cell stuck in a collective cannot keep the lead
-from answering.
+notebook one request whatever the group's size — across a network (a Ray Client) and on the
+cluster's own (a Ray driver) alike, the quicker way. The lead is where a failing rank stops the
+others. Rank 0 runs its cells in a thread of its own, beside the lead, so that a cell stuck in a
+collective cannot keep the lead from answering.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class Worker:
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
-        self._ended = journal.Ended()      # this rank's last results, for rank 0's journal
         self._keeper: journal.Keeper | None = None   # rank 0: drains its journals while nobody reads
         self.ns: dict = {}
         self.rank = -1
@@ -118,15 +117,9 @@ class Worker:
     def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
         (source, filename, pull, want_value, options, cell_id, job): one argument, as Ray
-        serialises each argument on its own. A ``job`` (rank 0's call, sent by a notebook that is
-        a Ray driver): the cell is kept in a journal, as the lead keeps it (``execute_all``)."""
-        cell = pickle.loads(call)
-        job = cell[-1]
-        if job is not None:     # the other ranks' results come to the journal later (``end_with_peers``)
-            return self._journaled(cell[5], job, lambda: self._execute(cell, pushed),
-                                   lambda result: {**outcome.fresh(), "results": {0: result},
-                                                   "failed": None if result["ok"] else 0}, peers_too=True)
-        return self._execute(cell, pushed)
+        serialises each argument on its own. Another rank's cell comes this way (over the cell
+        line, or by actor call); rank 0's own is run by its lead (``execute_all``)."""
+        return self._execute(pickle.loads(call), pushed)
 
     def _execute(self, cell: tuple, pushed: bytes | None) -> dict:
         stdout, stderr = sys.stdout, sys.stderr
@@ -141,7 +134,6 @@ class Worker:
                 sys.stdout, sys.stderr = stdout, stderr
                 result.update(self.drain())
                 self._outbox.end()
-                self._ended.keep(result)
                 return result
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
@@ -232,11 +224,6 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def ended(self, cell_ids: list[int]) -> list[dict | None]:
-        """This rank's result of each cell once it ended (its last output and reports), for rank
-        0's journals; None for one that still runs."""
-        return [self._ended.get(cell_id) for cell_id in cell_ids]
-
     def description(self) -> dict:
         """What ``setup`` said of this rank: a kernel that adopts the group reads it here."""
         return self.described
@@ -276,10 +263,9 @@ class Worker:
         finally:
             self._outbox.end(lead=True)
 
-    def _journaled(self, cell_id: int, job: dict, run, outcome_of, peers_too: bool = False) -> dict:
+    def _journaled(self, cell_id: int, job: dict, run, outcome_of) -> dict:
         """``run()`` with the cell's journal open and rank 0's keeper draining it while nobody
-        reads; the journal ends with ``outcome_of(run's result)`` — and, for a cell the notebook
-        sent to every rank (``peers_too``), with the other ranks' results, read off the cell's path."""
+        reads; the journal ends with ``outcome_of(run's result)``."""
         kept = self._journals.open(cell_id, job)
         if self._keeper is None:
             self._keeper = journal.Keeper(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
@@ -291,13 +277,8 @@ class Worker:
             return result
         finally:
             self._keeper.release(kept)
-            ended = ended or outcome.fresh(dead=0)
-            if peers_too and self._peers:
-                peers = self._peers
-                self._keeper.end_with_peers(kept, ended, peers)
-            else:
-                kept.end(ended)
-                self._keeper.tell_soon(kept)      # its end: the idle clock starts there
+            kept.end(ended or outcome.fresh(dead=0))
+            self._keeper.tell_soon(kept)      # its end: the idle clock starts there
 
     def _lead(self, mine: tuple, pushed: list | None) -> dict:
         import ray

@@ -16,8 +16,8 @@ class Led:
     """A cell sent to rank 0 once, which hands it on over the cell line and stops the others if
     one fails (``Worker.execute_all``): one request per cell, whatever the group's size. For a
     Ray Client every request crosses the network; for a Ray driver on the cluster's own network
-    too it is the quicker way — one Ray call fewer than sending it to every rank (0.82 of that
-    on a local 2-worker group, BENCHMARKS.md) — and rank 0 has every rank's result for the
+    too it is the quicker way — one Ray call fewer than sending it to every rank (0.78 of that
+    on a local 2-worker group, side by side: BENCHMARKS.md, run 17) — and rank 0 has every rank's result for the
     cell's journal without asking for it."""
 
     def __init__(self, workers: list, call: tuple, pushed):

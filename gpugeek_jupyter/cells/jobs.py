@@ -200,8 +200,11 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     placed = len({i["node_id"] for i in warm.info}) if _reusable(warm, opts, record) and warm.info else None
     start_row = _once(lambda: ledger.job_started(cluster_id, job_id, job_name, at=began, workers=opts.workers,
                                                  nodes=placed, options=said))
-    if placed is None:      # the group is built first: building it is the job's work (the idle autostop)
-        start_row()         # (on a warm group the row is written while the workers run the cell)
+    # the group is built first: building it is the job's work (the idle autostop). On a warm group
+    # of a Ray driver the row is written while the workers run the cell; a Ray Client's round trip
+    # dwarfs the write, and its link is settled first
+    if placed is None or capable(record).tunnelled:
+        start_row()
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": this_kernel(),
            "started": began, "pull": pull or []}

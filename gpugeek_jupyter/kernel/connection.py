@@ -131,7 +131,8 @@ def settle() -> bool:
     from ray.util.client import ray as client
 
     deadline = time.monotonic() + CLIENT_SETTLE_S
-    while client.is_connected() and not steady() and time.monotonic() < deadline:
+    while client.is_connected() and not (steady() and _tunnel_lives(connection.cluster_id)) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
     if client.is_connected():
         return False
@@ -139,6 +140,16 @@ def settle() -> bool:
     print(f"note: the connection to {record.name!r} was lost; connecting again", flush=True)
     rejoin(record)
     return True
+
+
+def _tunnel_lives(cluster_id: int) -> bool:
+    """Whether the cluster's SSH tunnel process lives. Killed, it takes the client's channel down,
+    but the channel may read ready for a moment more: a cell sent then never reaches rank 0. So
+    a cell waits for the watchdog's new tunnel (which it records) as for the channel."""
+    from ..cluster import processes
+
+    record = registry.get(cluster_id)
+    return not capable(record).tunnelled or not record.session_id or processes.alive(record.session_id)
 
 
 def steady() -> bool:

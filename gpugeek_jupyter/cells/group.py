@@ -221,8 +221,8 @@ class WorkerGroup:
             pull: list[str] | None = None, all_ranks: bool = False, on_samples=None, job: dict | None = None,
             on_sent=None) -> Result:
         """Run one cell on every rank and wait for it, showing what it prints as it prints;
-        ``on_sent()`` is called once it is on its way (the job's ledger row is written while the
-        workers run it, not before). Long because it is the hot path's one loop: the drain out,
+        ``on_sent()`` is called once it is on its way (``jobs`` writes a warm local cell's ledger
+        row there, while the workers run it). Long because it is the hot path's one loop: the drain out,
         the cell's references and what was shown live in its locals, and each turn of the loop is
         a Ray request saved."""
         import ray

@@ -82,9 +82,7 @@ class OnPremBackend(LauncherBackend):
         spec.remote["ips"] = onprem_ips(spec)    # as Ray's provider will look them up
 
     def start(self, record, spec):
-        remote = spec.remote
-        if not remote.get("ips"):      # preflight found them
-            remote["ips"] = onprem_ips(spec)
+        remote = spec.remote         # its "ips": preflight found them
         # `onhost.py` (ps, stop) needs only the standard library: the host's python3 runs it
         remote.update(pythons=["python3"] * len(remote["ips"]), head_ip=remote["ips"][0],
                       temp_dirs=[launcher.temp_dir(record.name).replace("{ip}", ip) for ip in remote["ips"]],

@@ -71,7 +71,7 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
     """The warm group of this size on the active cluster (``record``: as just read), built if needed."""
     session = current()
     record = record or _cluster()
-    if connection.settle() and session.group is not None and not _refound(session.group, record):
+    if connection.settle(record) and session.group is not None and not _refound(session.group, record):
         print("note: the worker group was gone when the cluster answered again: a new one starts (variables "
               "defined on the old one are gone)", flush=True)
     old = session.group

@@ -117,13 +117,14 @@ def _client_init(address: str, runtime_env: dict) -> None:
             time.sleep(1.0)
 
 
-def settle() -> bool:
+def settle(record: ClusterRecord | None = None) -> bool:
     """Wait out a Ray Client's reconnection; True when the connection had to be made anew.
 
     When the tunnel drops (the laptop slept, the watchdog is reopening it), Ray's client reconnects
     by itself within its grace period, and most calls wait for it, but some fail at once meanwhile
     ("Cannot invoke RPC on closed channel"). So a cell first waits for the client's channel to be
-    ready again — read from the client's own state, no request. A client that gave up is connected
+    ready again — read from the client's own state, no request — and for the cluster's tunnel
+    (``record``: as the cell just read it, not read twice). A client that gave up is connected
     again; the workers it owned are gone with its session."""
     connection = current().connection
     if connection is None or not connection.client:
@@ -131,9 +132,13 @@ def settle() -> bool:
     from ray.util.client import ray as client
 
     deadline = time.monotonic() + CLIENT_SETTLE_S
-    while client.is_connected() and not (steady() and _tunnel_lives(connection.cluster_id)) \
-            and time.monotonic() < deadline:
+    if record is None or record.id != connection.cluster_id:
+        record = None
+    while client.is_connected() and time.monotonic() < deadline:
+        if steady() and _tunnel_lives(record or registry.get(connection.cluster_id)):
+            break
         time.sleep(0.1)
+        record = None          # the watchdog's new tunnel: read afresh
     if client.is_connected():
         return False
     record = registry.get(connection.cluster_id)
@@ -142,13 +147,12 @@ def settle() -> bool:
     return True
 
 
-def _tunnel_lives(cluster_id: int) -> bool:
+def _tunnel_lives(record: ClusterRecord) -> bool:
     """Whether the cluster's SSH tunnel process lives. Killed, it takes the client's channel down,
     but the channel may read ready for a moment more: a cell sent then never reaches rank 0. So
     a cell waits for the watchdog's new tunnel (which it records) as for the channel."""
     from ..cluster import processes
 
-    record = registry.get(cluster_id)
     return not capable(record).tunnelled or not record.session_id or processes.alive(record.session_id)
 
 

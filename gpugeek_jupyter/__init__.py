@@ -14,13 +14,14 @@ API = ("Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "Laun
        "price_performance", "reset", "run", "scale", "status", "torchrun", "up", "update_catalog")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 
-__version__ = "0.1.0"
 __all__ = [*API, *WIDGETS, "GpugeekError", "load_ipython_extension"]
 
 
 def __getattr__(name: str):
     """The API and the widgets load on first use."""
-    if name == "GpugeekError":
+    if name == "__version__":
+        from .versions import PACKAGE_VERSION as value
+    elif name == "GpugeekError":
         from .errors import GpugeekError as value
     elif name in API:
         from . import api

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ from .meter import ledger
 from .meter.telemetry import node_samples_frame
 from .provision.actions import Cluster, down, limits, preempt, scale
 from .provision.status import ClusterStatus, clusters, status
-from .provision.up import up
+from .provision.up import up as _provision
 from .sizing import planner
 from .sizing.advise import Advice, advise_job
 from .sizing.planner import Plan
@@ -40,6 +41,16 @@ __all__ = [
     "price_performance",
     "reset", "run", "scale", "status", "up", "update_catalog",
 ]
+
+
+@functools.wraps(_provision)
+def up(*args, **kwargs):
+    cluster = _provision(*args, **kwargs)
+    if kwargs.get("workers") and isinstance(cluster, Cluster):    # a warm group, started while `up` returns
+        from .cells import jobs
+
+        jobs.warm_start(cluster.record, kwargs["workers"])
+    return cluster
 
 
 def plan(*args, **kwargs) -> Plan:

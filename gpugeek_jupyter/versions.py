@@ -15,6 +15,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+PACKAGE_VERSION = "0.1.0"       # this package's (``pyproject.toml``'s): what a kernel and a keeper tell each other
 COMPILED = {".so", ".pyd", ".dylib"}
 LOCAL_FILES_MAX = 2000          # a "module" with more files than this is not a notebook's helper
 

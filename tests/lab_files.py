@@ -8,9 +8,13 @@ kept in ``.cache/`` (``make lab-files``):
             reach nothing else
     image   a "machine image": a venv of Debian's python3 with torch and numpy, and no Ray, which
             the lab mounts on every host that is not bare
+    kernel  a kernel on another Python than the hosts': a venv of PYTHON (pyenv's 3.12) with this
+            kernel's Ray, torch, numpy and pandas (torch from PyPI: another minor has no CPU wheel
+            on this machine), which runs the package from the checkout (tests/lab/test_any_laptop.py)
 
     .venv/bin/python tests/lab_files.py index .cache/lab-index
     .venv/bin/python tests/lab_files.py image .cache/lab-image .cache/lab-index
+    .venv/bin/python tests/lab_files.py kernel .cache/kernel-other PYTHON
 
 Each is made again only when the versions it was made for change (a ``made.json`` beside it).
 """
@@ -31,7 +35,9 @@ BASE_PYTHON = "/usr/bin/python3"     # the OS's own Python: what every lab host 
 
 
 RUNTIME = ("ray", "torch", "numpy", "pip", "s3fs")       # what a host's runtime holds
-FRAMEWORKS = ("transformers", "accelerate", "lightning")   # what a job's ``up --env`` may add
+# what a job's ``up --env`` may add, and what a cell imports that the kernel sends (pandas: a kernel
+# of another Python pulls a DataFrame made on the hosts)
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "pandas")
 
 
 def wanted() -> dict[str, str]:
@@ -85,6 +91,26 @@ def image(folder: Path, wheels: Path) -> None:
     (folder / "made.json").write_text(json.dumps(versions))
 
 
+# what the package imports in a kernel besides Ray, torch, numpy and pandas (pyproject's
+# dependencies, less the Jupyter server's and the front end's)
+KERNEL = ("plotly", "psutil", "pyyaml", "ipython", "ipywidgets", "prometheus-client", "uv", "nvidia-ml-py")
+
+
+def kernel(folder: Path, python: str) -> None:
+    versions = {name: metadata.version(name) for name in ("ray", "torch", "numpy", "pandas", *KERNEL)}
+    versions["torch"] = versions["torch"].split("+")[0]       # PyPI's build for that Python
+    made = {**versions, "python": python}
+    if _made(folder, made):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    uv = str(Path(sys.executable).parent / "uv")
+    subprocess.run([uv, "venv", "-q", "--python", python, str(folder)], check=True, timeout=120)
+    wanted = [f"ray[default]=={versions['ray']}", *(f"{name}=={v}" for name, v in versions.items() if name != "ray")]
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(folder / "bin" / "python"), *wanted],
+                   check=True, timeout=900)
+    (folder / "made.json").write_text(json.dumps(made))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -92,11 +118,16 @@ def main() -> None:
     made = sub.add_parser("image")
     made.add_argument("folder", type=Path)
     made.add_argument("wheels", type=Path)
+    other = sub.add_parser("kernel")
+    other.add_argument("folder", type=Path)
+    other.add_argument("python")
     args = parser.parse_args()
     if args.what == "index":
         index(args.folder)
-    else:
+    elif args.what == "image":
         image(args.folder, args.wheels)
+    else:
+        kernel(args.folder, args.python)
 
 
 if __name__ == "__main__":

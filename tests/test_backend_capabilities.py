@@ -87,7 +87,7 @@ def test_each_backend_says_each_thing_it_can_do(name):
         assert hasattr(backend, capability), f"the {name} backend does not say whether it is {capability}"
         value = getattr(backend, capability)
         assert isinstance(value, hints[capability]), f"{name}.{capability} = {value!r}"
-    assert backend.kernel_joins in ("driver", "client", None)
+    assert backend.kernel_joins in ("driver", "line", None)
     if backend.kernel_joins == "client":      # a kernel's Ray Client goes through the tunnel's port
         assert backend.tunnelled
     assert bool(backend.no_limits_because) == (not backend.watched), "say why --budget and --idle cannot hold"

@@ -68,7 +68,7 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     assert "ray start" in head and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head  # else Ray warns
     head_order, worker_order = _order(head), _order(worker)
     for order in (head_order, worker_order):
-        assert (order["port"], order["client_port"]) == (hosts.GCS_PORT, hosts.CLIENT_PORT)
+        assert (order["port"], order["keeper_port"]) == (hosts.GCS_PORT, hosts.KEEPER_PORT)
         assert order["token_path"] == f"{node_dir}/auth_token" and order["marker"] == launcher.SHOWN_MARKER
         assert "{ip}" in order["temp_dir"], "nodes sharing a /tmp (the lab) need temp dirs of their own"
     assert head_order["role"] == "head" and head_order["gpus"] == 0
@@ -131,8 +131,8 @@ class _Started:
 def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     """What the YAML's commands make of ``onhost.py start`` on a node (``ray start`` itself faked):
     the marker and token auth in Ray's environment, the token file 0600 though it arrived 0644,
-    the client server and autoscaler on the head, the head's address and node type from Ray's
-    exports on a worker."""
+    the autoscaler and no Ray Client server on the head, the head's address and node type from
+    Ray's exports on a worker."""
     monkeypatch.setenv("HOME", str(tmp_path))
     config = gg.up(backend="aws", gpu="A100", count=8).config
     token = tmp_path / launcher.node_dir("aws").removeprefix("~/") / "auth_token"
@@ -140,7 +140,6 @@ def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     token.write_text("secret\n")
     token.chmod(0o644)
     monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
-    monkeypatch.setattr(onhost, "_listening", lambda ip, port, within=0.0: True)
     monkeypatch.setattr(onhost, "node_ip", lambda peer=None: "10.0.0.5" if peer is None else "10.0.0.6")
     for key in ("RAY_HEAD_IP", "RAY_NODE_TYPE_NAME"):
         monkeypatch.delenv(key, raising=False)
@@ -148,8 +147,9 @@ def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     words = shlex.split(config["head_start_ray_commands"][0].split("; ", 1)[1])
     assert onhost.start(words[words.index("start") + 1:])["ok"]
     cmd, env = _Started.cmd, _Started.env
-    assert {"--head", "--port=6379", "--ray-client-server-port=10001", "--node-ip-address=10.0.0.5",
+    assert {"--head", "--port=6379", "--node-ip-address=10.0.0.5",
             "--num-gpus=0", "--autoscaling-config=~/ray_bootstrap_config.yaml"} <= set(cmd)
+    assert not [word for word in cmd if "client-server" in word] and onhost.HEAD_START in cmd
     temp_dir = _order(config["head_start_ray_commands"][0])["temp_dir"].replace("{ip}", "10.0.0.5")
     assert "--no-monitor" not in cmd and f"--temp-dir={temp_dir}" in cmd
     assert env[onhost.MARKER] == launcher.SHOWN_MARKER and env["RAY_AUTH_MODE"] == "token"
@@ -289,7 +289,7 @@ def _one_line(ipython, capsys, line):
     ("up --backend ssh --hosts h1,h1 --usd-per-hour 1", "--hosts: a host is named twice"),
     ("up --backend ssh --hosts h1,h2", "say what each host costs: --usd-per-hour X"),
     ("up --backend ssh --hosts h1 --usd-per-hour -1", "--usd-per-hour -1.0: give a number of dollars"),
-    ("up --backend ssh --hosts h1 --usd-per-hour 1 --workers 2", "--workers: an ssh cluster is the --hosts"),
+    ("up --backend ssh --hosts h1 --usd-per-hour 1 --max-workers 2", "--max-workers: an ssh cluster is the --hosts"),
     ("up --backend sim --gpu A100 --hosts h1", "--hosts: only for --backend ssh"),
     ("up --backend ssh --hosts 127.0.0.1:1 --usd-per-hour 0", "127.0.0.1:1: SSH failed"),
     ("status nosuch", "no cluster named 'nosuch'"),
@@ -327,29 +327,28 @@ def test_launch_without_credentials_is_one_line(ipython, capsys, tmp_path, monke
 
 
 def test_an_ssh_head_takes_other_ports_when_the_usual_ones_are_held(tmp_path, monkeypatch):
-    """A host already running a Ray (another cluster of ours, or the user's own) holds 6379: the
-    head goes on free ports and says which, so the workers and the tunnel follow it."""
+    """A host already running a Ray (another cluster of ours, or the user's own) holds 6379, and
+    another keeper the keeper's port: the head goes on free ports and says which, so the workers,
+    the watchdog's keeper and the tunnel follow it."""
     import socket
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(onhost.subprocess, "Popen", _Started)
-    monkeypatch.setattr(onhost, "_listening", lambda ip, port, within=0.0: True)
     monkeypatch.setattr(onhost, "TOKEN", "secret")
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
         order = {"role": "head", "marker": "m", "temp_dir": str(tmp_path / "ray"), "ip": "127.0.0.1", "gpus": 0,
-                 "token_path": str(tmp_path / "token"), "port": taken, "client_port": taken, "free_ports": True}
+                 "token_path": str(tmp_path / "token"), "port": taken, "keeper_port": taken, "free_ports": True}
         # the system may hand the port it just let go to the next ask: never one for both
         first, second = ports.free_ports(2)
         handed = iter([first, first, second])
         monkeypatch.setattr(onhost, "_any_free_port", lambda ip: next(handed))
         answer = onhost.start([json.dumps(order)])
-    assert answer["ok"] and taken not in (answer["port"], answer["client_port"])
-    assert (answer["port"], answer["client_port"]) == (first, second)
+    assert answer["ok"] and taken not in (answer["port"], answer["keeper_port"])
+    assert (answer["port"], answer["keeper_port"]) == (first, second)
     assert f"--port={answer['port']}" in _Started.cmd
-    assert f"--ray-client-server-port={answer['client_port']}" in _Started.cmd
 
 
 def test_a_local_heads_ports_are_chosen_together_so_never_one_twice():

@@ -179,7 +179,7 @@ def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monke
     class Record:
         id = -2
 
-    monkeypatch.setattr(current(), "connection", Connection("ray://127.0.0.1:1", tmp_path / "db", -2, client=True))
+    monkeypatch.setattr(current(), "connection", Connection("ray://127.0.0.1:1", tmp_path / "db", -2, kind="client"))
     try:
         with pytest.raises(GpugeekError) as refused:
             jobs._bring_modules(Record(), Group(), "import helper\nprint(helper.A)", None)

@@ -33,9 +33,10 @@ def test_the_heads_package_is_exactly_what_its_watchdog_imports():
 
     needed = reachable(f"{ROOT}.guard.headwatch", graph())
     read = ssh.ONHOST.relative_to(headguard.PACKAGE)
-    assert read in headguard.head_files(), f"the head's watchdog reads {read}, which HEAD_PACKAGE leaves out"
+    watchdogs = headguard.head_files(headguard.HEAD_PACKAGE)
+    assert read in watchdogs, f"the head's watchdog reads {read}, which HEAD_PACKAGE leaves out"
     shipped = {".".join([ROOT, *file.with_suffix("").parts]).removesuffix(".__init__")
-               for file in headguard.head_files()}      # the script is imported too (`ours`), and read
+               for file in watchdogs}      # the script is imported too (`ours`), and read
     missing = needed - shipped
     assert not missing, f"the head's watchdog imports what HEAD_PACKAGE leaves out: {sorted(missing)}"
     packages = {m for m in shipped if (headguard.PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
@@ -43,21 +44,24 @@ def test_the_heads_package_is_exactly_what_its_watchdog_imports():
     assert not extra, f"HEAD_PACKAGE ships what the head never imports: {sorted(extra)}"
 
 
-def test_the_package_sent_to_the_head_runs_the_watchdog_from_itself(tmp_path):
+def test_the_package_sent_to_the_head_runs_the_watchdog_and_the_keeper_from_itself(tmp_path):
+    """The archive holds the watchdog's part and the keeper's (its groups, cells, probes, the line),
+    never the notebook's (widgets, magics, what a kernel asks for, the server); each runs from it alone."""
     with tarfile.open(fileobj=io.BytesIO(headguard.package_archive()), mode="r:gz") as tar:
         tar.extractall(tmp_path)
     sent = {p.relative_to(tmp_path / "gpugeek_jupyter").parts[0] for p in tmp_path.rglob("*.py")}
-    never = {"widgets", "magics", "workers", "cells", "kernel", "provision", "api.py", "health", "server"}
+    never = {"widgets", "magics", "provision", "api.py", "server", "catalog", "sizing", "views"}
     assert not sent & never, sent
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import ray\n"
-         "import gpugeek_jupyter.guard.headwatch as h\n"
-         "print(h.__file__); print(sorted(m for m in sys.modules if m.startswith('gpugeek_jupyter.')))"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    where, loaded = done.stdout.splitlines()
-    assert where.startswith(str(tmp_path)), where
-    assert "gpugeek_jupyter.guard.watchdog" in loaded and "workers" not in loaded
+    for entry, module in (("guard.headwatch", "guard.watchdog"), ("keeper.serve", "keeper.desk")):
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import ray\n"
+             f"import gpugeek_jupyter.{entry} as h\n"
+             "print(h.__file__); print(sorted(m for m in sys.modules if m.startswith('gpugeek_jupyter.')))"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        where, loaded = done.stdout.splitlines()
+        assert where.startswith(str(tmp_path)), where
+        assert f"gpugeek_jupyter.{module}" in loaded and "gpugeek_jupyter.provision" not in loaded
 
 
 def test_the_heads_stop_strips_the_marker_the_host_script_finds_its_processes_by():

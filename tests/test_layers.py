@@ -22,7 +22,7 @@ ROOT = "gpugeek_jupyter"
 # lower rank, never one in its own rank or above. docs/ARCHITECTURE.md draws the same picture.
 LAYERS: list[set[str]] = [
     {"errors", "display", "onhost"},   # … | what runs on a bare host: the standard library alone
-    {"units", "config", "vocab"},
+    {"units", "config", "vocab", "line"},   # … | the line between a kernel and a keeper
     {"store", "raynodes", "blocks", "versions", "ports"},
     {"catalog", "launch"},    # offers | how a worker becomes a rank (torchrun's variables)
     {"meter", "views", "workers"},   # the ledger, telemetry | records → figures | what runs in the Ray workers
@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"provision"},              # what a kernel asks for
     {"cells"},                  # %%gpugeek run from the kernel: the warm group, a cell as a job
     {"health"},
-    {"api", "server", "cli"},
+    {"api", "server", "cli", "keeper"},
     {"widgets"},
     {"magics"},
     {""},                       # the package root: where the notebook layer plugs itself in

@@ -57,7 +57,7 @@ class Backend:
     watched: bool           # a watchdog of ours meters it and holds its budget cap and idle stop
     runs_here: bool         # its head is processes of ours on this machine, gone when they are
     tunnelled: bool         # this machine reaches its head through an SSH tunnel of the cluster's own
-    kernel_joins: str | None    # as a Ray "driver", a Ray "client" through the tunnel, or None: attached only
+    kernel_joins: str | None    # a Ray "driver", or on the "line" to its keeper (through the tunnel); None: attached
     simulated: bool         # its GPUs are declared and its dollars rehearsed; preemptions rehearsed on it
     notices: str | None     # where its spot nodes' preemption notices come from (None: none come)
     from_offers: bool       # you choose its machines from the catalog: --offer, --gpu, --plan, --workers

@@ -23,7 +23,7 @@ class LauncherBackend(Backend):
     launches = confirm = watched = tunnelled = from_offers = True
     grows = True                # up to --max-workers, by Ray's autoscaler
     runs_here = simulated = your_hosts = local_price = dashboard = False
-    kernel_joins = "client"
+    kernel_joins = "line"
 
     def __init__(self, provider: str):
         self.name = self.provider = provider
@@ -58,12 +58,12 @@ class LauncherBackend(Backend):
         launcher.ray_cli("up", "-y", str(path), log=log)
         found = launcher.find_head(record.name, path, log)
         spec.remote.update(hosts=[f"{found.ssh_user}@{found.public_ip}"], head_ip=found.private_ip,
-                           ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT,
+                           ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT,
                            known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"),
                            guard_home=guard["home"])
         registry.update(record.id, spec=spec.to_json())
         opened = tunnel.open_tunnel(record, spec)
-        spec.remote["client_address"] = opened.client
+        spec.remote["line_address"] = opened.line
         return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):

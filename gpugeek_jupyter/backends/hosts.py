@@ -25,7 +25,7 @@ from ..remote import headguard, runtime, ssh, tunnel
 from .base import Backend, LaunchConfig, Started
 
 GCS_PORT = 6379
-CLIENT_PORT = 10001
+KEEPER_PORT = 10002     # the keeper's line, on the head's loopback (another where that one is held)
 START_TIMEOUT_S = 150
 
 
@@ -56,7 +56,7 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     remote.update(
         temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
         token_path=f"~/.gpugeek/clusters/{tag}/auth_token",
-        gcs_port=GCS_PORT, client_port=CLIENT_PORT)
+        gcs_port=GCS_PORT, keeper_port=KEEPER_PORT)
     remote["head_ip"] = remote["ips"][0]
     registry.update(record.id, spec=spec.to_json())
     token = token_text()
@@ -66,13 +66,13 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
 
     def tunnel_to_head() -> tunnel.Tunnel:
         opened = tunnel.open_tunnel(record, spec)
-        remote["client_address"] = opened.client
+        remote["line_address"] = opened.line
         registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid],
                         spec=spec.to_json())
         return opened
 
     head = ray_start(0, "head")     # on other ports when the usual ones are taken there
-    remote.update(gcs_port=head["port"], client_port=head["client_port"])
+    remote.update(gcs_port=head["port"], keeper_port=head["keeper_port"])
     registry.update(record.id, spec=spec.to_json())
     with ThreadPoolExecutor(2) as pool:
         beside = [pool.submit(tunnel_to_head), pool.submit(guard_head, record, spec)]
@@ -104,7 +104,7 @@ def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, toke
     order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
              "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
              "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
-             "client_port": remote["client_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
+             "keeper_port": remote["keeper_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
              "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else NODE_ENV}
     answer = ssh.on_host(hosts[i], remote.get("ssh_key"), remote["pythons"][i], "start", json.dumps(order),
                          token=token, timeout=START_TIMEOUT_S + 30)
@@ -177,16 +177,16 @@ class SshBackend(Backend):
     name = "ssh"
     launches = watched = tunnelled = your_hosts = True
     confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
-    kernel_joins = "client"
+    kernel_joins = "line"
     notices = provider = None
 
     def show(self, name, spec):
         remote = spec.remote
         lines = [f"head: {remote['hosts'][0]}  ray start --head --port={GCS_PORT} "
-                 f"--ray-client-server-port={CLIENT_PORT} --num-gpus={remote['gpus_per_host']}"]
+                 f"--num-gpus={remote['gpus_per_host']}, then the watchdog and the keeper (127.0.0.1:{KEEPER_PORT})"]
         lines += [f"worker: {h}  ray start --address=<head>:{GCS_PORT} --num-gpus={remote['gpus_per_host']}"
                   for h in remote["hosts"][1:]]
-        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{GCS_PORT} -L <client>:<head>:{CLIENT_PORT} "
+        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{GCS_PORT} -L <line>:127.0.0.1:{KEEPER_PORT} "
                      f"{remote['hosts'][0]}")
         return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
 

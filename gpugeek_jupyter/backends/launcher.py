@@ -7,7 +7,7 @@ providers' standard chains keep them; we only check that some exist and never pr
 
 Past the provider section a cloud cluster is an ``ssh`` cluster: the YAML's start commands run the
 same ``onhost.py start`` on every node (copied there with the token file by ``file_mounts``), so
-Ray runs with the cluster's marker, token auth from a 0600 file, the client server on the head and
+Ray runs with the cluster's marker, token auth from a 0600 file, the head's watchdog and keeper and
 the same ports; this machine reaches the head through the same tunnel (``find_head`` asks Ray's
 CLI where the head is and how to log in to it).
 """
@@ -35,7 +35,7 @@ from ..config import home, settings
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh
-from .hosts import CLIENT_PORT, GCS_PORT, START_TIMEOUT_S
+from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
 NODE_IDLE_MINUTES = 5
 # The head runs Ray's control plane, not training: a small CPU machine. The catalog holds GPU
@@ -109,7 +109,7 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
     by its address. The head's autoscaler gets the config `ray up` left there. A cloud's head is a
     CPU machine; your own machines' head trains too, with the GPUs and CPUs you gave per host."""
     order = {"marker": marker, "temp_dir": temp_dir(name), "token_path": f"{node_dir(name)}/auth_token",
-             "port": GCS_PORT, "client_port": CLIENT_PORT, "timeout": START_TIMEOUT_S, "restart": True}
+             "port": GCS_PORT, "keeper_port": KEEPER_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     python = runtime.python_on_host()     # the runtime the setup command makes
     if spec is not None and spec.backend == ONPREM:
         # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
@@ -140,7 +140,11 @@ def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
 
 
 def guard_order(record, spec: ClusterSpec) -> dict:
-    """The head watchdog's order for a cloud head (its address filled in there)."""
+    """The head watchdog's order for a cloud head (its address filled in there), and for the keeper
+    it starts (on the usual port: the head is a machine of this cluster's own)."""
+    spec.remote.setdefault("keeper_port", KEEPER_PORT)
+    if spec.backend != ONPREM:
+        spec.remote.setdefault("pip_index_url", settings().pip_index_url)
     return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
                            temp_dirs={"*": temp_dir(record.name)}, token_path=f"{node_dir(record.name)}/auth_token",
                            cloud=None if spec.backend == ONPREM else spec.backend)

@@ -66,7 +66,7 @@ class OnPremBackend(LauncherBackend):
     name = launcher.ONPREM
     launches = watched = tunnelled = your_hosts = True
     confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
-    kernel_joins = "client"
+    kernel_joins = "line"
     notices = provider = None
 
     def __init__(self):
@@ -87,7 +87,7 @@ class OnPremBackend(LauncherBackend):
         remote.update(pythons=["python3"] * len(remote["ips"]), head_ip=remote["ips"][0],
                       temp_dirs=[launcher.temp_dir(record.name).replace("{ip}", ip) for ip in remote["ips"]],
                       token_path=f"{launcher.node_dir(record.name)}/auth_token",
-                      gcs_port=hosts.GCS_PORT, client_port=hosts.CLIENT_PORT)
+                      gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT)
         config = self.config(record.name, spec, record.marker)
         path = launcher.write(record.name, config)
         registry.update(record.id, temp_dir=str(path), spec=spec.to_json())   # a stop knows the hosts from here on
@@ -98,7 +98,7 @@ class OnPremBackend(LauncherBackend):
         remote["guard_home"] = guard["home"]
         registry.update(record.id, spec=spec.to_json())
         opened = tunnel.open_tunnel(record, spec)
-        remote["client_address"] = opened.client
+        remote["line_address"] = opened.line
         return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):

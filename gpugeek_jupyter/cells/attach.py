@@ -7,38 +7,18 @@ from __future__ import annotations
 
 import time
 
+from ..cluster import registry
 from ..errors import GpugeekError
 from ..kernel import connection, session
+from ..line.wire import LinkDown
 from ..meter import ledger
 from . import away
 from . import jobs as running
-from .orphans import NAMESPACE, group_name, named_groups
+from .driving import driver
 from .results import Interrupted, Printer, RemoteError, Result
 from .watch import Watcher
 
 READ_WAIT_S = 2.0     # rank 0 holds a read of a running job's journal this long for news
-
-
-def _leads() -> dict[str, object]:
-    """Every worker group on the cluster this kernel is connected to: {group id: its rank 0}."""
-    import ray
-
-    return {group_id: ray.get_actor(names[0], namespace=NAMESPACE)
-            for group_id, names in named_groups().items() if names[0].endswith("/0")}
-
-
-def _kept_jobs() -> list[tuple[str, object, dict]]:
-    """Every job the cluster's worker groups keep: (its group, the group's rank 0, the job)."""
-    import ray
-
-    found = []
-    for group_id, lead in _leads().items():
-        try:
-            kept = ray.get(lead.jobs.remote(), timeout=10)
-        except ray.exceptions.RayError:
-            continue               # a group going away as we ask
-        found += [(group_id, lead, job) for job in kept]
-    return found
 
 
 def jobs(name: str | None = None) -> list[dict]:
@@ -46,7 +26,7 @@ def jobs(name: str | None = None) -> list[dict]:
     interrupted), step, when it began and ended, and whose kernel started it (host:pid)."""
     record = session.live_cluster(name)
     connection.connect(record)
-    rows = [{**job, "group": group_id} for group_id, _, job in _kept_jobs()]
+    rows = [{**job, "group": group_id} for group_id, job in driver().kept_jobs()]
     _settle_ledger(record.id, rows)
     usd = {row["job_id"]: row["usd"] for row in ledger.cost_table(record.id, by="job").to_dict("records")}
     for row in rows:
@@ -69,24 +49,23 @@ def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False
     pulled variables) once it ends. ``adopt``: this kernel then takes the job's group over
     (``jobs.adopt``), whether the job succeeded or failed. ``watch`` makes what watches it, as
     for ``run`` (the notebook's job monitor, the whole curve)."""
-    import ray
-
     record = session.live_cluster(name)
     connection.connect(record)
-    group_id, lead, job = _find(job, record.name)
+    cluster = driver()
+    group_id, job = _find(cluster, job, record.name)
     job_id = job["id"]
     if adopt:       # refused before the output, not after, when its kernel still runs here
-        running.check_adoptable(group_id, ray.get(lead.state.remote(), timeout=10).get("owner"))
+        running.check_adoptable(group_id, (cluster.lead_state(group_id) or {}).get("owner"))
     watcher = Watcher(watch(cluster_id=record.id, job_id=job_id, name=job.get("name") or job_id,
-                            workers=len(named_groups().get(group_id, [])), simulated=record.simulated)
+                            workers=len(cluster.groups().get(group_id, [])), simulated=record.simulated)
                       if watch else None)
     status = "failed"
     try:
-        result = _follow(record, group_id, lead, job, watcher.update)
+        result = _follow(cluster, record, group_id, job, watcher.update)
         status = "finished"
     except KeyboardInterrupt:
         status = "interrupted"
-        _interrupt(group_id, job["cell"])
+        cluster.interrupt_job(group_id, job["cell"])
         raise Interrupted(f"job {job_id!r} interrupted on every worker") from None
     except RemoteError:
         if adopt:
@@ -99,20 +78,20 @@ def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False
     return result
 
 
-def _find(wanted: str, cluster: str) -> tuple[str, object, dict]:
+def _find(cluster, wanted: str, name: str) -> tuple[str, dict]:
     """The job whose id is ``wanted``, else the newest whose name is (said when there are more):
-    (its group, the group's rank 0, the job as rank 0 keeps it)."""
-    found = [kept for kept in _kept_jobs() if wanted in (kept[2].get("id"), kept[2].get("name"))]
-    by_id = [f for f in found if f[2].get("id") == wanted]
+    (its group, the job as rank 0 keeps it)."""
+    found = [kept for kept in cluster.kept_jobs() if wanted in (kept[1].get("id"), kept[1].get("name"))]
+    by_id = [f for f in found if f[1].get("id") == wanted]
     if by_id:
         return by_id[0]
     if not found:
-        raise GpugeekError(f"no job {wanted!r} on {cluster!r} — `%gpugeek jobs` lists the ones its worker groups "
+        raise GpugeekError(f"no job {wanted!r} on {name!r} — `%gpugeek jobs` lists the ones its worker groups "
                            f"keep (the last few cells of each), by name and id")
-    found.sort(key=lambda f: f[2].get("began") or 0)
+    found.sort(key=lambda f: f[1].get("began") or 0)
     if len(found) > 1:
-        print(f"note: {len(found)} jobs are named {wanted!r}: following the newest, {found[-1][2]['id']} "
-              f"(the others: {', '.join(f[2]['id'] for f in found[:-1])})", flush=True)
+        print(f"note: {len(found)} jobs are named {wanted!r}: following the newest, {found[-1][1]['id']} "
+              f"(the others: {', '.join(f[1]['id'] for f in found[:-1])})", flush=True)
     return found[-1]
 
 
@@ -121,29 +100,21 @@ def _adopt(group_id: str, job_id: str) -> None:
     print(f"note: this kernel's cells now run on job {job_id!r}'s worker group, with its variables", flush=True)
 
 
-def _interrupt(group_id: str, cell_id: int) -> None:
-    """The stop button, from a kernel that attached: every rank of the job's group interrupted,
-    as its own kernel's stop button does."""
-    import ray
-
-    for name in named_groups().get(group_id, []):
-        try:
-            ray.get_actor(name, namespace=NAMESPACE).interrupt.remote(cell_id)
-        except ValueError:          # gone meanwhile
-            continue
-
-
-def _follow(record, group_id: str, lead, job: dict, on_samples) -> Result:
-    import ray
-
+def _follow(cluster, record, group_id: str, job: dict, on_samples) -> Result:
+    """The job's journal read from the start, a read at a time, until its outcome; a link that
+    goes down meanwhile is ridden out (the job goes on there)."""
     began = time.perf_counter()
     printer, cursor = Printer(all_ranks=False), 0
     while True:
         try:
-            drained = ray.get(lead.journal.remote(job["cell"], cursor, READ_WAIT_S), timeout=READ_WAIT_S + 20)
-        except away.link_errors():
-            connection.rejoin(record)
-            lead = ray.get_actor(group_name(group_id, 0), namespace=NAMESPACE)
+            drained = cluster.journal(group_id, job["cell"], cursor, READ_WAIT_S)
+        except (LinkDown, *away.link_errors()):
+            if not registry.get(record.id).live:
+                raise GpugeekError(away.lost(record, job["id"])) from None
+            time.sleep(away.REJOIN_EVERY_S)
+            if connection.line() is None:
+                connection.rejoin(record)
+                cluster = driver()
             continue
         if drained is None:
             raise GpugeekError(f"job {job['id']!r}'s journal is no longer kept on the cluster")

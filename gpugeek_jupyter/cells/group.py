@@ -25,14 +25,15 @@ from ..errors import GpugeekError
 from ..kernel import connection
 from ..launch import torchrun
 from ..meter import telemetry
-from ..workers import journal, progress
+from ..workers import progress
 from ..workers.options import RunOptions
 from ..workers.outcome import CANCEL_WAIT_S
 from ..workers.worker import LEAD_THREADS, Worker
 from . import away, orphans
+from .driving import RayDriver
 from .orphans import NAMESPACE, group_name
 from .placement import bundle, growing, keep, never_fits, no_room, rank_places, release_held, remove
-from .results import Interrupted, Printer, Result, WorkerDied, failure
+from .results import Interrupted, Printer, Result, WorkerDied, failure, show_drained
 from .sending import Led
 
 READY_TIMEOUT_S = 120
@@ -68,6 +69,7 @@ class WorkerGroup:
         self.cursor = 0         # how far the running cell's journal has been read
         self.job: dict | None = None   # the running cell's job (id, name, kernel)
         self.last_step: int | None = None   # the latest step the journal told of
+        self.runtime_env: dict = {}   # what the workers get besides torchrun's variables (a keeper's: the package)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -78,12 +80,13 @@ class WorkerGroup:
         n, gpus = self.options.workers, self.options.gpus_per_worker
         one = bundle(gpus)
         held = release_held()
-        orphans.reclaim(self.keep_s)
+        orphans.reclaim(RayDriver(), self.keep_s)
         never_fits(n, gpus, self.grows)     # said at once where no wait can help
         self.pg = placement_group([dict(one) for _ in range(n)], strategy="PACK",
                                   name=group_name(self.group_id), lifetime="detached")
         try:
-            room = orphans.wait_for_room(self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S, self.group_id,
+            room = orphans.wait_for_room(RayDriver(), self.pg.ready(), HELD_WAIT_S if held else READY_TIMEOUT_S,
+                                         self.group_id,
                                          self.keep_s, growing=(lambda: growing(n, gpus)) if self.grows else None)
         except BaseException:    # the stop button while it waits: no placement group left pending
             self.stop()
@@ -91,7 +94,7 @@ class WorkerGroup:
         if not room:
             have, held = ray.cluster_resources(), release_held()
             self.stop()
-            raise no_room(n, gpus, have, held, [] if held else orphans.holders(self.group_id))
+            raise no_room(n, gpus, have, held, [] if held else orphans.holders(RayDriver(), self.group_id))
         try:
             self._start_actors(n, gpus)
         except BaseException as exc:  # a setup timeout, a port taken meanwhile, Ctrl-C: free it all
@@ -104,7 +107,8 @@ class WorkerGroup:
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray
 
-        actor = ray.remote(runtime_env={"env_vars": torchrun.process_env()})(Worker)   # set before torch loads
+        env = {**self.runtime_env, "env_vars": {**self.runtime_env.get("env_vars", {}), **torchrun.process_env()}}
+        actor = ray.remote(runtime_env=env)(Worker)   # torchrun's variables: set before torch loads
         places = rank_places(self.pg, n)      # a node's ranks consecutive, as under torchrun
         self.workers = [
             actor.options(max_concurrency=LEAD_THREADS if i == 0 else 2, num_cpus=0 if gpus else 1,
@@ -140,7 +144,7 @@ class WorkerGroup:
         from ray.util.client import ray as client
         from ray.util.placement_group import get_placement_group
 
-        names = orphans.named_groups().get(group_id)
+        names = RayDriver().groups().get(group_id)
         if not names:
             raise GpugeekError(f"no worker group {group_id!r} on this cluster — it was removed")
         self.group_id = group_id
@@ -282,7 +286,7 @@ class WorkerGroup:
             poll = asked = None
             outcome = away.ride_out(self, cell_id, printer, on_samples)
         except KeyboardInterrupt:
-            self._cancel(cell)
+            self.cancel(cell)
             cancelled = True               # here: the finally must not cancel it again (nothing is pending)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
                               + ("; the group is ready for the next cell" if not self.broken
@@ -290,7 +294,7 @@ class WorkerGroup:
                                       "the next cell starts a new one")) from None
         finally:
             if outcome is None and not cancelled and not self.broken and self.connected():   # left another
-                self._cancel(cell)                                              # way: nothing may keep running
+                self.cancel(cell)                                              # way: nothing may keep running
             if self.connected() and not stopped:
                 if poll is not None and outcome is not None:   # what rank 0 took for it is shown first
                     self.show(self._get(poll, progress.ANSWER_WITHIN_S), printer, on_samples)
@@ -356,18 +360,10 @@ class WorkerGroup:
 
     def show(self, drained: dict | None, printer, on_samples) -> None:
         """A drain's answer (``progress.gather``): the ranks' output and reports, the nodes' reports."""
-        if not drained:
-            return
-        if "next" in drained:           # read from the cell's journal: where to read on from
-            if drained["dropped"] and drained["dropped"] > 0:
-                print(f"\n[{drained['dropped']} earlier drains of this cell's output were dropped: rank 0 keeps the "
-                      f"last {journal.BOUND_BYTES >> 20} MiB]", flush=True)
-            self.cursor = drained["next"]
-            self.last_step = drained.get("step", self.last_step)
-        printer.show_ranks(drained["ranks"], on_samples)
-        self._record_node_samples(drained["nodes"])
+        self.cursor, self.last_step = show_drained(drained, printer, on_samples, self._record_node_samples,
+                                                   self.cursor, self.last_step)
 
-    def _cancel(self, cell) -> None:
+    def cancel(self, cell) -> None:
         """Interrupt every rank; if the cell has not ended ``CANCEL_WAIT_S`` later (a rank stuck in
         a collective), stop the group: only that frees the workers (and their GPUs)."""
         import ray

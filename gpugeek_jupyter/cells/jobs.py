@@ -18,25 +18,27 @@ from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
+from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..kernel import connection, environment
 from ..kernel.session import current
+from ..line.messages import Ship
 from ..meter import ledger, telemetry
 from ..provision.actions import Cluster
 from ..provision.up import up
-from ..raynodes import DIED_BEFORE_NOTICED_S
 from ..units import number
 from ..workers import oom
 from ..workers.cell import calls_gg
 from ..workers.options import Report, RunOptions, gg_only, options
 from . import away, orphans, placement
+from .driving import NODE_DEATH_S, driver
 from .group import WorkerGroup
+from .linegroup import LineGroup
 from .results import Interrupted, RemoteError, WorkerDied
 from .watch import JobWatch, Watcher
 
 NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
-NODE_DEATH_S = 3 * DIED_BEFORE_NOTICED_S   # … and to find a node that died unannounced
 
 
 def _cluster() -> ClusterRecord:
@@ -78,7 +80,7 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
     if old is not None and not _reusable(old, opts, record):
         if _shape(old.options) != _shape(opts) and old.address == record.address:
             # refused before the warm group goes
-            placement.never_fits(opts.workers, opts.gpus_per_worker, capable(record).grows)
+            driver().never_fits(opts.workers, opts.gpus_per_worker, capable(record).grows)
             if not old.broken:
                 print("note: a different number of workers, GPUs or collective timeout — a new worker group; "
                       "variables defined on the old one are gone", flush=True)
@@ -91,7 +93,33 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
         orphans.leave_with_this_kernel()
         for note in group.notes:
             print(f"note: {note}", flush=True)
+    elif getattr(session.group, "warming", False):     # `up --workers`: its start under way on the keeper
+        session.group.start()
     return session.group, record
+
+
+def warm_start(record: ClusterRecord, workers: int) -> None:
+    """``up --workers N`` on a cluster with a keeper: this kernel's worker group starts there while
+    ``up`` returns, and the first cell of that shape finds it started. On your own hosts N workers
+    (one GPU each where the hosts have GPUs); on a cloud's nodes, one per GPU of the N nodes."""
+    if connection.line() is None:
+        return      # a Ray driver builds its group with its first cell
+    spec = ClusterSpec.from_json(record.spec)
+    if capable(record).your_hosts:
+        opts = options(workers=workers, gpus_per_worker=1 if spec.remote.get("gpus_per_host") else None)
+    else:
+        gpus = spec.workers.gpu_count if spec.workers else 0
+        opts = options(workers=workers * max(1, gpus), gpus_per_worker=1 if gpus else None)
+    session = current()
+    if session.group is not None:
+        session.group.stop()
+    group = _group(opts, record)
+    group.begin()
+    session.group = group
+    orphans.leave_with_this_kernel()
+    gpus = " --gpus-per-worker 1" if opts.gpus_per_worker else ""
+    print(f"the worker group starts on the head while you go on: the first `%%gpugeek run --workers "
+          f"{opts.workers}{gpus}` cell runs on it", flush=True)
 
 
 def _refound(group: WorkerGroup, record: ClusterRecord) -> bool:
@@ -107,12 +135,17 @@ def _refound(group: WorkerGroup, record: ClusterRecord) -> bool:
         return False
 
 
-def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup:
+def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup | LineGroup:
+    """A new group for this kernel: held by its remote cluster's keeper, or by this kernel itself."""
     cluster_id = record.id
-    group = WorkerGroup(opts, record.address, sample_gpus=not record.simulated,
-                        on_node_samples=lambda s: telemetry.record_node_samples(cluster_id, s),
-                        notices=capable(record).notices, grows=capable(record).grows)
-    group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+    flags = {"sample_gpus": not record.simulated, "notices": capable(record).notices, "grows": capable(record).grows,
+             "on_node_samples": lambda s: telemetry.record_node_samples(cluster_id, s)}
+    line = connection.line()
+    if line is not None:
+        group = LineGroup(opts, record.address, cluster_id, line, **flags)
+    else:
+        group = WorkerGroup(opts, record.address, **flags)
+        group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
     group.keep_s = record.idle_minutes * 60 if record.idle_minutes else None
     return group
 
@@ -159,6 +192,8 @@ def reset() -> bool:
     if stopped:
         session.group.stop()
         session.group = None
+    if session.line is not None:        # the keeper tries its groups' placement groups again itself
+        return stopped
     had = len(placement.held())
     held = placement.release_held()
     if held and session.connection is not None:
@@ -298,12 +333,13 @@ def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOption
     return replace(opts, keep_dir=root)
 
 
-def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push: dict | None) -> bool:
+def _bring_modules(record: ClusterRecord, group, source: str, push: dict | None) -> bool:
     """The kernel's modules this cell imports, on every worker of a remote cluster at the kernel's
-    versions (``kernel/environment.py``): those some worker lacks go with the job, connected anew
-    (True: the group went with the old connection)."""
+    versions (``kernel/environment.py``): those some worker lacks are sent — to the keeper, which
+    gives them to the next group (a remote cluster's), or with the job, connected anew (a Ray
+    Client's) — and the group starts afresh (True)."""
     session = current()
-    if session.connection is None or not session.connection.client:
+    if session.connection is None or not session.connection.remote:
         return False    # a local or sim cluster runs in this very environment
     names = environment.imports(source) | environment.pushed_modules(push)
     try:
@@ -317,9 +353,16 @@ def _bring_modules(record: ClusterRecord, group: WorkerGroup, source: str, push:
         return False
     environment.shipment().shipped.update({m.name: m for m in missing})
     what = ", ".join(m.describe() for m in missing)
+    lost = " — the worker group starts afresh (variables defined on it are gone)" if group.cells else ""
     try:
+        if session.line is not None:
+            shipped = environment.packed(missing)      # a module that cannot travel: said before anything stops
+            print(f"note: sending {what} to the workers (they do not have this kernel's version){lost}", flush=True)
+            driver().ask(Ship(modules=shipped))
+            session.group.stop()
+            session.group = None
+            return True
         connection.job_env(record, remote=True)      # a module that cannot travel: said before anything stops
-        lost = " — the worker group starts afresh (variables defined on it are gone)" if group.cells else ""
         print(f"note: sending {what} to the workers (they do not have this kernel's version); connecting "
               f"again with it{lost}", flush=True)
         connection.reconnect(record)
@@ -343,7 +386,7 @@ def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, 
     print(f"preemption notice: checkpointed at step {preempted['step']}; resuming once the node is gone "
           "(not counted as a failure)", flush=True)
     reset()
-    _wait_gone(preempted["nodes"], preempted["deadline"] + NODE_GONE_S)
+    driver().wait_gone(preempted["nodes"], preempted["deadline"] + NODE_GONE_S)
     return group_for(opts)[0]
 
 
@@ -351,13 +394,12 @@ def _after_a_loss(opts: RunOptions, node_id: str | None, record: ClusterRecord, 
     """A worker died. If its node died with it, wait for Ray to find the node gone (a group built
     before would be placed on it again); then the cell resumes on the workers the cluster still
     holds — fewer than before if a node is gone and none replaced it — and says so."""
-    import ray
-
-    if node_id is not None and not _node_answers(node_id):
-        _wait_gone([node_id], time.time() + NODE_DEATH_S)
+    cluster = driver()
+    if node_id is not None and not cluster.node_answers(node_id):
+        cluster.wait_gone([node_id], time.time() + NODE_DEATH_S)
         ledger.event(record.id, "node-lost", f"job {job_name!r} lost the node {node_id[:12]} it ran on")
     kind, each = ("GPU", opts.gpus_per_worker) if opts.gpus_per_worker else ("CPU", 1)
-    room = int(ray.cluster_resources().get(kind, 0) // each)
+    room = cluster.room(kind, each)
     if room >= opts.workers:
         return opts
     if room == 0:
@@ -366,37 +408,3 @@ def _after_a_loss(opts: RunOptions, node_id: str | None, record: ClusterRecord, 
     print(f"note: the cluster now holds {room} of the {opts.workers} workers (a node is gone): the cell resumes "
           f"on {room}; a later cell with --workers {opts.workers} needs the cluster scaled back", flush=True)
     return replace(opts, workers=room)
-
-
-def _node_answers(node_id: str) -> bool:
-    """Whether the node still runs work: a worker can die alone (killed, out of memory) on a node
-    that lives on. A task pinned there answers, or Ray finds the node dead."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    def here() -> bool:
-        return True
-
-    probe = ray.remote(here).options(num_cpus=0, max_retries=0,
-                                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-    deadline = time.monotonic() + NODE_DEATH_S
-    while time.monotonic() < deadline:
-        if node_id not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
-            return False
-        done, _ = ray.wait([probe], timeout=0.5)
-        if done:
-            try:
-                return ray.get(done[0])
-            except Exception:  # noqa: BLE001 - the task could not run there: the node is going
-                return False
-    return False
-
-
-def _wait_gone(node_ids: list[str], until: float) -> None:
-    import ray
-
-    while time.time() < until:
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        if node_ids and not alive & set(node_ids):
-            return
-        time.sleep(0.5)

@@ -40,32 +40,9 @@ def new_group_id() -> str:
     return f"{this_kernel()}:{uuid.uuid4().hex[:6]}"
 
 
-def named_groups() -> dict[str, list[str]]:
-    """Every worker group on the cluster this process drives: {group id: its workers' names, by rank}."""
-    import ray
-
-    groups: dict[str, list[str]] = {}
-    for named in ray.util.list_named_actors(all_namespaces=True):
-        name = named["name"] if isinstance(named, dict) else named
-        if (isinstance(named, dict) and named.get("namespace") != NAMESPACE) or not name.startswith(PREFIX):
-            continue
-        groups.setdefault(name[len(PREFIX):].rpartition("/")[0], []).append(name)
-    return {g: sorted(names, key=lambda n: int(n.rpartition("/")[2])) for g, names in groups.items()}
-
-
 def _owner(group_id: str, state: dict | None = None) -> str:
     """The kernel whose group it is: the last to adopt it, else the one that started it."""
     return (state or {}).get("owner") or group_id.rsplit(":", 1)[0]
-
-
-def _lead_state(names: list[str]) -> dict | None:
-    """Rank 0's word on its group (``Worker.state``); None when rank 0 is dead or gone."""
-    import ray
-
-    try:
-        return ray.get(ray.get_actor(names[0], namespace=NAMESPACE).state.remote(), timeout=10)
-    except (ValueError, ray.exceptions.RayError):
-        return None
 
 
 def _workers(names: list[str]) -> str:
@@ -76,33 +53,22 @@ def _kept_until(state: dict, keep_s: float | None) -> float:
     return (state.get("ended") or 0.0) + (UNCLAIMED_KEEP_S if keep_s is None else keep_s)
 
 
-def reclaim(keep_s: float | None = None, room_needed: bool = False) -> list[str]:
+def reclaim(driver, keep_s: float | None = None, room_needed: bool = False) -> list[str]:
     """Remove the groups of kernels of this machine that are gone, whose job ended more than
     ``keep_s`` ago (the cluster's idle window) with nobody taking them over — or at once when a
     new group needs their room; say so, and return their ids. A group whose job still runs is left
     to finish, one within its window is kept for `%gpugeek attach`, and one that a live kernel
-    adopted is that kernel's."""
-    import ray
-    from ray.util.placement_group import get_placement_group, remove_placement_group
-
+    adopted is that kernel's. ``driver`` asks the cluster (``driving``)."""
     gone = []
-    for group_id, names in named_groups().items():
+    for group_id in driver.groups():
         if not kernel_gone(_owner(group_id)):
             continue
-        state = _lead_state(names)       # None: rank 0 is dead, and nothing of the group can run
+        state = driver.lead_state(group_id)       # None: rank 0 is dead, and nothing of the group can run
         within = state is not None and time.time() < _kept_until(state, keep_s)   # its window for `attach`
         if state is not None and (state["running"] or not kernel_gone(_owner(group_id, state))
                                   or (within and not room_needed)):
             continue
-        for name in names:
-            try:
-                ray.kill(ray.get_actor(name, namespace=NAMESPACE))
-            except ValueError:         # gone meanwhile
-                continue
-        try:
-            remove_placement_group(get_placement_group(group_name(group_id)))
-        except ValueError:             # no such placement group (already removed)
-            pass
+        driver.remove_group(group_id)
         gone.append(group_id)
         print(f"note: removed the worker group of a kernel that is gone ({group_id})"
               f"{_why_removed(state, early=within)}", flush=True)
@@ -118,12 +84,12 @@ def _why_removed(state: dict | None, early: bool) -> str:
     return why + ("; this cell needed its room, so its output and pulled variables are gone with it" if early else "")
 
 
-def holders(besides: str) -> list[str]:
+def holders(driver, besides: str) -> list[str]:
     """What the cluster's other worker groups hold its room for, a phrase each: a job that runs
     (whose kernel, how many workers, which step), or another kernel's warm group."""
     said = []
-    for group_id, names in named_groups().items():
-        state = None if group_id == besides else _lead_state(names)
+    for group_id, names in driver.groups().items():
+        state = None if group_id == besides else driver.lead_state(group_id)
         if state is None or not state.get("job"):
             continue
         job, owner = state["job"], _owner(group_id, state)
@@ -139,7 +105,7 @@ def holders(besides: str) -> list[str]:
     return said
 
 
-def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = None,
+def wait_for_room(driver, ready, timeout: float, besides: str, keep_s: float | None = None,
                   growing: Callable[[], str] | None = None) -> bool:
     """Wait up to ``timeout`` for a new group's placement group (``ready``). Meanwhile a gone
     kernel's group whose job ended is removed (this cell needs its room, window or not), and what
@@ -155,8 +121,8 @@ def wait_for_room(ready, timeout: float, besides: str, keep_s: float | None = No
         if done or time.monotonic() >= deadline:
             return bool(done)
         look = ROOM_LOOK_S
-        reclaim(keep_s, room_needed=True)
-        held = [] if said else holders(besides)
+        reclaim(driver, keep_s, room_needed=True)
+        held = [] if said else holders(driver, besides)
         if held:
             print(f"note: waiting for room on the cluster: {'; '.join(held)} — this cell waits up to "
                   f"{timeout:.0f} s in all", flush=True)

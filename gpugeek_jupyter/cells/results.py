@@ -4,10 +4,12 @@ labelled)."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 from dataclasses import dataclass, field
 
 from ..errors import GpugeekError
+from ..workers.journal import BOUND_BYTES
 
 
 class RemoteError(GpugeekError):
@@ -66,24 +68,31 @@ class Result:
 
     @classmethod
     def of(cls, first: dict, seconds: float) -> Result:
-        """Rank 0's result of the cell (``Worker.execute``), as the notebook gets it."""
-        from ray import cloudpickle
-
+        """Rank 0's result of the cell (``Worker.execute``), as the notebook gets it: each pulled
+        variable loaded here, or one line naming the one this kernel cannot load."""
         return cls(value=first.get("value"), seconds=seconds,
-                   pulled=cloudpickle.loads(first["pulled"]) if first.get("pulled") else {})
+                   pulled={name: _pulled(name, blob) for name, blob in (first.get("pulled") or {}).items()})
 
     def shown(self):
         """The value as the notebook should display it (None: nothing to display)."""
         if not self.value:
             return None
         if "pickle" in self.value:
-            from ray import cloudpickle
-
             try:
-                return cloudpickle.loads(self.value["pickle"])
+                return pickle.loads(self.value["pickle"])
             except Exception:  # noqa: BLE001 - a class the notebook does not have
                 return _Text("<a value of a type this notebook cannot load>")
         return _Text(self.value["repr"])
+
+
+def _pulled(name: str, blob: bytes):
+    """A pulled variable, loaded with the types this kernel has (plain pickle: ``workers/values.py``)."""
+    try:
+        return pickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - said in one line; the variable stays on the workers
+        raise GpugeekError(f"--pull {name}: this kernel cannot load it ({type(exc).__name__}: {exc}) — a type "
+                           f"defined in a cell, or a module this kernel lacks; it is still on the workers: "
+                           f"pull it as plain data (a tensor, a dict, a DataFrame)") from None
 
 
 class _Text:
@@ -122,3 +131,21 @@ class Printer:
             self.show(rank, ranks[rank].get("output", ""))
             if on_samples and ranks[rank].get("samples"):
                 on_samples(ranks[rank]["samples"])
+
+
+def show_drained(drained: dict | None, printer: Printer, on_samples, on_node_samples, cursor: int,
+                 step: int | None) -> tuple[int, int | None]:
+    """A drain's answer (``progress.gather``, or a journal read from ``cursor``): the ranks' output
+    shown and reports handed on, the nodes' reports to ``on_node_samples``; where to read on from,
+    and the latest step the journal told of."""
+    if not drained:
+        return cursor, step
+    if "next" in drained:           # read from the cell's journal: where to read on from
+        if drained["dropped"] and drained["dropped"] > 0:
+            print(f"\n[{drained['dropped']} earlier drains of this cell's output were dropped: rank 0 keeps the "
+                  f"last {BOUND_BYTES >> 20} MiB]", flush=True)
+        cursor, step = drained["next"], drained.get("step", step)
+    printer.show_ranks(drained["ranks"], on_samples)
+    if drained.get("nodes") and on_node_samples is not None:
+        on_node_samples(drained["nodes"])
+    return cursor, step

@@ -23,6 +23,13 @@ class Led:
     def __init__(self, workers: list, call: tuple, pushed):
         self.pending = [workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)]
 
+    @classmethod
+    def following(cls, ref) -> Led:
+        """A cell already sent (``ref``: rank 0's ``execute_all``), to wait on or stop."""
+        led = cls.__new__(cls)
+        led.pending = [ref]
+        return led
+
     def complete(self, values: list) -> dict:
         return values[0]
 

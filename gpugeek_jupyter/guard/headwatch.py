@@ -38,6 +38,7 @@ from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
+from .keeping import Keeper
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
@@ -67,9 +68,10 @@ _DETACHED = ("import os, sys\nif os.fork():\n    os._exit(0)\nos.setsid()\n"
 class HeadWatch(Watch):
     """``Watch`` as it runs on the head: see the module's docstring."""
 
-    def __init__(self, cluster_id: int, interval: float, order: dict):
+    def __init__(self, cluster_id: int, interval: float, order: dict, keeper: Keeper | None = None):
         super().__init__(cluster_id, interval)
         self.order = order
+        self.keeper = keeper
         self.gcs = order["gcs"]
         self.stop_allowance = HEAD_STOP_ALLOWANCE_S
         # a cloud head (its order names the provider) stops its workers through Ray's launcher
@@ -86,6 +88,9 @@ class HeadWatch(Watch):
         exchanging = record.live and not record.stopping
         if exchanging:
             self._exchange(record)
+            said = self.keeper.tend() if self.keeper is not None else None
+            if said:
+                ledger.event(self.cluster_id, "keeper", said)
         reason = super().look()
         if exchanging and not reason and self.blind is None:
             self._beat(record)
@@ -291,7 +296,11 @@ def main(argv: list[str]) -> int:
     ledger.acting_as("head watchdog")
     order = json.loads(Path(argv[1]).read_text())
     cluster_id = open_record(order)
-    watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order)
+    keeper = Keeper(order, Path(os.path.expanduser(order["home"])))
+    if keeper.wanted:
+        ledger.event(cluster_id, "keeper", f"the keeper starts (pid {keeper.start()}): kernels reach the cluster "
+                                           f"through it, on the head's loopback port {keeper.order['port']}")
+    watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order, keeper)
     reason = run(cluster_id, watch=watch)
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
     if order.get("cloud"):       # the head is a cloud's instance: it ends itself

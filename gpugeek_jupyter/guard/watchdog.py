@@ -192,9 +192,7 @@ class Watch:
             return None
         if fresh.session_id == record.session_id:
             return None                      # the tunnel is fine: the head itself did not answer
-        ledger.event(self.cluster_id, "tunnel", "the SSH tunnel to the head had dropped; reopened it "
-                                                f"on the same ports ({fresh.address})")
-        return fresh
+        return fresh                         # (``tunnel.ensure`` put its reopening in the ledger)
 
     def _budget(self, record, now: float, enforce: bool = True) -> str | None:
         budget = record.budget_usd

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import asdict
 
 from .. import ports
+from ..cells.driving import LineDriver
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..kernel import connection, environment, session
 from ..launch import rendezvous
+from ..line.messages import Examine
 from . import probe as probe_module
 from .findings import DEFAULT_PACKAGES, DoctorReport, Link, NodeFacts, judge, tcp_slow
 
@@ -32,13 +35,13 @@ LINK_BUDGET_S = 12.0         # … deadline shrinks so that every direction fits
 LINK_DEADLINE_MIN_S = 0.25   # … down to this
 BANDWIDTH_BUDGET_S = 0.5     # every bandwidth round of a pair together, at the link's TCP rate
 CLOCK_ROUNDS = 3
+EXAMINE_TIMEOUT_S = SILENT_TIMEOUT_S + JOIN_TIMEOUT_S + MEASURE_TIMEOUT_S + 180.0   # on the head, over the line
 
 
 def doctor(name: str | None = None, *, packages: list[str] | str | None = None) -> DoctorReport:
-    """Check every node of a live cluster against this kernel and against each other: versions,
-    the network interface, GPUs, ports, clocks and all_reduce between every pair of nodes."""
-    import ray
-
+    """Check every node of a live cluster against this kernel (a remote cluster's: against its
+    head, whose keeper examines the nodes) and against each other: versions, the network interface,
+    GPUs, ports, clocks and all_reduce between every pair of nodes."""
     record = session.live_cluster(name)
     if not record.address:
         raise GpugeekError(f"cluster {record.name!r} has no address this kernel can reach — doctor needs a "
@@ -47,19 +50,48 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     # what the kernel sent with the job is compared too: the nodes must import the kernel's version
     sent = [m.dist for m in environment.shipment().for_cluster(record.id).shipped.values() if m.dist]
     names = _package_names([*sent, *_listed(packages)])
+    spec = ClusterSpec.from_json(record.spec)
+    labels = _labels(spec)
+    mine = probe_module.versions(names)
+    line = connection.line()
+    if line is None:
+        seen, sides = examine(names, labels, record.address, spec.remote.get("gcs_port")), {}
+        reference, against = mine, "the kernel"
+    else:
+        seen = LineDriver(line, f"cluster {record.name!r}").ask(
+            Examine(names, labels, spec.remote.get("gcs_port")), timeout=EXAMINE_TIMEOUT_S)
+        welcome = line.welcome
+        # the nodes run the head's Python and Ray; what the kernel sent, at the kernel's version
+        reference, against = {**seen["reference"], **{dist: mine.get(dist) for dist in sent}}, "the head"
+        sides = {"kernel": f"Python {mine['python']}, Ray {mine.get('ray') or '-'}",
+                 "head": f"Python {welcome.python}, Ray {welcome.ray} (its keeper, gpugeek-jupyter "
+                         f"{welcome.package}; the line: protocol {welcome.protocol})"}
+    facts = [NodeFacts(**f) for f in seen["facts"]]
+    pairs = {(a, b): tuple(figures) for a, b, figures in seen["pairs"]}
+    links = {(a, b): Link(**link) for a, b, link in seen["links"]}
+    failed = {tuple(ids): why for ids, why in seen["failed"]}
+    return judge(record.name, reference, facts, pairs, simulated=record.simulated, labels=labels, links=links,
+                 collective_failures=failed, took_s=seen["took_s"], phases=seen["phases"], against=against,
+                 sides=sides)
+
+
+def examine(packages: list[str], labels: dict[str, str], address: str, gcs_port: int | None) -> dict:
+    """The nodes' part of ``doctor``, run by a Ray driver of the cluster (a kernel, or a remote
+    cluster's keeper): each node's facts, then clocks, links and all_reduce among those that
+    answered — as plain data, and the versions this process has, which the nodes are held against."""
+    import ray
+
     began = time.monotonic()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     nodes.sort(key=lambda n: (not _is_head(n), n["NodeManagerAddress"]))
-    spec = ClusterSpec.from_json(record.spec)
-    gcs = _gcs(record.address, spec, nodes)
-    labels = _labels(spec)
+    gcs = _gcs(address, gcs_port, nodes)
     probes = [_probe_on(n["NodeID"]) for n in nodes]
     phases = {"nodes": time.monotonic() - began}
     pairs: dict = {}
     links: dict = {}
     failed: dict = {}
     try:
-        facts = _facts(probes, nodes, names, gcs, labels)
+        facts = _facts(probes, nodes, packages, gcs, labels)
         phases["facts"] = time.monotonic() - began
         answered = [i for i, f in enumerate(facts) if f.answered]
         _clocks([probes[i] for i in answered], [facts[i] for i in answered])
@@ -73,9 +105,10 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     finally:
         for actor in probes:       # also on Ctrl-C: no probe outlives the check
             ray.kill(actor)
-    kernel = probe_module.versions(names)
-    return judge(record.name, kernel, facts, pairs, simulated=record.simulated, labels=labels, links=links,
-                 collective_failures=failed, took_s=time.monotonic() - began, phases=phases)
+    return {"facts": [asdict(f) for f in facts], "pairs": [[a, b, list(v)] for (a, b), v in pairs.items()],
+            "links": [[a, b, asdict(link)] for (a, b), link in links.items()],
+            "failed": [[list(ids), why] for ids, why in failed.items()], "phases": phases,
+            "took_s": time.monotonic() - began, "reference": probe_module.versions(packages)}
 
 
 def _listed(packages: list[str] | str | None) -> list[str]:
@@ -94,12 +127,12 @@ def _is_head(node: dict) -> bool:
     return "node:__internal_head__" in node.get("Resources", {})
 
 
-def _gcs(address: str, spec: ClusterSpec, nodes: list[dict]) -> tuple[str, int] | None:
+def _gcs(address: str, gcs_port: int | None, nodes: list[dict]) -> tuple[str, int] | None:
     """The head's GCS as the nodes reach it: the head's own address and the GCS port."""
     head = next((n for n in nodes if _is_head(n)), None)
     if head is None:
         return None
-    port = spec.remote.get("gcs_port") or address.rpartition(":")[2]
+    port = gcs_port or address.rpartition(":")[2]
     return (head["NodeManagerAddress"], int(port)) if str(port).isdigit() else None
 
 

@@ -112,6 +112,7 @@ class DoctorReport:
     phases: dict = field(default_factory=dict)       # seconds from the start to the end of each step
     unreachable: dict = field(default_factory=dict)  # node → seconds after which it was found unreachable
     links: dict = field(default_factory=dict)        # (node, node) → the link's TCP rate, bit/s (None: none)
+    sides: dict = field(default_factory=dict)        # a remote cluster's: the kernel's and the head's versions
 
     @property
     def ok(self) -> bool:
@@ -124,7 +125,7 @@ class DoctorReport:
     def __repr__(self) -> str:
         columns = list(self.rows[0]) if self.rows else []
         widths = {c: max(len(c), *(len(str(r[c])) for r in self.rows)) for c in columns}
-        lines = [self.summary(), "  ".join(c.ljust(widths[c]) for c in columns)]
+        lines = [self.summary(), *self._sides(), "  ".join(c.ljust(widths[c]) for c in columns)]
         lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in self.rows]
         return "\n".join(lines + [str(p) for p in self.problems])
 
@@ -135,8 +136,13 @@ class DoctorReport:
                        for r in self.rows)
         color = "#2e7d32" if self.ok else "#c62828"
         problems = "".join(f"<li>{html.escape(str(p))}</li>" for p in self.problems)
-        return (f"<div><b style='color:{color}'>{html.escape(self.summary())}</b>"
+        sides = "".join(f"<div>{html.escape(line)}</div>" for line in self._sides())
+        return (f"<div><b style='color:{color}'>{html.escape(self.summary())}</b>{sides}"
                 f"<table><tr>{head}</tr>{body}</table>{f'<ul>{problems}</ul>' if problems else ''}</div>")
+
+    def _sides(self) -> list[str]:
+        """Both ends of a remote cluster's line, each with its own versions."""
+        return [f"{side}: {versions}" for side, versions in self.sides.items()]
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return display.bundle(self, repr(self), self._repr_html_())
@@ -144,8 +150,10 @@ class DoctorReport:
 
 def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simulated: bool = False,
           labels: dict[str, str] | None = None, links: dict | None = None,
-          collective_failures: dict | None = None, took_s: float = 0.0, phases: dict | None = None) -> DoctorReport:
-    """The report for ``nodes`` against the kernel's versions, the all_reduce ``pairs``
+          collective_failures: dict | None = None, took_s: float = 0.0, phases: dict | None = None,
+          against: str = "the kernel", sides: dict | None = None) -> DoctorReport:
+    """The report for ``nodes`` against ``kernel``'s versions (those of ``against``: the kernel, or
+    a remote cluster's head, whose Python and Ray the nodes must share), the all_reduce ``pairs``
     ({(node_id_a, node_id_b): (latency_ms, GB/s)}), the TCP ``links`` ({(node_id_a, node_id_b):
     Link}) and the collectives that failed ({(node ids…): what happened, in words})."""
     labels, links = labels or {}, links or {}
@@ -160,8 +168,8 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
     for n in nodes:
         problems += _reach(n, names[n.node_id], nodes, host)
         if n.answered:
-            problems += _versions(n, kernel, names[n.node_id])
-            problems += _network(n, names[n.node_id], len(nodes), gone, host)
+            problems += _versions(n, kernel, names[n.node_id], against)
+            problems += _network(n, names[n.node_id], len(nodes), gone, host, against)
             problems += _gpus(n, names[n.node_id], simulated)
     problems += _nccl(nodes, names)
     ip = {n.node_id: n.ip for n in nodes}
@@ -176,7 +184,7 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
     unreachable = {names[n.node_id]: n.unreachable_after for n in nodes if n.unreachable_after is not None}
     rates = {(names[a], names[b]): link.rate for (a, b), link in links.items()}
     return DoctorReport(name, rows, problems, shown, took_s, phases=phases or {}, unreachable=unreachable,
-                        links=rates)
+                        links=rates, sides=sides or {})
 
 
 def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Problem]:
@@ -196,28 +204,29 @@ def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Probl
                     "without it if it is gone")]
 
 
-def _versions(n: NodeFacts, kernel: dict, where: str) -> list[Problem]:
+def _versions(n: NodeFacts, kernel: dict, where: str, against: str = "the kernel") -> list[Problem]:
     theirs = n.facts["versions"]
     out = []
     mine, other = kernel.get("python", ""), theirs.get("python", "")
     if mine.split(".")[:2] != other.split(".")[:2]:
-        out.append(Problem(where, f"Python {other}, the kernel has {mine}",
-                           f"use Python {'.'.join(mine.split('.')[:2])} there: a Ray Client needs the same "
-                           f"minor version"))
+        why = "a Ray Client needs the same minor version" if against == "the kernel" else \
+            "Ray needs one Python minor version on every node"
+        out.append(Problem(where, f"Python {other}, {against} has {mine}",
+                           f"use Python {'.'.join(mine.split('.')[:2])} there: {why}"))
     for package, want in kernel.items():
         if package == "python" or want is None:
             continue
         have = theirs.get(package)
         if have is None:
-            out.append(Problem(where, f"{package} is not installed (the kernel has {want})",
+            out.append(Problem(where, f"{package} is not installed ({against} has {want})",
                                f"pip install '{package}=={want}' there"))
         elif have != want:
-            out.append(Problem(where, f"{package} {have}, the kernel has {want}",
+            out.append(Problem(where, f"{package} {have}, {against} has {want}",
                                f"pip install '{package}=={want}' there (or the same version here)"))
     return out
 
 
-def _network(n: NodeFacts, where: str, size: int, gone: set[str], host) -> list[Problem]:
+def _network(n: NodeFacts, where: str, size: int, gone: set[str], host, against: str = "the kernel") -> list[Problem]:
     out = []
     if n.facts["interface"] is None:
         out.append(Problem(where, f"no network interface carries its Ray address {n.ip}",
@@ -232,7 +241,8 @@ def _network(n: NodeFacts, where: str, size: int, gone: set[str], host) -> list[
             out.append(Problem(where, f"cannot open {label.replace(target, host(target), 1)}: {why}",
                                "open that port between the nodes (firewall, security group)"))
     if n.clock_offset_s is not None and abs(n.clock_offset_s) > CLOCK_LIMIT_S + (n.clock_rtt_s or 0) / 2:
-        out.append(Problem(where, f"its clock is {n.clock_offset_s:+.2f} s off this machine's",
+        clock = "this machine's" if against == "the kernel" else "the head's"
+        out.append(Problem(where, f"its clock is {n.clock_offset_s:+.2f} s off {clock}",
                            "run NTP on both (chrony, systemd-timesyncd): node lifetimes are priced from "
                            "these clocks"))
     return out

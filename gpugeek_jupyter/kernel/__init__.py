@@ -1,6 +1,8 @@
 """The kernel's own state and its link to the cluster: the one per-kernel object (``session``),
-the Ray connection (``connection``) and the kernel's packages on remote workers (``environment``).
+the connection (``connection``: a Ray driver's, or the line to a remote cluster's keeper) and the
+kernel's packages on remote workers (``environment``).
 
-Runs on: a notebook's kernel only (never the watchdog, the server or a worker).
-May import: `backends/`, `remote/`, `cluster/`, `meter/`, `sizing/`, the ground floor.
+Runs on: a notebook's kernel (never the watchdog, the server or a worker); a keeper keeps its own
+driver's connection in a session too.
+May import: `backends/`, `remote/`, `cluster/`, `meter/`, `sizing/`, `line/`, the ground floor.
 """

@@ -2,16 +2,21 @@
 ``disconnect`` and ``connected_address`` and nothing else of Ray's connection machinery.
 
 The kernel becomes a Ray driver (``ray.init(address)``) of local, sim and attached clusters on
-its own network. It is not part of an ``ssh`` or cloud (aws, gcp, azure) cluster: it connects as a
-Ray Client (``ray://``) through the cluster's SSH tunnel (``tunnel``), so only one forwarded port
-carries the session. It only records itself attached to KubeRay ones. A driver whose cluster is stopped
-elsewhere (the watchdog, JupyterLab, another kernel) must let go at once — a Ray driver whose GCS
-has gone ends its own process a minute later — so a watcher thread drops the connection when the
-registry says a stop has begun.
+its own network. It is not part of an ``ssh``, onprem or cloud (aws, gcp, azure) cluster: it talks
+to the cluster's keeper on the head over the line (``line/``), through the cluster's SSH tunnel, as
+source text and data — so its Python and Ray versions are free of the hosts'. Only a cluster
+someone else runs, named ``--address ray://…``, is joined as a Ray Client (the same Python minor
+and Ray version on both ends), and said so. It only records itself attached to KubeRay ones. A
+driver whose cluster is stopped elsewhere (the watchdog, JupyterLab, another kernel) must let go at
+once — a Ray driver whose GCS has gone ends its own process a minute later — so a watcher thread
+drops the connection when the registry says a stop has begun.
 """
 
 from __future__ import annotations
 
+import os
+import platform
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -19,10 +24,15 @@ from contextlib import contextmanager
 from .. import store
 from ..backends.interface import CLIENT_SCHEME, capable
 from ..cluster import registry
+from ..cluster.processes import this_kernel
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..raynodes import NODE_ENV, use_token_auth
+from ..errors import GpugeekError
+from ..line.messages import PROTOCOL, Hello, Ship
+from ..line.wire import Line, LinkDown
+from ..raynodes import NODE_ENV, token_text, use_token_auth
 from ..remote import tunnel
+from ..versions import PACKAGE_VERSION, version_of
 from . import environment
 from .session import WATCHER, Connection, current, fine, trouble
 from .session import attach as session_attach
@@ -30,6 +40,9 @@ from .session import attach as session_attach
 WATCH_INTERVAL_S = registry.KERNELS_LOOK_EVERY_S
 CLIENT_TRIES = 3
 CLIENT_SETTLE_S = 40.0      # Ray's reconnect grace period (30 s) and a margin
+KEEPER_WAIT_S = 90.0        # a keeper just started by the head's watchdog (importing Ray, joining it)
+DIAL_TIMEOUT_S = 5.0
+SHIP_TIMEOUT_S = 300.0      # a working folder of up to 500 MiB, through the tunnel
 
 
 _watcher: threading.Thread | None = None
@@ -42,8 +55,8 @@ def connected_address() -> str | None:
 
 
 def connect(record: ClusterRecord) -> None:
-    """Make this kernel a Ray driver (local, sim, attach) or Ray Client (ssh, clouds) of the
-    cluster, and attached to it."""
+    """Make this kernel a Ray driver (local, sim, attach), a caller of the keeper over the line
+    (ssh, onprem, clouds), or a Ray Client (``--address ray://…``) of the cluster, and attached to it."""
     global _watcher
     session = current()
     can = capable(record)
@@ -54,13 +67,25 @@ def connect(record: ClusterRecord) -> None:
     if not record.address or not reachable or can.kernel_joins is None:
         session_attach(record)     # this notebook looks after it, even without a driver
         return
+    if can.kernel_joins == "line":
+        _line(session, record)
+    else:
+        _ray(session, record)
+    session_attach(record)
+    if _watcher is None:
+        _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
+        _watcher.start()
+
+
+def _ray(session, record: ClusterRecord) -> None:
+    """This kernel a Ray driver of the cluster, or a Ray Client of one someone else runs."""
     import ray
 
     _no_auto_init()
-
+    if session.line is not None:
+        _leave_line(session)
     if ray.is_initialized():
         if session.connection and session.connection.address == record.address:
-            session_attach(record)
             return
         if session.connection is None:
             print(f"note: this kernel's own Ray connection is closed; it now drives {record.name!r}")
@@ -71,20 +96,94 @@ def connect(record: ClusterRecord) -> None:
     # simulated nodes share one log folder, so every node's log monitor would repeat every line:
     # there we keep Ray's logs in the files and show status instead
     use_token_auth()      # our clusters require Ray's token, a driver's as a client's
-    if can.kernel_joins == "client" or record.address.startswith(CLIENT_SCHEME):
-        client = ClusterSpec.from_json(record.spec).remote["client_address"] if can.tunnelled else record.address
-        _client_init(client, job_env(record, remote=True))
+    if record.address.startswith(CLIENT_SCHEME):
+        print(f"note: joining {record.address} as a Ray Client, as you asked: this kernel needs the cluster's "
+              f"Python minor version and Ray version, and Ray ends the job after 30 s without the link",
+              flush=True)
+        _client_init(record.address, job_env(record, remote=True))
+        kind = "client"
     else:
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated,
                  runtime_env=job_env(record, remote=False) or None)
-    from ray.util.client import ray as client
+        kind = "driver"
+    session.connection = Connection(record.address, store.path(), record.id, kind=kind)
 
-    session.connection = Connection(record.address, store.path(), record.id, client=client.is_connected())
-    session_attach(record)
-    if _watcher is None:
-        _watcher = threading.Thread(target=_watch, name="gpugeek-connection", daemon=True)
-        _watcher.start()
+
+def _line(session, record: ClusterRecord) -> None:
+    """This kernel on the line to the cluster's keeper (on its head, through the tunnel): the
+    token proven both ways and versions told; waits for a keeper that is still starting."""
+    connection = session.connection
+    if session.line is not None and connection is not None and connection.cluster_id == record.id:
+        return
+    if session.line is not None or (connection is not None and connection.kind == "driver"):
+        _leave_group(session)
+    if session.line is not None:
+        _leave_line(session)
+    elif connection is not None:
+        let_go()
+    hello = Hello(PROTOCOL, PACKAGE_VERSION, platform.python_version(), version_of("ray"), this_kernel())
+    line = Line(_dialer(record.id), token_text(), hello)
+    deadline = time.monotonic() + KEEPER_WAIT_S
+    while True:
+        try:
+            line.open()
+            break
+        except LinkDown as exc:
+            if time.monotonic() > deadline:
+                raise GpugeekError(f"cluster {record.name!r}'s keeper does not answer on its head ({exc}) — its "
+                                   f"log is in the cluster's folder there (keeper.log); `%gpugeek up "
+                                   f"{record.name}` tries again") from None
+            time.sleep(1.0)
+    session.line = line
+    session.connection = Connection(record.address, store.path(), record.id, kind="line")
+    _ship_cluster_files(line, record)
+
+
+def _ship_cluster_files(line: Line, record: ClusterRecord) -> None:
+    """``up --env``'s requirements and ``--working-dir``'s folder, on the keeper for every group:
+    sent where it lacks them (it keeps them across its own restarts, so a kernel that connects
+    again sends nothing)."""
+    spec = ClusterSpec.from_json(record.spec)
+    if not spec.env and not spec.working_dir:
+        return
+    held = line.call(Ship(), SHIP_TIMEOUT_S).value
+    send: dict = {}
+    if list(spec.env) != held["pip"]:
+        send["pip"] = list(spec.env)
+    if spec.working_dir and not held["working_dir"] and os.path.isdir(spec.working_dir):
+        send["working_dir"] = environment.packed_folder(spec.working_dir)
+    if send:
+        line.call(Ship(**send), SHIP_TIMEOUT_S)
+
+
+def _dialer(cluster_id: int):
+    """How the line reaches the keeper: the cluster's tunnel (opened again where it died), then its
+    local end. Whatever fails is an ``OSError`` to the line: not there now, dialled again later."""
+    def dial() -> socket.socket:
+        record = registry.get(cluster_id)
+        if not record.live:
+            raise OSError("the cluster was stopped")
+        try:
+            record = tunnel.ensure(record)
+        except GpugeekError as exc:
+            raise OSError(str(exc)) from None
+        host, _, port = ClusterSpec.from_json(record.spec).remote["line_address"].rpartition(":")
+        return socket.create_connection((host, int(port)), timeout=DIAL_TIMEOUT_S)
+    return dial
+
+
+def line() -> Line | None:
+    """This kernel's line to its remote cluster's keeper, if it is on one."""
+    return current().line
+
+
+def _leave_line(session) -> None:
+    """Off the line (this kernel moves to another cluster): its warm group there stopped first."""
+    line_, session.line = session.line, None
+    if line_ is not None:
+        line_.close()
+    session.connection = None
 
 
 def _leave_group(session) -> None:
@@ -158,8 +257,12 @@ def _tunnel_lives(record: ClusterRecord) -> bool:
 
 def steady() -> bool:
     """Whether this kernel's connection can take a request now (a Ray Client's channel is ready:
-    not reconnecting). Costs no request: for what runs between cells, which must never wait."""
-    connection = current().connection
+    not reconnecting; the line is up). Costs no request: for what runs between cells, which must
+    never wait."""
+    session = current()
+    connection = session.connection
+    if connection is not None and connection.kind == "line":
+        return session.line is not None and session.line.up
     if connection is None or not connection.client:
         return connection is not None
     import grpc
@@ -220,11 +323,8 @@ def _no_auto_init() -> None:
 def disconnect(record: ClusterRecord) -> None:
     """Let go of the cluster before it goes away under this kernel, and detach from it."""
     session = current()
-    if session.connection is not None and session.connection.address == record.address:
-        import ray
-
-        ray.shutdown()
-        session.connection = None
+    if session.connection is not None and session.connection.cluster_id == record.id:
+        let_go()
     registry.detach(record.id)
 
 
@@ -255,8 +355,11 @@ def check_stop() -> None:
 
 
 def let_go() -> None:
-    """Shut this process's Ray connection (the cluster is being stopped elsewhere)."""
+    """Shut this process's connection: its Ray, or its line (the cluster is being stopped elsewhere)."""
     session = current()
+    if session.line is not None:
+        _leave_line(session)
+        return
     try:
         import ray
 

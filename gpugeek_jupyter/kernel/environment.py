@@ -103,6 +103,48 @@ def runtime_env(pip: list[str] | None = None, modules: list[KernelModule] | None
     return env
 
 
+def packed(modules: list[KernelModule]) -> list[dict]:
+    """The modules as a remote cluster's keeper takes them (``line.messages.Ship``): pure Python as a
+    gzipped tar of its files and its ``.dist-info``, which the keeper sends on as ``py_modules``; a
+    module with compiled parts as ``name==version`` for pip, which installs it on each node for
+    that node's own Python."""
+    import io
+    import tarfile
+
+    out = []
+    for module in modules:
+        if module.compiled:
+            if not module.dist:
+                raise GpugeekError(f"{module.name} (local, {module.path}) has compiled parts and is not installed "
+                                   f"from a package — install it on the hosts, or `up --env` a package of it")
+            out.append({"name": module.name, "version": module.version, "pip": f"{module.dist}=={module.version}"})
+            continue
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for path in filter(None, (module.path, module.dist_info)):
+                tar.add(path, arcname=Path(path).name, filter=_no_caches)
+        out.append({"name": module.name, "version": module.version, "archive": buffer.getvalue()})
+    return out
+
+
+def packed_folder(folder: str) -> bytes:
+    """``up --working-dir``'s folder as a gzipped tar, without what Ray would leave out
+    (``WORKING_DIR_EXCLUDES``), for a remote cluster's keeper."""
+    import io
+    import tarfile
+
+    root = Path(folder)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for file in _files(root):
+            tar.add(file, arcname=str(file.relative_to(root)))
+    return buffer.getvalue()
+
+
+def _no_caches(info):
+    return None if "__pycache__" in info.name.split("/") or info.name.endswith(".pyc") else info
+
+
 def read_env_file(path: str) -> list[str]:
     """``up --env``: the pip requirements in a requirements file or a pyproject's
     ``[project] dependencies``; one line saying what is wrong otherwise."""

@@ -21,17 +21,28 @@ from ..meter import ledger
 from ..units import clock
 
 if TYPE_CHECKING:
+    from ..line.wire import Line
     from ..sizing.planner import Plan
 
 
 @dataclass(frozen=True)
 class Connection:
-    """The cluster this kernel is a Ray driver or Ray Client of (made by ``connection.connect``)."""
+    """The cluster this kernel drives (made by ``connection.connect``): as a Ray driver, through
+    its keeper over the line, or — asked for by ``--address ray://…`` — as a Ray Client."""
 
     address: str      # as ``ray.init`` was given it (Ray rewrites 127.0.0.1 to the host's IP)
     db: Path          # the registry it was made from (the watcher reads it from its own thread)
     cluster_id: int
-    client: bool = False   # a Ray Client (through the tunnel), not a driver
+    kind: str = "driver"    # "driver", "line" (a remote cluster's keeper) or "client" (a Ray Client)
+
+    @property
+    def client(self) -> bool:
+        return self.kind == "client"
+
+    @property
+    def remote(self) -> bool:
+        """Its workers run on machines that are not this kernel's (its modules must be sent)."""
+        return self.kind != "driver"
 
 
 class WarmGroup(Protocol):
@@ -87,7 +98,8 @@ _WHAT_IT_COSTS = {
 @dataclass
 class KernelSession:
     active: str | None = None                 # the cluster commands mean by default
-    connection: Connection | None = None      # the cluster this process is a Ray driver of
+    connection: Connection | None = None      # the cluster this process drives
+    line: Line | None = None                  # its line to a remote cluster's keeper (``connection``)
     group: WarmGroup | None = None            # the warm workers `%%gpugeek run` uses
     last_plan: Plan | None = None             # an out-of-memory diagnosis compares against it
     cells_running: int = 0                    # a cell's Ray calls under way in the main thread

@@ -140,7 +140,8 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")
 @argument("--gpu", help="GPU family: the cheapest matching offer")
 @argument("--count", type=number("--count", int), help="GPUs per node with --gpu")
-@argument("--workers", type=number("--workers", int), help="worker nodes kept up")
+@argument("--workers", type=number("--workers", int),
+          help="worker nodes kept up (your own --hosts: a worker group of N, started while up returns)")
 @argument("--min-workers", type=number("--min-workers", int), help="same as --workers")
 @argument("--max-workers", type=number("--max-workers", int), help="ceiling the autoscaler may grow to")
 @pricing_flag()

@@ -2,23 +2,25 @@
 whatever ``python3`` the host has (``python3 - check ORDER``), like ``script.py``.
 
     check ORDER     where the host stands: ready (the Python to use), or what making the runtime
-                    needs (a base Python of the kernel's minor version, an installer), or one line
-                    saying why it cannot be made; installs nothing, in well under a second
+                    needs (the host's own Python, an installer), or one line saying why it cannot
+                    be made; installs nothing, in well under a second
     install ORDER   makes the runtime, then answers as ``check`` does
 
-ORDER (JSON) names what the kernel runs: ``ray`` and ``torch`` versions, the Python ``minor``
-version (Ray Client needs client and cluster on the same one), and the user's choices: ``python``
-(an existing environment, used as it is), ``install`` (false: never install), ``index_url`` (a
-mirror of PyPI), ``root`` (where runtimes live, ``~/.gpugeek/runtime``) and ``uv`` (where the
-laptop put its uv, when the host had none).
+ORDER (JSON) names what the kernel runs: ``ray`` and ``torch`` versions (its Python ``minor``
+version too, said but not asked for: the kernel reaches the cluster over its keeper's line, which
+carries source text and data, so the hosts' Python need not be the kernel's), and the user's
+choices: ``python`` (an existing environment, used as it is), ``install`` (false: never install),
+``index_url`` (a mirror of PyPI), ``root`` (where runtimes live, ``~/.gpugeek/runtime``) and
+``uv`` (where the laptop put its uv, when the host had none).
 
-The runtime is a venv of its own, ``ROOT/ray-<version>-py<minor>``, so a Ray of the user's on the
-host is never touched, nor can it break ours. Into it go ``ray[default]`` at the kernel's version
-and numpy; torch is the host's own when the host's Python has it at the kernel's major.minor (its
+The runtime is a venv of its own, ``ROOT/ray-<version>``, made from the host's own Python (3.10 or
+newer: the keeper and the workers run this package's code), so a Ray of the user's on the host is
+never touched, nor can it break ours. Into it go ``ray[default]`` at the kernel's version and
+numpy; torch is the host's own when the host's Python has it at the kernel's major.minor (its
 site-packages are added after the venv's own), else the build that fits the host: the CUDA build
 with an NVIDIA driver, the CPU build without. ``uv`` makes it when there is one, else ``venv`` and
-pip. A ``runtime.json`` written last says the runtime is whole; a second ``check`` reads it and
-installs nothing.
+pip. A ``runtime.json`` written last says the runtime is whole, and for which Python; a second
+``check`` reads it and installs nothing.
 
 Standard library only, and Python 3.8+: it runs on whatever Python a host has.
 """
@@ -33,6 +35,7 @@ import sys
 import time
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+OLDEST = (3, 10)            # the package's own: what the keeper and the workers run on
 INSTALL_TIMEOUT_S = 1200
 PROBE = ("import json, site, sys\n"
          "try:\n    from importlib import metadata\nexcept ImportError:\n    metadata = None\n"
@@ -73,7 +76,7 @@ def check(order):
                       f"install it — leave out --no-install, or install it there")
     base = _base(order)
     if not order.get("install", True):
-        raise Failure(f"no Ray {order['ray']} for Python {order['minor']} here, and --no-install says not to "
+        raise Failure(f"no Ray {order['ray']} runtime here, and --no-install says not to "
                       f"install it — leave out --no-install to make it in {_tilde(folder)}, or give --python "
                       f"PATH of an environment that has it")
     return {"ok": True, "ready": False, "adds": adds, "base": base["executable"], "uv": _uv(order),
@@ -154,21 +157,24 @@ def _given(order):
     if not os.access(path, os.X_OK):
         raise Failure(f"--python {order['python']}: no such program on the host")
     got = _probe(path)
-    if got["minor"] != order["minor"]:
-        raise Failure(f"--python {order['python']} is Python {got['minor']}; the kernel is {order['minor']} "
-                      f"(Ray Client needs the same minor version)")
+    if _too_old(got["minor"]):
+        raise Failure(f"--python {order['python']} is Python {got['minor']}; the cluster's keeper needs "
+                      f"{'.'.join(map(str, OLDEST))} or newer — give another, or leave out --python to have a "
+                      f"runtime made")
     if got["ray"] != order["ray"]:
         has = f"Ray {got['ray']}" if got["ray"] else "no Ray"
-        raise Failure(f"--python {order['python']} has {has}; the kernel has Ray {order['ray']} — pip install "
-                      f"'ray[default]=={order['ray']}' there, or leave out --python to have a runtime made")
+        raise Failure(f"--python {order['python']} has {has}; the kernel has Ray {order['ray']} (this machine's "
+                      f"watchdog reads the cluster's node table with it) — pip install 'ray[default]=={order['ray']}' "
+                      f"there, or leave out --python to have a runtime made")
     return {"ok": True, "ready": True, "python": path, "made": {"given": True, "torch": got["torch"]}}
 
 
 def _base(order):
-    """A Python of the kernel's minor version on this host, preferring one whose torch fits."""
-    seen, found, others = set(), [], []
-    names = ["python" + order["minor"], "python3", "python", "/usr/bin/python3", "/usr/local/bin/python3",
-             "/opt/conda/bin/python"]
+    """The host's own Python to make the runtime from: its ``python3`` (or another of 3.10 or
+    newer), preferring one whose torch fits the kernel's."""
+    seen, found, old = set(), [], []
+    names = ["python3", "python", "/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python",
+             *(f"python3.{minor}" for minor in range(14, OLDEST[1] - 1, -1))]
     for name in names:
         path = shutil.which(name)
         if not path or os.path.abspath(path) in seen:   # a venv's python links to its base: not the same
@@ -179,13 +185,17 @@ def _base(order):
         except Failure:
             continue
         got["executable"] = path
-        (found if got["minor"] == order["minor"] else others).append(got)
+        (old if _too_old(got["minor"]) else found).append(got)
     if not found:
-        have = ", ".join(f"{o['executable']} is {o['minor']}" for o in others) or "no Python at all"
-        raise Failure(f"no Python {order['minor']} on the host ({have}) — install Python {order['minor']} there "
-                      f"(Ray Client needs the kernel's minor version), or give --python PATH")
+        have = ", ".join(f"{o['executable']} is {o['minor']}" for o in old) or "no Python at all"
+        raise Failure(f"no Python {'.'.join(map(str, OLDEST))} or newer on the host ({have}) — install one there "
+                      f"(any of 3.10 to 3.13), or give --python PATH")
     fits = [f for f in found if f["torch"] and _mm(f["torch"]) == _mm(order["torch"])]
     return (fits or found)[0]
+
+
+def _too_old(minor):
+    return tuple(int(x) for x in minor.split(".")[:2]) < OLDEST
 
 
 def _torch_plan(order, base):
@@ -281,7 +291,7 @@ def _wanted(order):
 
 def _folder(order):
     root = os.path.expanduser(order.get("root") or "~/.gpugeek/runtime")
-    return os.path.join(root, f"ray-{order['ray']}-py{order['minor']}")
+    return os.path.join(root, f"ray-{order['ray']}")
 
 
 def _tilde(path):

@@ -38,6 +38,14 @@ import sys
 import time
 
 MARKER = "GPUGEEK_CLUSTER"    # cluster/processes.py's, which the head's watchdog uses
+# ``ray start`` as Ray's CLI runs it; on a head, without Ray's client server, which it otherwise
+# starts whenever Ray Client's packages are there (and they always are): kernels reach the cluster
+# through its keeper, and nothing of ours listens for a Ray Client. (``ray.scripts.scripts`` asks
+# ``get_ray_client_dependency_error`` whether to start it; tests/test_onhost.py holds that.)
+RAY_START = "from ray.scripts.scripts import main; main()"
+HEAD_START = ("import ray.scripts.scripts as cli\n"
+              "cli.get_ray_client_dependency_error = lambda: 'the cluster is reached through its keeper'\n"
+              "cli.main()")
 TOKEN = globals().get("TOKEN")      # prepended by the sender for `start`
 PACKAGE = globals().get("PACKAGE")  # prepended by the sender for `guard`
 
@@ -143,7 +151,7 @@ def start(args):
         return {"ok": False, "error": f"no token: none sent and none at {spec['token_path']}"}
     if spec.get("restart"):       # `ray up` on a running head starts it again: ours go first
         stop([marker, "5"])
-    cmd = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
+    cmd = [sys.executable, "-c", HEAD_START if spec["role"] == "head" else RAY_START, "start",
            f"--node-ip-address={ip}", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     if spec.get("gpus") is not None:
         cmd.append(f"--num-gpus={int(spec['gpus'])}")
@@ -152,7 +160,7 @@ def start(args):
     if spec["role"] == "head" and spec.get("free_ports"):   # another Ray (or ours) may hold the usual ones
         _move_off_held_ports(spec, ip)
     if spec["role"] == "head":
-        cmd += ["--head", f"--port={spec['port']}", f"--ray-client-server-port={spec['client_port']}",
+        cmd += ["--head", f"--port={spec['port']}",
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
         if not any(flag.startswith("--autoscaling-config") for flag in extra):
             cmd.append("--no-monitor")    # no autoscaler: the nodes are the hosts we start
@@ -179,9 +187,7 @@ def start(args):
             tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
         if attempt == 2 or "timed out during startup" not in " ".join(tail):
             return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
-    if spec["role"] == "head" and not _listening(ip, spec["client_port"], spec.get("timeout", 120)):
-        return {"ok": False, "error": f"Ray's client server did not listen on port {spec['client_port']}"}
-    return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "client_port": spec["client_port"]}
+    return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "keeper_port": spec.get("keeper_port")}
 
 
 def _closed_metric_ports(gcs_port):
@@ -229,31 +235,20 @@ def _free(ip, port):
 
 
 def _move_off_held_ports(spec, ip):
-    """The head's GCS and client ports, each moved to a free one where it is held — never onto the
-    other's (the system may hand back the port it just let go)."""
-    for key, other in (("port", "client_port"), ("client_port", "port")):
-        while not _free(ip, spec[key]) or spec[key] == spec[other]:
-            spec[key] = _any_free_port(ip)
+    """The head's GCS port (on its address) and the keeper's (on its loopback), each moved to a
+    free one where it is held — never onto the other's (the system may hand back the port it just
+    let go)."""
+    while not _free(ip, spec["port"]):
+        spec["port"] = _any_free_port(ip)
+    if spec.get("keeper_port"):
+        while not _free("127.0.0.1", spec["keeper_port"]) or spec["keeper_port"] == spec["port"]:
+            spec["keeper_port"] = _any_free_port("127.0.0.1")
 
 
 def _any_free_port(ip):
     with socket.socket() as sock:
         sock.bind((ip, 0))
         return sock.getsockname()[1]
-
-
-def _listening(ip, port, within=0.0):
-    """Whether something listens at ip:port, tried for up to ``within`` seconds (Ray's client
-    server starts after ``ray start`` returns)."""
-    deadline = time.time() + within
-    while True:
-        try:
-            socket.create_connection((ip, port), timeout=1).close()
-            return True
-        except OSError:
-            if time.time() > deadline:
-                return False
-        time.sleep(0.1)
 
 
 def stop(args):

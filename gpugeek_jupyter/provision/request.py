@@ -108,7 +108,8 @@ def _those(capability: str) -> str:
 
 
 def _ssh(request: UpRequest) -> ClusterSpec:
-    if wrong := request.given(*SIZING_FLAGS, "spot_fallback"):
+    """Your own hosts; ``--workers`` is the warm group started on them (``cells/jobs.warm_start``)."""
+    if wrong := request.given(*(f for f in SIZING_FLAGS if f != "workers"), "spot_fallback"):
         raise GpugeekError(f"{', '.join(wrong)}: an ssh cluster is the --hosts you name")
     if request.residency and request.offer is None:
         raise GpugeekError("--residency checks a catalog offer's region; your own --hosts are "

@@ -50,7 +50,9 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     unless a cell names its own ``checkpoint_dir``.
     On ``hosts``, Ray runs in a runtime made there at this kernel's versions unless ``python``
     names an environment to use as it is; ``install=False`` refuses to make one, and
-    ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from.
+    ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from;
+    ``workers`` starts a worker group of that many on them while ``up`` returns (``api.up``), which
+    the first cell of that shape runs on.
     """
     given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"
              and not (k == "install" and v is True)}

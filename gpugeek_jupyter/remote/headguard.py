@@ -35,8 +35,12 @@ HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py",
                 "versions.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
-                "guard/clusterjobs.py", "guard/headwatch.py",
+                "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py",
                 "cluster/", "remote/", "backends/", "onhost/__init__.py", "onhost/script.py")
+# What the keeper (keeper/serve.py, started by the head's watchdog) needs besides: the groups and
+# their cells as a kernel holds them, the doctor's probes, the line. Whole rooms; the test runs the
+# keeper from the archive alone too.
+KEEPER_PACKAGE = ("keeper/", "line/", "cells/", "health/", "kernel/", "workers/", "launch/", "meter/", "display.py")
 ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
 LIMITS = "limits"            # budget and idle limits set here after `up`
 HEARTBEAT = "guard"          # the head watchdog's heartbeat
@@ -53,17 +57,17 @@ def guarded(record: ClusterRecord) -> bool:
     return bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
 
 
-def head_files() -> list[Path]:
-    """The files of ``HEAD_PACKAGE``, relative to the package: its Python sources, no caches."""
+def head_files(entries: tuple[str, ...] = HEAD_PACKAGE + KEEPER_PACKAGE) -> list[Path]:
+    """The files of ``entries``, relative to the package: its Python sources, no caches."""
     files = []
-    for entry in HEAD_PACKAGE:
+    for entry in entries:
         found = sorted((PACKAGE / entry).glob("*.py")) if entry.endswith("/") else [PACKAGE / entry]
         files += [path.relative_to(PACKAGE) for path in found]
     return files
 
 
 def package_archive() -> bytes:
-    """The head's part of this package as a gzipped tar (``HEAD_PACKAGE``, about 70 kB)."""
+    """The head's part of this package as a gzipped tar: its watchdog's and its keeper's (about 200 kB)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for file in head_files():
@@ -88,11 +92,15 @@ def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str,
     """What the head's watchdog is told at its start (``headwatch.main``). ``ip`` may be
     ``{head_ip}``, filled in on the head; ``temp_dirs`` maps a node's address to Ray's temp dir
     there (``*``: any, ``{ip}`` in it being the node's); ``cloud``: the provider whose instance the
-    head is (it ends itself), None on the user's own machine."""
+    head is (it ends itself), None on the user's own machine. The watchdog starts the keeper on
+    the head's loopback port the spec names (``keeper``), with the mirror the hosts install from."""
+    remote = spec.remote
+    keeper = {"port": remote.get("keeper_port"), "index_url": remote.get("pip_index_url")}
     return {"name": record.name, "backend": record.backend, "cloud": cloud, "spec": spec.to_json(),
             "marker": record.marker, "budget": record.budget_usd, "idle": record.idle_minutes,
             "created": record.created, "gcs": f"{ip}:{gcs_port}", "ip": ip, "temp_dirs": temp_dirs,
-            "token_path": token_path, "home": str(Path(token_path).parent / "head"), "interval": interval}
+            "token_path": token_path, "home": str(Path(token_path).parent / "head"), "interval": interval,
+            "keeper": keeper}
 
 
 def _on_head(remote: dict, command: str, *args: str, **kwargs) -> dict:

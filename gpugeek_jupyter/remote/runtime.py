@@ -32,7 +32,8 @@ _packing = threading.Lock()
 
 
 def order_for(remote: dict) -> dict:
-    """What the hosts must run: this kernel's Ray, torch and Python minor version, and the user's
+    """What the hosts must run: this kernel's Ray and torch (its Python minor version is said, not
+    asked for: the hosts' runtime is made with their own Python), and the user's
     ``--python``, ``--no-install`` and ``--pip-index-url`` (from an ssh spec's ``remote``)."""
     ray, torch, minor = _kernel()
     return {"ray": ray, "torch": torch, "minor": minor,
@@ -49,7 +50,7 @@ def _kernel() -> tuple[str | None, str | None, str]:
 def python_on_host(order: dict | None = None) -> str:
     """The runtime's Python on a host, for this kernel (as ``onhost/runtime.py`` names its folder)."""
     order = order or order_for({})
-    return f"~/.gpugeek/runtime/ray-{order['ray']}-py{order['minor']}/bin/python"
+    return f"~/.gpugeek/runtime/ray-{order['ray']}/bin/python"
 
 
 def ready(spec: ClusterSpec, say=print) -> list[dict]:
@@ -87,7 +88,7 @@ def _call(target: ssh.Target, key: str | None, command: str, order: dict, timeou
     """``runtime.py COMMAND ORDER`` on the host, run by its ``python3``; its answer, or one line."""
     line = ssh.quote(json.dumps(order))
     remote = (f"p=$(command -v python3 || command -v python) || {{ echo '{{\"ok\": false, \"error\": "
-              f"\"no python3 on the host — install Python {order['minor']} there\"}}'; exit 1; }}; "
+              f"\"no python3 on the host — install Python 3.10 or newer there\"}}'; exit 1; }}; "
               f"exec \"$p\" - {command} {line}")
     answer = ssh.answer(target, command, ssh.run(target, key, remote, SCRIPT.read_text(), timeout))
     if not answer.get("ok"):

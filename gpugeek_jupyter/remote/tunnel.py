@@ -1,8 +1,8 @@
 """The SSH tunnel to a remote head: the one way this machine reaches a cluster it is not part of.
 
-A head's ports stay closed to the laptop; one ``ssh`` forwards two of them to 127.0.0.1 here:
-Ray's client server (the kernel connects through it as a Ray Client, ``ray://``) and the GCS (the
-watchdog, status and the Lab sidebar read Ray's node table through it). The tunnel is a process
+A head's ports stay closed to the laptop; one ``ssh`` forwards two of them to 127.0.0.1 here: the
+keeper's line (on the head's own loopback: the kernel talks to the keeper through it, ``line/``)
+and the GCS (the watchdog, status and the Lab sidebar read Ray's node table through it). The tunnel is a process
 of the cluster's own — in a session of its own, carrying the cluster's marker — so it outlives a
 kernel restart (the next kernel finds it by name) and ``down`` stops it with the rest.
 """
@@ -20,6 +20,7 @@ from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..meter import ledger
 from . import ssh
 
 OPEN_TIMEOUT_S = 20
@@ -30,7 +31,7 @@ HOLD_S = 2**31 - 1     # the session's remote command only holds it open; it end
 class Tunnel:
     pid: int
     gcs: str          # 127.0.0.1:PORT here → the head's GCS
-    client: str       # ray://127.0.0.1:PORT here → the head's Ray client server
+    line: str         # 127.0.0.1:PORT here → the keeper's line on the head's loopback
 
 
 def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int] | None = None) -> Tunnel:
@@ -38,10 +39,10 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     answer."""
     remote = spec.remote
     head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    gcs_port, client_port = wanted if wanted and all(ports.is_free(p) for p in wanted) else (
+    gcs_port, line_port = wanted if wanted and all(ports.is_free(p) for p in wanted) else (
         ports.free_ports(2))
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
-               f"-L127.0.0.1:{client_port}:{remote['head_ip']}:{remote['client_port']}"]
+               f"-L127.0.0.1:{line_port}:127.0.0.1:{remote['keeper_port']}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
     # (TCP_NODELAY), and every small Ray Client request stops waiting out a 40 ms delayed ACK
     # the hold carries the cluster's marker, so the head's own stop ends it (and this tunnel with it)
@@ -51,20 +52,20 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)
     deadline = time.monotonic() + OPEN_TIMEOUT_S
-    while not (ports.answers("127.0.0.1", gcs_port, 0.5) and ports.answers("127.0.0.1", client_port, 0.5)):
+    while not (ports.answers("127.0.0.1", gcs_port, 0.5) and ports.answers("127.0.0.1", line_port, 0.5)):
         if proc.poll() is not None or time.monotonic() > deadline:
             processes.stop_session(proc.pid, record.created, record.marker, grace=1)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
             raise GpugeekError(f"the SSH tunnel to {head} did not open ({'; '.join(tail) or 'no answer'}) "
                                f"— log: {log}")
         time.sleep(0.05)
-    return Tunnel(proc.pid, f"127.0.0.1:{gcs_port}", f"ray://127.0.0.1:{client_port}")
+    return Tunnel(proc.pid, f"127.0.0.1:{gcs_port}", f"127.0.0.1:{line_port}")
 
 
 def ensure(record: ClusterRecord) -> ClusterRecord:
     """The record with a live tunnel: the one it has if that still forwards, else a new one on the
-    same local ports where they are free (so addresses others hold stay good, and a Ray Client
-    whose tunnel dropped reconnects to the new one). One process at a time (the kernel and the
+    same local ports where they are free (so addresses others hold stay good, and a kernel whose
+    line dropped dials the new one). One process at a time (the kernel and the
     watchdog may both find it dropped)."""
     with open(ssh.local_dir(record.name, record.id) / "tunnel.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -79,11 +80,15 @@ def _ensure(record: ClusterRecord) -> ClusterRecord:
     if record.session_id and processes.alive(record.session_id):
         processes.stop_session(record.session_id, record.created, record.marker, grace=1)
     wanted = None
-    if record.address and spec.remote.get("client_address"):
-        wanted = (int(record.address.rpartition(":")[2]), int(spec.remote["client_address"].rpartition(":")[2]))
+    if record.address and spec.remote.get("line_address"):
+        wanted = (int(record.address.rpartition(":")[2]), int(spec.remote["line_address"].rpartition(":")[2]))
     tunnel = open_tunnel(record, spec, wanted)
-    spec.remote["client_address"] = tunnel.client
+    spec.remote["line_address"] = tunnel.line
     registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, spec=spec.to_json())
+    if record.session_id:            # whoever found it dropped (a kernel's line, the watchdog) says so
+        ledger.event(record.id, "tunnel", f"the SSH tunnel to the head had dropped; reopened it on the same ports "
+                                          f"({tunnel.gcs})" if wanted and tunnel.gcs == record.address else
+                     f"the SSH tunnel to the head had dropped; reopened it at {tunnel.gcs}")
     return registry.get(record.id)
 
 

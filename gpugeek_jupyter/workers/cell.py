@@ -70,10 +70,10 @@ def on_cpu(value):
 
 def portable(value) -> dict:
     """The cell's value as the notebook can show it: pickled if small and picklable, else repr."""
-    from ray import cloudpickle
+    from .values import dumps
 
     try:
-        data = cloudpickle.dumps(on_cpu(value))
+        data = dumps(on_cpu(value))
         if len(data) <= MAX_VALUE_BYTES:
             return {"pickle": data}
     except Exception:  # noqa: BLE001 - fall back to its text

@@ -28,7 +28,7 @@ from concurrent import futures
 from .. import ports
 from ..errors import GpugeekError
 from ..launch import frameworks, rendezvous, torchrun
-from . import journal, line, notice, oom, outcome, progress
+from . import journal, line, notice, oom, outcome, progress, values
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -139,8 +139,6 @@ class Worker:
                 result = result or {"ok": False, "interrupted": True}
 
     def _run(self, call: tuple, pushed: bytes | None) -> dict:
-        from ray import cloudpickle
-
         source, filename, pull, want_value, options, cell_id, _job = call
         cell = Cell(source, filename)
         cell.register()
@@ -155,7 +153,7 @@ class Worker:
             if frameworks.loaded():
                 torchrun.apply(self.env)
             if pushed:
-                self.ns.update(cloudpickle.loads(pushed))
+                self.ns.update(values.load(pushed, self.ns))
             if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv and exit
                 value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
             else:
@@ -169,7 +167,7 @@ class Worker:
                 missing = [name for name in pull if name not in self.ns]
                 if missing:
                     raise NameError(f"--pull: no variable {', '.join(missing)} on rank {self.rank}")
-                result["pulled"] = cloudpickle.dumps({name: on_cpu(self.ns[name]) for name in pull})
+                result["pulled"] = {name: values.dumps(on_cpu(self.ns[name])) for name in pull}
         except KeyboardInterrupt:
             result = {"ok": False, "interrupted": True}
         except notice.Preempted as exc:       # every rank stops at the same step, checkpointed

@@ -9,7 +9,7 @@ updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the he
 The head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud
 API's part — and exits. Everything else is the production code: the generated YAML, its setup
 command that makes each node's runtime (``runtime.py``, from the lab's wheel index), ``onhost.py``
-on the nodes, the tunnel, the Ray Client connection, a cell through ``gg.run``, the stop by process.
+on the nodes, the tunnel, the line to the head's keeper, a cell through ``gg.run``, the stop by process.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         spec = ClusterSpec.from_json(record.spec)
         head = lab.hosts[0]
         assert spec.remote["hosts"] == [f"root@{head.address}"] and spec.remote["head_ip"] == head.address
-        assert spec.remote["client_address"].startswith("ray://127.0.0.1:")
+        assert spec.remote["line_address"].startswith("127.0.0.1:")
         assert record.address.startswith("127.0.0.1:") and processes.alive(record.session_id), "no tunnel"
         on_hosts = {h.name: _ours(h, record.marker) for h in lab.hosts}
         assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"

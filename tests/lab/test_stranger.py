@@ -4,8 +4,9 @@ not in the cluster — as a neighbour on a provider's network would be.
 The stranger lists every port each host listens on (from the host's network namespace, not from
 any list of ours), then tries each: a TCP connect and an HTTP GET, and on each that may speak
 gRPC (not HTTP/1, not SSH) a Ray driver join and a Ray Client connect, without the token.
-Nothing may answer, and no code of its may run. The same joins holding the token do work (the
-observer can see an open door), and so does an HTTP server the test opens on the head.
+Nothing may answer, and no code of its may run. A driver's join holding the token does work (the
+observer can see an open door), and so does an HTTP server the test opens on the head. (No Ray
+Client server runs on the head, and the keeper listens on its loopback alone.)
 
 The cluster's 1 CPU per host also shows a group that can never fit it refused at once."""
 
@@ -113,21 +114,13 @@ def test_a_stranger_on_the_hosts_network_gets_no_answer_without_the_token(lab, p
         assert stat.S_IMODE(token.stat().st_mode) == 0o600, f"{host.name}: the token is {oct(token.stat().st_mode)}"
 
     # the observer can see an open door: holding the token, the GCS answers a driver (which, off
-    # the cluster's nodes, goes no further) and a Ray Client runs its code on the cluster
-    gcs, client = spec.remote["gcs_port"], spec.remote["client_port"]
+    # the cluster's nodes, goes no further)
+    gcs = spec.remote["gcs_port"]
     token = str(head.file(spec.remote["token_path"].replace("~", "/root")))
     control_touch = f"/tmp/stranger-control-{uuid.uuid4().hex[:8]}"
-    with_token = stranger(lab, head.address, [gcs, client], control_touch, token=token)
-    if not with_token[client]["client"].startswith("ran on"):
-        # Ray's head starts a server process for each client, and under load that start can fail
-        # once ("Starting Ray client server failed"): the control tries again before it counts
-        print(f"\nthe control's first Ray Client try: {with_token[client]['client']} — once more")
-        with_token[client] = stranger(lab, head.address, [client], control_touch, token=token)[client]
-    print(f"\nholding the token: a driver at {gcs}: {with_token[gcs]['driver']}; a client at {client}: "
-          f"{with_token[client]['client']}")
+    with_token = stranger(lab, head.address, [gcs], control_touch, token=token)
+    print(f"\nholding the token: a driver at {gcs}: {with_token[gcs]['driver']}")
     assert with_token[gcs]["driver"].startswith("answered"), with_token
-    assert with_token[client]["client"].startswith("ran on"), with_token
-    assert any(h.file(control_touch).exists() for h in (head, worker)), "the control's file is on no host"
 
     gg.run("pass", workers=2, monitor=False)      # a warm group: its ranks' ports are open too
     server = subprocess.Popen(["ip", "netns", "exec", head.netns, sys.executable, "-m", "http.server",

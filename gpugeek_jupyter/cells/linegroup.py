@@ -1,0 +1,246 @@
+"""A warm worker group that a remote cluster's keeper holds for this kernel, seen from the notebook:
+the calls of ``group.WorkerGroup`` — start, run a cell, stop — each a request over the line.
+
+A cell goes as its source, with an id of this kernel's (``RunCell``): sent again after the line came
+back, it is not run again. What it prints and reports is read from rank 0's journal of it, from a
+cursor (``ReadCell``): a reply lost on the way is read again, and what the ranks printed while the
+laptop was away arrives afterwards, in order, with no gap and no repeat. While the line is down the
+job goes on there; the cell says so once, dials again by itself, and says so once more when it
+picks up (``ride_out``). The stop button is a request too, the rest of the way the same.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import fields
+
+from ..cluster import registry
+from ..cluster.processes import this_kernel
+from ..errors import GpugeekError
+from ..kernel import connection
+from ..line import messages as m
+from ..line.wire import LinkDown
+from ..workers import progress
+from ..workers.options import RunOptions
+from . import away, orphans, pushing
+from .driving import LineDriver
+from .results import Interrupted, Printer, Result, failure, show_drained
+
+READY_TIMEOUT_S = 300      # a group's start on the keeper (it may wait for room, as a local one does)
+DRAIN_WAIT_S = 2.0         # the keeper holds a read this long for a quiet cell's news
+ANSWER_S = progress.ANSWER_WITHIN_S + 10.0   # rank 0's answer, then the way back, after a read's wait
+REDIAL_EVERY_S = 2.0       # while the line is down: dial again this often…
+REDIAL_MAX_S = 10.0        # …backing off to this
+
+
+def plain(options: RunOptions) -> dict:
+    """``RunOptions`` as plain data for the line (the keeper builds its own from it)."""
+    return {f.name: getattr(options, f.name) for f in fields(options)}
+
+
+def _say(text: str) -> None:
+    print(text, end="", flush=True)
+
+
+class LineGroup:
+    def __init__(self, options: RunOptions, address: str, cluster_id: int, line, on_node_samples=None,
+                 sample_gpus: bool = True, notices: str | None = None, grows: bool = True):
+        self.options, self.address, self.cluster_id, self.line = options, address, cluster_id, line
+        self.on_node_samples, self.sample_gpus, self.notices, self.grows = on_node_samples, sample_gpus, notices, grows
+        self.group_id = orphans.new_group_id()
+        self.info: list[dict] = []
+        self.line_notes: list[str] = []
+        self.cells = 0
+        self.broken = False
+        self.keep_s: float | None = None
+        self.job: dict | None = None
+        self.cursor = 0
+        self.last_step: int | None = None
+        self.workers: list = []       # none here: the keeper holds them
+        self.client = False           # not a Ray Client: the link is the line's, ridden out here
+        self.rejoin = None
+        self.drains = 0
+        self.warming = False          # its start runs on the keeper while the notebook goes on (``begin``)
+
+    @property
+    def driver(self) -> LineDriver:
+        return LineDriver(self.line, self._name())
+
+    def _name(self) -> str:
+        return f"cluster {registry.get(self.cluster_id).name!r}"
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The group on the keeper: the groups of this machine's gone kernels removed first (only
+        this machine can tell them gone), then built there — or found started (``begin``)."""
+        if not self.warming:
+            orphans.reclaim(self.driver, self.keep_s)
+        request = m.StartGroup(self.group_id, plain(self.options), this_kernel(), self.sample_gpus, self.notices,
+                               self.grows, self.keep_s)
+        try:
+            started = self._ask(request, READY_TIMEOUT_S)
+        except BaseException:        # the stop button while it starts, or a refusal: nothing left half-built
+            self.stop()
+            raise
+        self._took(started)
+
+    def begin(self) -> None:
+        """Start it on the keeper without waiting (``up --workers``): ``start`` later takes it as
+        started, or waits there for the rest of its start."""
+        orphans.reclaim(self.driver, self.keep_s)
+        self._ask(m.StartGroup(self.group_id, plain(self.options), this_kernel(), self.sample_gpus, self.notices,
+                               self.grows, self.keep_s, background=True), ANSWER_S)
+        self.warming = True
+
+    def _took(self, started: m.GroupStarted) -> None:
+        self.warming = False
+        self.group_id, self.info = started.group_id, list(started.info)
+        self.options = RunOptions(**started.options)
+        self.line_notes = list(started.notes)
+
+    def adopt(self, group_id: str, owner: str) -> None:
+        """Take over the group of a kernel that is gone (``orphans``), its variables with it."""
+        self.group_id = group_id
+        self._took(self._ask(m.AdoptGroup(group_id, owner), READY_TIMEOUT_S))
+
+    def refind(self) -> bool:
+        return not self.broken      # the keeper finds its groups by name itself
+
+    def versions(self, names: list[str]) -> list[dict]:
+        return self._ask(m.Versions(self.group_id, list(names)), ANSWER_S).value
+
+    def connected(self) -> bool:
+        return connection.connected_address() == self.address
+
+    def stop(self) -> None:
+        """Stopped on the keeper; with the line down it stays there until the next start of this
+        machine removes it (its kernel's group, found gone) or the cluster stops."""
+        self.broken = True
+        try:
+            self.line.call(m.StopGroup(self.group_id), ANSWER_S, said=_say)
+        except (LinkDown, GpugeekError):
+            pass
+
+    def leave(self) -> bool:
+        """Stopped unless a job still runs on it (True then)."""
+        if self.broken:
+            return False
+        try:
+            return bool(self.line.call(m.LeaveGroup(self.group_id), ANSWER_S).value)
+        except (LinkDown, GpugeekError):
+            return True         # out of reach: whatever runs there goes on
+
+    @property
+    def notes(self) -> list[str]:
+        return sorted({i["note"] for i in self.info if i.get("note")} | set(self.line_notes))
+
+    def drain_telemetry(self, every: float = 0.0) -> int:
+        """The node samplers' reports into the ledger; nothing while the line is down (this runs
+        between cells, which never wait for a dial)."""
+        if not self.line.up or self.broken:
+            return 0
+        try:
+            samples = self.line.call(m.DrainTelemetry(self.group_id, every), ANSWER_S).value or []
+        except (LinkDown, GpugeekError):
+            return 0
+        if samples and self.on_node_samples is not None:
+            self.on_node_samples(samples)
+        return len(samples)
+
+    # -- a cell ---------------------------------------------------------------------------------
+
+    def run(self, source: str, options: RunOptions, *, push: dict | None = None,
+            pull: list[str] | None = None, all_ranks: bool = False, on_samples=None, job: dict | None = None,
+            on_sent=None) -> Result:
+        """Run one cell on every rank and follow it to its end: its output shown as it comes, its
+        value and pulled variables returned, its failure raised — as ``WorkerGroup.run``."""
+        self.cells += 1
+        self.job, self.cursor = job, 0
+        uid = uuid.uuid4().hex
+        printer = Printer(all_ranks)
+        start = time.perf_counter()
+        request = m.RunCell(uid, self.group_id, source, plain(options), list(pull or []), dict(job or {}),
+                            pushing.dumps(push) if push else None, DRAIN_WAIT_S)
+        try:
+            news = self._ask(request, DRAIN_WAIT_S + ANSWER_S, riding=True)
+            if on_sent is not None:
+                on_sent()
+            while True:
+                self.cursor, self.last_step = show_drained(news.news, printer, on_samples, self.on_node_samples,
+                                                           self.cursor, self.last_step)
+                if news.news.get("outcome") is not None:
+                    break
+                connection.check_stop()
+                self.drains += 1
+                news = self._ask(m.ReadCell(self.group_id, news.number, self.cursor, DRAIN_WAIT_S),
+                                 DRAIN_WAIT_S + ANSWER_S, riding=True)
+        except KeyboardInterrupt:
+            self._interrupt(uid)
+        outcome = news.news["outcome"]
+        self.broken = self.broken or news.broken
+        printer.show_ranks(outcome["results"], on_samples)
+        error = failure(outcome)
+        if error is not None:
+            raise error
+        if any(r.get("interrupted") for r in outcome["results"].values()):
+            raise Interrupted("interrupted")
+        return Result.of(outcome["results"][0], time.perf_counter() - start)
+
+    def _interrupt(self, uid: str) -> None:
+        """The stop button: every rank, through the keeper; raises ``Interrupted`` as a local group's."""
+        try:
+            broken = self.line.call(m.Interrupt(self.group_id, uid), progress.ANSWER_WITHIN_S + 10).value
+        except LinkDown:
+            job = (self.job or {}).get("id", "JOB")
+            raise Interrupted(f"interrupted here, but the cluster is out of reach: the job goes on there — "
+                              f"`%gpugeek attach {job}` follows it, and its stop button stops it") from None
+        self.broken = self.broken or bool(broken)
+        workers = len(self.info) or self.options.workers
+        raise Interrupted(f"interrupted on all {workers} workers"
+                          + ("; the group is ready for the next cell" if not broken
+                             else "; a rank was stuck, so the group was stopped — its variables are gone, "
+                                  "the next cell starts a new one")) from None
+
+    # -- the line -------------------------------------------------------------------------------
+
+    def _ask(self, request, timeout: float, riding: bool = False):
+        """``request``'s reply. While the line is down (``riding``: a cell's), the job goes on
+        there: said once, then the keeper dialled again until it answers (every request is safe
+        to send again), and said again once it does. A cluster stopped meanwhile is one line."""
+        try:
+            return self.line.call(request, timeout, said=_say)
+        except LinkDown as exc:
+            if not riding:
+                raise GpugeekError(f"{self._name()} does not answer from here ({exc}) — run the cell again once "
+                                   f"it does") from None
+            return self._ride_out(request, timeout, exc)
+
+    def _ride_out(self, request, timeout: float, first: LinkDown):
+        """Dialled again at once (the tunnel reopened, the line only broke); if the keeper still
+        does not answer, the cluster is out of reach: said once, dialled again with a growing wait
+        until it answers, said once more."""
+        try:
+            return self.line.call(request, timeout, said=_say)
+        except LinkDown as again:
+            first = again
+        step = f" (step {self.last_step})" if self.last_step is not None else ""
+        print(f"\nthe cluster is out of reach; the job goes on there{step} — this cell picks up when it "
+              f"answers ({first})", flush=True)
+        gone_at, wait = time.monotonic(), REDIAL_EVERY_S
+        while True:
+            record = registry.get(self.cluster_id)
+            if not record.live:
+                self.broken = True
+                raise GpugeekError(away.lost(record, (self.job or {}).get("id", "")))
+            connection.check_stop()
+            time.sleep(wait)
+            try:
+                reply = self.line.call(request, timeout, said=_say)
+            except LinkDown:
+                wait = min(REDIAL_MAX_S, wait * 1.5)
+                continue
+            print(f"the line to {self._name()} is back after {time.monotonic() - gone_at:.0f} s: this cell "
+                  f"reads on from where it was", flush=True)
+            return reply

@@ -1,0 +1,345 @@
+"""The keeper's answers: each request of the line (``line.messages``) run with the code a local
+kernel runs — the warm groups (``cells/group.py``), their cells led by rank 0 and kept in its
+journal, and the cluster's questions (``cells/driving.RayDriver``).
+
+A cell is known by the kernel's id for it: sent again after the line came back, it is not run
+again, and after a keeper restart it is found in rank 0's journals by that id. A group is known by
+its id: a keeper that started again finds its workers by name.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from ..cells.driving import RayDriver
+from ..cells.group import WorkerGroup
+from ..cells.sending import Led
+from ..errors import GpugeekError
+from ..health.checkup import examine
+from ..line import messages as m
+from ..workers import outcome as outcomes
+from ..workers import progress
+from ..workers.options import RunOptions
+from .shipped import Shipped
+
+SAMPLES_KEPT = 10_000      # node samples kept for a kernel that has not asked for them
+FIRST_WAIT_S = 0.05        # a cell done within this needs no read of its journal
+
+
+@dataclass
+class Sent:
+    """A cell on its way: the group it went to, its number there, rank 0's call (None after a
+    keeper restart: it is followed through the journal alone)."""
+
+    group_id: str
+    number: int
+    ref: object = None
+    read: bool = False      # its journal was read once: news from now on come from there
+
+
+class Desk:
+    """Every group and cell the keeper holds, and a handler per request type (``handle``)."""
+
+    def __init__(self, gcs: str, shipped: Shipped, index_url: str | None = None):
+        self.gcs, self.shipped, self.index_url = gcs, shipped, index_url
+        self.driver = RayDriver()
+        self.groups: dict[str, WorkerGroup] = {}
+        self.cells: dict[str, Sent] = {}
+        self.numbered: dict[tuple[str, int], Sent] = {}
+        self.interrupted: set[str] = set()     # cells stopped before they came
+        self.unwanted: set[str] = set()        # groups stopped while they started
+        self.found: set[str] = set()           # groups found by name (this keeper started again since)
+        self.samples: dict[str, list] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, request, caller):
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(request).__name__).lower()
+        answer = getattr(self, name, None)
+        if answer is None:
+            raise GpugeekError(f"the keeper does not answer {type(request).__name__}")
+        return answer(request, caller)
+
+    def _locked(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(key, threading.Lock())
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    def _new(self, options: RunOptions, group_id: str, **flags) -> WorkerGroup:
+        group = WorkerGroup(options, self.gcs, on_node_samples=lambda s, g=group_id: self._sampled(g, s), **flags)
+        group.group_id = group_id
+        group.runtime_env = self.shipped.group_env(self.index_url)
+        return group
+
+    def _sampled(self, group_id: str, samples: list) -> None:
+        kept = self.samples.setdefault(group_id, [])
+        kept.extend(samples)
+        del kept[:-SAMPLES_KEPT]
+
+    def _started(self, group: WorkerGroup) -> m.GroupStarted:
+        options = {f: getattr(group.options, f) for f in RunOptions.__dataclass_fields__}
+        return m.GroupStarted(group.group_id, options, list(group.info), group.notes)
+
+    def group(self, group_id: str) -> WorkerGroup:
+        """The group, held here or found again by name (this keeper started again)."""
+        group = self.groups.get(group_id)
+        if group is not None and not group.broken:
+            return group
+        state = self.driver.lead_state(group_id)
+        if state is None:
+            raise GpugeekError("the worker group is gone from the cluster (its rank 0 is) — run the cell again: "
+                               "a new group starts")
+        found = WorkerGroup(RunOptions(), self.gcs, on_node_samples=lambda s: self._sampled(group_id, s))
+        found.adopt(group_id, state.get("owner") or group_id.rsplit(":", 1)[0])
+        found.cells = state.get("cell") or 0
+        self.groups[group_id] = found
+        self.found.add(group_id)
+        return found
+
+    def start_group(self, request: m.StartGroup, caller):
+        """The group built (or found built: asked again after the line came back). ``background``:
+        built after the reply (``up --workers``: the first cell finds it started, or waits here for
+        the rest of its start)."""
+        lock = self._locked(request.group_id)
+        lock.acquire()
+        if request.background:
+            threading.Thread(target=self._start, args=(request, lock), name="gpugeek-warm", daemon=True).start()
+            return m.Done()
+        return self._start(request, lock)
+
+    def _start(self, request: m.StartGroup, lock: threading.Lock) -> m.GroupStarted:
+        try:
+            held = self.groups.get(request.group_id)
+            if held is not None and not held.broken:
+                return self._started(held)
+            group = self._new(RunOptions(**request.options), request.group_id, sample_gpus=request.sample_gpus,
+                              notices=request.notices, grows=request.grows)
+            group.keep_s = request.keep_s
+            try:
+                group.start()
+            except Exception as exc:
+                if request.background:    # said in the log; the first cell starts it again, and is told
+                    print(f"keeper: the warm group {request.group_id} did not start ({type(exc).__name__}: "
+                          f"{exc})", flush=True)
+                    return None
+                raise
+            if request.group_id in self.unwanted:      # stopped while it started
+                self.unwanted.discard(request.group_id)
+                group.stop()
+                raise GpugeekError("the worker group was stopped while it started")
+            self.groups[request.group_id] = group
+            if request.background:
+                print(f"keeper: the warm group {request.group_id} of {group.options.workers} workers is ready",
+                      flush=True)
+            return self._started(group)
+        finally:
+            lock.release()
+
+    def adopt_group(self, request: m.AdoptGroup, caller) -> m.GroupStarted:
+        group = WorkerGroup(RunOptions(), self.gcs, on_node_samples=lambda s: self._sampled(request.group_id, s))
+        group.adopt(request.group_id, request.owner)
+        self.groups[request.group_id] = group
+        return self._started(group)
+
+    def stop_group(self, request: m.StopGroup, caller) -> m.Done:
+        group_id = request.group_id
+        lock = self._locked(group_id)
+        if not lock.acquire(blocking=False):    # a start under way: the group is stopped as it ends
+            self.unwanted.add(group_id)
+            return m.Done()
+        try:
+            group = self.groups.pop(group_id, None)
+        finally:
+            lock.release()
+        if group is not None:
+            group.stop()
+        else:
+            self.driver.remove_group(group_id)
+        return m.Done()
+
+    def leave_group(self, request: m.LeaveGroup, caller) -> m.Done:
+        group_id = request.group_id
+        if (self.driver.lead_state(group_id) or {}).get("running"):
+            return m.Done(True)
+        return self.stop_group(m.StopGroup(group_id), caller)
+
+    def versions(self, request: m.Versions, caller) -> m.Done:
+        return m.Done(self.group(request.group_id).versions(request.names))
+
+    def drain_telemetry(self, request: m.DrainTelemetry, caller) -> m.Done:
+        group_id = request.group_id
+        group = self.groups.get(group_id)
+        if group is not None and not group.broken:
+            group.drain_telemetry(every=request.every)
+        taken, self.samples[group_id] = self.samples.get(group_id, []), []
+        return m.Done(taken)
+
+    def ship(self, request: m.Ship, caller) -> m.Done:
+        if request.modules or request.pip is not None or request.working_dir is not None:
+            self.shipped.ship(request.modules, request.pip, request.working_dir)
+        return m.Done(self.shipped.held())
+
+    # -- cells ----------------------------------------------------------------------------------
+
+    def run_cell(self, request: m.RunCell, caller) -> m.CellNews:
+        with self._locked(request.uid):
+            sent = self.cells.get(request.uid)
+            if sent is None:
+                if request.uid in self.interrupted:
+                    raise GpugeekError("the cell was interrupted before it reached the workers")
+                sent = self._send(request)
+                self.cells[request.uid] = self.numbered[sent.group_id, sent.number] = sent
+        return self._news(sent, 0, request.wait_s)
+
+    def _send(self, request: m.RunCell) -> Sent:
+        """The cell to rank 0, which leads it on every rank — unless rank 0 already keeps it (this
+        keeper started again after it came, and found the group by name)."""
+        import ray
+
+        group = self.group(request.group_id)
+        if group.group_id in self.found:
+            for kept in ray.get(group.workers[0].jobs.remote(), timeout=30):
+                if kept.get("uid") == request.uid:
+                    return Sent(group.group_id, kept["cell"])
+        group.cells += 1
+        options = RunOptions(**request.options)
+        job = {**request.job, "uid": request.uid}
+        call = (request.source, options.source_name(group.cells), request.pull, True, options, group.cells, job)
+        pushed = ray.put(request.push) if request.push else None
+        group.job = job
+        ref = group.workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)
+        return Sent(group.group_id, group.cells, ref)
+
+    def read_cell(self, request: m.ReadCell, caller) -> m.CellNews:
+        sent = self.numbered.get((request.group_id, request.number)) or Sent(request.group_id, request.number)
+        return self._news(sent, request.cursor, request.wait_s)
+
+    def _news(self, sent: Sent, cursor: int, wait_s: float) -> m.CellNews:
+        """The cell's journal from ``cursor`` on: held up to ``wait_s`` for news while it runs,
+        with its outcome once it ended (a group a rank died or stuck in is stopped then). A cell
+        done at once costs no read at all: nothing was drained from it into the journal yet, so
+        its outcome holds all it printed (as for a local group: ``WorkerGroup._gather``)."""
+        import ray
+
+        group = self.group(sent.group_id)
+        first = sent.ref is not None and cursor == 0 and not sent.read
+        if first and ray.wait([sent.ref], timeout=min(wait_s, FIRST_WAIT_S))[0]:
+            return self._ended(group, sent, {"ranks": {}, "nodes": [], "next": 0, "dropped": 0, "running": False,
+                                             "step": None, "outcome": self._outcome(sent)})
+        sent.read = True
+        if sent.ref is None:          # sent before this keeper started again: the journal alone
+            drained = self._journal(group.group_id, sent.number, cursor, wait_s)
+        else:
+            began = time.monotonic()
+            drained = self._drain(group.workers[0], wait_s, cursor, sent.number)
+            early = time.monotonic() - began < wait_s / 2       # asked before its cell began: wait on the cell
+            if drained is not None and drained["outcome"] is None and drained["next"] == cursor and early:
+                ray.wait([sent.ref], timeout=wait_s / 2)
+                if ray.wait([sent.ref], timeout=0)[0]:
+                    drained = None
+            if drained is None or (drained["outcome"] is None and ray.wait([sent.ref], timeout=0)[0]):
+                outcome = self._outcome(sent)       # ended (rank 0's journal of it is whole now), or rank 0 died
+                drained = self._drain(group.workers[0], 0.0, cursor, sent.number) or {
+                    "ranks": {}, "nodes": [], "next": cursor, "dropped": 0, "running": False, "step": None}
+                drained["outcome"] = outcome
+        if drained is None:
+            raise GpugeekError("rank 0 no longer keeps this cell's journal (its group was stopped, or a newer "
+                               "group took its place) — `%gpugeek jobs` lists what the cluster keeps")
+        return self._ended(group, sent, drained) if drained.get("outcome") is not None else \
+            m.CellNews(sent.number, drained)
+
+    @staticmethod
+    def _ended(group: WorkerGroup, sent: Sent, drained: dict) -> m.CellNews:
+        """The cell's last news; a group a rank died or stuck in can run nothing more: its workers
+        are freed now, whether or not a kernel is there to hear it."""
+        ended = drained["outcome"]
+        if ended["stuck"] or ended["dead"] is not None:
+            group.broken = True
+            group.stop()
+        return m.CellNews(sent.number, drained, group.broken)
+
+    @staticmethod
+    def _drain(lead, wait_s: float, cursor: int, number: int) -> dict | None:
+        """Rank 0's drain into the cell's journal, and the journal from ``cursor`` on (None: rank 0
+        is gone, or keeps no such cell)."""
+        import ray
+
+        try:
+            return ray.get(lead.drain_all.remote(wait_s, cursor, number), timeout=wait_s + progress.ANSWER_WITHIN_S)
+        except Exception:  # noqa: BLE001 - a dying rank 0 shows in the cell's outcome
+            return None
+
+    def _journal(self, group_id: str, number: int, cursor: int, wait_s: float) -> dict | None:
+        """A cell this keeper did not send (it started again since): rank 0's journal alone."""
+        try:
+            return self.driver.journal(group_id, number, cursor, wait_s)
+        except Exception:  # noqa: BLE001 - rank 0 gone: nothing keeps the cell
+            return None
+
+    @staticmethod
+    def _outcome(sent: Sent) -> dict:
+        import ray
+
+        try:
+            return ray.get(sent.ref)
+        except ray.exceptions.RayActorError:
+            return outcomes.fresh(dead=0)
+
+    def interrupt(self, request: m.Interrupt, caller) -> m.Done:
+        """Every rank of the cell stopped; True when one was stuck and the group had to go."""
+        sent = self.cells.get(request.uid)
+        if sent is None:            # not here yet: it will not run when it comes
+            self.interrupted.add(request.uid)
+            return m.Done(False)
+        group = self.group(sent.group_id)
+        if sent.ref is not None:
+            group.cancel(Led.following(sent.ref))
+        else:
+            self.driver.interrupt_job(group.group_id, sent.number)
+        return m.Done(group.broken)
+
+    # -- the cluster's groups, jobs and nodes, as a local kernel asks Ray ---------------------------
+
+    def list_groups(self, request, caller) -> m.Done:
+        return m.Done(self.driver.groups())
+
+    def lead_state(self, request: m.LeadState, caller) -> m.Done:
+        return m.Done(self.driver.lead_state(request.group_id))
+
+    def remove_group(self, request: m.RemoveGroup, caller) -> m.Done:
+        self.groups.pop(request.group_id, None)
+        self.driver.remove_group(request.group_id)
+        return m.Done()
+
+    def kept_jobs(self, request, caller) -> m.Done:
+        return m.Done([[group_id, job] for group_id, job in self.driver.kept_jobs()])
+
+    def read_journal(self, request: m.ReadJournal, caller) -> m.Done:
+        return m.Done(self.driver.journal(request.group_id, request.number, request.cursor, request.wait_s))
+
+    def interrupt_job(self, request: m.InterruptJob, caller) -> m.Done:
+        self.driver.interrupt_job(request.group_id, request.number)
+        return m.Done()
+
+    def node_answers(self, request: m.NodeAnswers, caller) -> m.Done:
+        return m.Done(self.driver.node_answers(request.node_id))
+
+    def wait_gone(self, request: m.WaitGone, caller) -> m.Done:
+        self.driver.wait_gone(request.node_ids, request.until)
+        return m.Done()
+
+    def room(self, request: m.Room, caller) -> m.Done:
+        return m.Done(self.driver.room(request.kind, request.each))
+
+    def never_fits(self, request: m.NeverFits, caller) -> m.Done:
+        self.driver.never_fits(request.workers, request.gpus_per_worker, request.grows)
+        return m.Done()
+
+    def examine(self, request: m.Examine, caller) -> m.Done:
+        return m.Done(examine(request.packages, request.labels, self.gcs, request.gcs_port))
+

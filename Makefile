@@ -98,10 +98,13 @@ laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
 # The lid closed on a running job (tests/lab/test_lid.py, about five minutes): the kernel SIGSTOPped
 # and the link cut for 120 s; the job goes on on the hosts and the same cell picks up. Then the
 # laptop that never returns (tests/lab/test_never_returns.py, about four): the job ends, the head's
-# idle stop ends the cluster one window later.
+# idle stop ends the cluster one window later. Then the lid closed for 120 s at five moments (during
+# up, a group's start, mid-cell, as a cell ends, between cells) and a link cut 20 times during a cell
+# (tests/lab/test_lid_moments.py, about twenty minutes).
 .PHONY: lid
 lid: $(VENV)/.installed-test sshd lab-files
-	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py tests/lab/test_never_returns.py
+	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py tests/lab/test_never_returns.py \
+	  tests/lab/test_lid_moments.py
 
 # The training code people already write on three hosts that share nothing (tests/lab/
 # test_frameworks_on_hosts.py, about six minutes): the Trainer, Accelerate and Lightning against

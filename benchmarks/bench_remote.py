@@ -95,11 +95,7 @@ def side(kind: str) -> None:
 
     spec = json.loads(sys.stdin.readline())
     name = spec["name"]
-    if kind == "remote":
-        gg.up(name, backend="ssh", hosts=spec["hosts"], ssh_key=spec["key"], cpus_per_host=1,
-              usd_per_hour=1.0, pip_index_url=spec["index"])
-    else:
-        gg.up(name, backend="local")
+    bring_up(gg, kind, spec)
     answer({"ready": True})
     nop = None
     for line in sys.stdin:
@@ -129,9 +125,37 @@ def side(kind: str) -> None:
         elif op == "loop":
             code = costed(LOOP_GG).replace("STEPS", str(ask["steps"])) + "\nresult"
             answer(gg.run(code, workers=ask["workers"], monitor=False).shown())
+        elif op == "again":       # down, up again, and when the first cell began on the workers
+            gg.reset()
+            gg.down(name)
+            began = time.time()
+            warm = bring_up(gg, kind, spec, workers=ask["workers"])
+            returned = time.time()
+            started = gg.run("import time\nstarted = time.time()", workers=ask["workers"], pull=["started"],
+                             monitor=False).pulled["started"]
+            answer({"up": returned - began, "first": started - returned, "warm": warm})
     gg.reset()
     gg.down(name)
     answer({"down": True})
+
+
+def bring_up(gg, kind: str, spec: dict, workers: int | None = None) -> bool:
+    """The side's cluster; with ``workers``, its group started while ``up`` returns where the
+    package can (``up --workers`` on your own hosts): whether it could."""
+    if kind != "remote":
+        gg.up(spec["name"], backend="local")
+        return False
+    flags = {"backend": "ssh", "hosts": spec["hosts"], "ssh_key": spec["key"], "cpus_per_host": 1,
+             "usd_per_hour": 1.0, "pip_index_url": spec["index"]}
+    if workers:
+        try:
+            gg.up(spec["name"], **flags, workers=workers)
+            return True
+        except gg.GpugeekError as exc:          # a package from before the warm start
+            if "--workers" not in str(exc):
+                raise
+    gg.up(spec["name"], **flags)
+    return False
 
 
 class Nop:

@@ -43,6 +43,17 @@ DRAIN_WAIT_S = 2.0       # rank 0 holds a drain this long for a cell that prints
 DRAIN_GAP_S = 0.5        # a drain goes no sooner than this after the one before
 HELD_WAIT_S = 10.0       # how long a new group waits for room while an old one's placement group is held
 SAMPLE_EVERY_S = telemetry.MIN_INTERVAL_S   # the samplers have nothing newer more often
+def _first_and_last(error: BaseException) -> str:
+    """A long error (Ray's runtime environment's, with a node's traceback in it) as one line: its
+    first line and the last that says what went wrong."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines[1:] if not line.startswith(NOT_SAID)]
+    return lines[0] + (f" … {said[-1]}" if said else "") if lines else ""
+
+
+NOT_SAID = ("File ", "Traceback", "[", ")", "Command", "Last ", "^", "~")     # a traceback's frames, a command
+
+
 class WorkerGroup:
     def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True,
                  notices: str | None = None, grows: bool = True):
@@ -102,7 +113,8 @@ class WorkerGroup:
             if isinstance(exc, GpugeekError) or not isinstance(exc, Exception):
                 raise
             cause = getattr(exc, "cause", None) or exc     # a worker's own error, not Ray's wrapping
-            raise GpugeekError(f"the worker group did not start ({type(cause).__name__}: {cause})") from None
+            raise GpugeekError(f"the worker group did not start ({type(cause).__name__}: {_first_and_last(cause)})") \
+                from None
 
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray

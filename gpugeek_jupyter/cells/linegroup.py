@@ -80,7 +80,7 @@ class LineGroup:
         request = m.StartGroup(self.group_id, plain(self.options), this_kernel(), self.sample_gpus, self.notices,
                                self.grows, self.keep_s)
         try:
-            started = self._ask(request, READY_TIMEOUT_S)
+            started = self._ask(request, READY_TIMEOUT_S, riding=True)     # by its id: sent again, built once
         except BaseException:        # the stop button while it starts, or a refusal: nothing left half-built
             self.stop()
             raise
@@ -103,7 +103,7 @@ class LineGroup:
     def adopt(self, group_id: str, owner: str) -> None:
         """Take over the group of a kernel that is gone (``orphans``), its variables with it."""
         self.group_id = group_id
-        self._took(self._ask(m.AdoptGroup(group_id, owner), READY_TIMEOUT_S))
+        self._took(self._ask(m.AdoptGroup(group_id, owner), READY_TIMEOUT_S, riding=True))
 
     def refind(self) -> bool:
         return not self.broken      # the keeper finds its groups by name itself

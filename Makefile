@@ -181,7 +181,7 @@ lab-files lab-image: $(VENV)/.installed-test
 	else echo "no Python 3.12 in pyenv: the lab's kernel on another Python skips" >&2; fi
 
 # A kernel on another Python than the lab hosts' (Debian's python3 is 3.11): pyenv's 3.12, with this
-# kernel's Ray, torch, numpy and pandas (tests/lab/test_any_laptop.py; about 5 GB: torch's CUDA build,
+# kernel's Ray, torch, numpy and pandas (tests/lab/test_other_python.py; about 5 GB: torch's CUDA build,
 # PyPI's only one for 3.12)
 OTHER_PYTHON ?= $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)))
 

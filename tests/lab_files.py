@@ -10,7 +10,7 @@ kept in ``.cache/`` (``make lab-files``):
             the lab mounts on every host that is not bare
     kernel  a kernel on another Python than the hosts': a venv of PYTHON (pyenv's 3.12) with this
             kernel's Ray, torch, numpy and pandas (torch from PyPI: another minor has no CPU wheel
-            on this machine), which runs the package from the checkout (tests/lab/test_any_laptop.py)
+            on this machine), which runs the package from the checkout (tests/lab/test_other_python.py)
 
     .venv/bin/python tests/lab_files.py index .cache/lab-index
     .venv/bin/python tests/lab_files.py image .cache/lab-image .cache/lab-index

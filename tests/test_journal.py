@@ -1,5 +1,5 @@
 """Rank 0's journal of a cell, alone (no Ray): a reader from any cursor gets what it missed, in
-order; the bound drops the oldest drains and says how many; the keeper drains while nobody reads
+order; the bound drops the oldest drains and says how many; the scribe drains while nobody reads
 and tells the watchdogs; a drain that comes before its cell is kept."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from cluster_processes import wait_until
 
 from gpugeek_jupyter.workers import journal
-from gpugeek_jupyter.workers.journal import Journal, Journals, Keeper
+from gpugeek_jupyter.workers.journal import Journal, Journals, Scribe
 
 
 def _drain(text: str, step: int | None = None, rank: int = 0) -> dict:
@@ -55,19 +55,19 @@ def test_a_held_read_wakes_on_news_and_on_the_end():
     assert kept.since(1, wait_s=5)["outcome"] is not None
 
 
-def test_the_keeper_drains_while_nobody_reads_and_tells_that_the_job_works(monkeypatch):
+def test_the_scribe_drains_while_nobody_reads_and_tells_that_the_job_works(monkeypatch):
     monkeypatch.setattr(journal, "KEEP_EVERY_S", 0.2)
     kept = Journal(1, {"id": "j1", "name": "train"})
     told = []
     drains = iter(range(1000))
-    keeper = Keeper(lambda k: k.add(_drain(f"{next(drains)}\n", step=3)), report=lambda j: told.append(
+    scribe = Scribe(lambda k: k.add(_drain(f"{next(drains)}\n", step=3)), report=lambda j: told.append(
         journal.told(j)))
-    keeper.keep(kept)
+    scribe.keep(kept)
     deadline = time.monotonic() + 5
     while kept.next < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)          # the keeper's own pace: polled
-    assert kept.next >= 3, "the keeper did not drain while nobody read"
-    keeper.release(kept)
+        time.sleep(0.05)          # the scribe's own pace: polled
+    assert kept.next >= 3, "the scribe did not drain while nobody read"
+    scribe.release(kept)
     drained = kept.next
     assert told and told[-1]["running"] is True and told[-1]["job"] == "j1" and told[-1]["step"] == 3
     time.sleep(3 * journal.KEEP_EVERY_S)     # nothing to poll for: no drain may come after the release
@@ -96,11 +96,11 @@ def test_cells_ending_back_to_back_are_told_once_a_beat_the_last_one(monkeypatch
     quick cells cost one write to the cluster's store, not ten, and it names the last."""
     monkeypatch.setattr(journal, "KEEP_EVERY_S", 0.4)
     told = []
-    keeper = Keeper(lambda k: None, report=lambda j: told.append(journal.told(j)))
+    scribe = Scribe(lambda k: None, report=lambda j: told.append(journal.told(j)))
     for cell in range(1, 11):
         kept = Journal(cell, {"id": f"j{cell}"})
         kept.end({"results": {}, "failed": None, "dead": None, "stuck": []})
-        keeper.tell_soon(kept)
+        scribe.tell_soon(kept)
     last = wait_until(lambda: told and told[-1], 2, "the last end told")
     assert last["job"] == "j10" and last["running"] is False
     time.sleep(2 * journal.KEEP_EVERY_S)     # nothing to poll for: no second tell may come

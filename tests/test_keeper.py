@@ -2,7 +2,7 @@
 as a remote head is, the keeper run from the archive sent to the head). The kernel is no Ray client
 of it: cells go as source text, values as data; a cell survives its line breaking and the keeper
 dying, runs once, and its output arrives once, in order. (The same through SSH tunnels to hosts of
-their own, on another Python: tests/lab/test_any_laptop.py.)"""
+their own, on another Python: tests/lab/test_other_python.py.)"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from gpugeek_jupyter.cells import jobs
 from gpugeek_jupyter.cells.results import Interrupted
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
-from gpugeek_jupyter.kernel import connection
+from gpugeek_jupyter.kernel import connection, environment
 from gpugeek_jupyter.kernel.session import current
 from gpugeek_jupyter.line import messages as m
 from gpugeek_jupyter.line.wire import Line
@@ -108,6 +108,22 @@ def test_a_cell_goes_as_source_and_comes_back_as_data(kept, capsys):
     on_head = [" ".join(p.cmdline()) for p in kept.head.processes()]
     assert on_head and not [c for c in on_head if "ray_client_server" in c], on_head
     assert any("gpugeek_jupyter.keeper.serve" in c for c in on_head), "no keeper among the head's processes"
+
+
+def test_a_module_and_a_folder_of_the_notebooks_reach_the_workers_through_the_keeper(kept, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A module beside the notebook that the workers lack goes to the keeper, which gives it to the
+    next group; so does ``up --working-dir``'s folder, each cell starting in its copy there."""
+    (tmp_path / "notebook_helper.py").write_text("ANSWER = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.csv").write_text("x\n1\n")
+    current().line.call(m.Ship(working_dir=environment.packed_folder(str(folder))), 60)
+    jobs.reset()                       # the next group takes the folder
+    value = gg.run("import notebook_helper\n(notebook_helper.ANSWER + 1, open('train.csv').read())", workers=2)
+    assert value.shown() == (42, "x\n1\n")
+    assert "sending notebook_helper (local" in capsys.readouterr().out
 
 
 def test_a_function_the_notebook_cannot_send_is_named_in_one_line(kept):

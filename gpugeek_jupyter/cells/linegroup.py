@@ -112,12 +112,15 @@ class LineGroup:
         return self._ask(m.Versions(self.group_id, list(names)), ANSWER_S).value
 
     def connected(self) -> bool:
-        return connection.connected_address() == self.address
+        """Whether this kernel is still on its line (not moved to another cluster since)."""
+        return connection.line() is self.line
 
     def stop(self) -> None:
         """Stopped on the keeper; with the line down it stays there until the next start of this
         machine removes it (its kernel's group, found gone) or the cluster stops."""
         self.broken = True
+        if not self.connected():       # this kernel let go of that cluster: its keeper keeps the group
+            return
         try:
             self.line.call(m.StopGroup(self.group_id), ANSWER_S, said=_say)
         except (LinkDown, GpugeekError):
@@ -125,7 +128,7 @@ class LineGroup:
 
     def leave(self) -> bool:
         """Stopped unless a job still runs on it (True then)."""
-        if self.broken:
+        if self.broken or not self.connected():
             return False
         try:
             return bool(self.line.call(m.LeaveGroup(self.group_id), ANSWER_S).value)

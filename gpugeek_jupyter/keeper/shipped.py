@@ -1,5 +1,10 @@
 """What kernels sent the keeper for the workers, and the ``runtime_env`` a new group gets from it.
 
+Ray uploads a folder named in a ``runtime_env`` only for a job's own (``ray.init``); a group's
+actors take URIs. So the folders are uploaded here, as Ray's driver does at ``ray.init``
+(``uploaded``: Ray's private upload functions, used from this module alone; tests/test_ray_contract.py
+names them should they move), and the group's ``runtime_env`` names what they became.
+
 The kernel's modules that the workers lack come as archives (``line.messages.Ship``): pure Python
 is unpacked here and sent to the nodes by Ray as ``py_modules``, as the package itself is; a module
 with compiled parts comes as a pip requirement, which Ray installs on each node with that node's
@@ -73,8 +78,11 @@ class Shipped:
         return {"py_modules": [str(PACKAGE)], "excludes": EXCLUDES, "env_vars": dict(NODE_ENV)}
 
     def group_env(self, index_url: str | None = None) -> dict:
-        """A new group's ``runtime_env``: the package and what was shipped; empty when nothing was
-        (the group then takes the keeper's own)."""
+        """A new group's ``runtime_env``: the package and what was shipped, its folders uploaded
+        to the cluster; empty when nothing was (the group then takes the keeper's own)."""
+        return uploaded(self._env(index_url), self.folder / "scratch")
+
+    def _env(self, index_url: str | None) -> dict:
         modules = self.state["modules"].values()
         paths = [p for entry in modules for p in entry["paths"]]
         pip = list(self.state["pip"]) + [entry["pip"] for entry in modules if entry.get("pip")]
@@ -90,3 +98,18 @@ class Shipped:
         if self.state["working_dir"]:
             env["working_dir"] = self.state["working_dir"]
         return env
+
+
+def uploaded(env: dict, scratch: Path) -> dict:
+    """``env`` with its local folders and files (``py_modules``, ``working_dir``) uploaded to the
+    cluster and named by the URIs they became, as a group's actors take them."""
+    if "py_modules" not in env and "working_dir" not in env:
+        return env
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = upload_py_modules_if_needed(dict(env), include_gitignore=False, scratch_dir=str(scratch))
+    env = upload_working_dir_if_needed(env, include_gitignore=False, scratch_dir=str(scratch))
+    env.pop("excludes", None)        # read by the upload: the URIs are what they are
+    return env

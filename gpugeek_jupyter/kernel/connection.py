@@ -161,7 +161,10 @@ def _dialer(cluster_id: int):
     """How the line reaches the keeper: the cluster's tunnel (opened again where it died), then its
     local end. Whatever fails is an ``OSError`` to the line: not there now, dialled again later."""
     def dial() -> socket.socket:
-        record = registry.get(cluster_id)
+        try:
+            record = registry.get(cluster_id)
+        except KeyError:
+            raise OSError("the cluster is no longer in this machine's registry") from None
         if not record.live:
             raise OSError("the cluster was stopped")
         try:

@@ -3,7 +3,7 @@
 Rank 0 writes every drain it takes (``progress.gather``: the ranks' output and reports, the node
 samplers' reports) into the cell's journal, and the cell's outcome when it ends. The notebook
 reads from its cursor (``since``), so a kernel whose laptop slept, or a kernel that attaches
-later, reads what it missed in order; while nobody reads, a keeper on rank 0 takes the drains
+later, reads what it missed in order; while nobody reads, a scribe on rank 0 takes the drains
 itself every ``KEEP_EVERY_S``, so the ranks' outboxes never wait on the notebook.
 
 Bounded: past ``BOUND_BYTES`` of output the oldest entries go, and a reader from before them is
@@ -34,7 +34,7 @@ class Journal:
         self.dropped = 0           # entries let go past the bound
         self.outcome: dict | None = None
         self.ended: float | None = None
-        self.read_at = time.monotonic()     # the notebook's last read: the keeper drains after a gap
+        self.read_at = time.monotonic()     # the notebook's last read: the scribe drains after a gap
         self.step: int | None = None        # the latest step a rank reported
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -149,8 +149,8 @@ class Journals:
             return self._by_cell.get(cell_id)
 
 
-class Keeper:
-    """Rank 0's keeper, one for its life (no thread started per cell: the hot path stays as it
+class Scribe:
+    """Rank 0's scribe, one for its life (no thread started per cell: the hot path stays as it
     was). While a cell runs it drains into the cell's journal whenever the notebook has not read
     for ``KEEP_EVERY_S`` — the ranks' output and reports are kept on rank 0, not left to pile up
     in their outboxes — and tells the cluster's watchdogs that the job works (``report``), so that
@@ -161,7 +161,7 @@ class Keeper:
         self.current: Journal | None = None
         self._lock = threading.Lock()          # a drain in progress: a cell's release waits for it
         self._told_at = 0.0
-        self._untold: Journal | None = None     # a cell's end, told with the keeper's next beat
+        self._untold: Journal | None = None     # a cell's end, told with the scribe's next beat
         self._untold_lock = threading.Lock()
         threading.Thread(target=self._keep, name="gpugeek-journal", daemon=True).start()
 

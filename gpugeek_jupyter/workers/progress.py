@@ -67,7 +67,7 @@ class Outbox:
 
     def wait(self, seconds: float | None) -> None:
         """Until there is output, the cell has ended, or ``seconds`` passed (not at all between
-        cells). None: not at all, and what woke a waiting ask stays for it (the journal's keeper)."""
+        cells). None: not at all, and what woke a waiting ask stays for it (the journal's scribe)."""
         if seconds is None:
             return
         if self.running and seconds > 0:

@@ -51,7 +51,7 @@ class Worker:
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
-        self._keeper: journal.Keeper | None = None   # rank 0: drains its journals while nobody reads
+        self._scribe: journal.Scribe | None = None   # rank 0: drains its journals while nobody reads
         self.ns: dict = {}
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
@@ -262,21 +262,21 @@ class Worker:
             self._outbox.end(lead=True)
 
     def _journaled(self, cell_id: int, job: dict, run, outcome_of) -> dict:
-        """``run()`` with the cell's journal open and rank 0's keeper draining it while nobody
+        """``run()`` with the cell's journal open and rank 0's scribe draining it while nobody
         reads; the journal ends with ``outcome_of(run's result)``."""
         kept = self._journals.open(cell_id, job)
-        if self._keeper is None:
-            self._keeper = journal.Keeper(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
-        self._keeper.keep(kept)
+        if self._scribe is None:
+            self._scribe = journal.Scribe(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
+        self._scribe.keep(kept)
         ended = None
         try:
             result = run()
             ended = outcome_of(result)
             return result
         finally:
-            self._keeper.release(kept)
+            self._scribe.release(kept)
             kept.end(ended or outcome.fresh(dead=0))
-            self._keeper.tell_soon(kept)      # its end: the idle clock starts there
+            self._scribe.tell_soon(kept)      # its end: the idle clock starts there
 
     def _lead(self, mine: tuple, pushed: list | None) -> dict:
         import ray
@@ -341,7 +341,7 @@ class Worker:
         """Rank 0: every rank's output and reports so far, and the node samplers' when due; held
         up to ``wait_s`` for rank 0's cell to print or end (``progress.gather``). With ``since``,
         what the cell's journal holds from that cursor on (``journal.Journal.since``): what the
-        keeper took meanwhile too."""
+        scribe took meanwhile too."""
         if since is None or cell_id is None:
             return self._gather(wait_s)
         kept = self._journals.open(cell_id)       # a drain can come before its cell: it is kept too

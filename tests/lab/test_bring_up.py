@@ -144,7 +144,7 @@ def test_without_uv_venv_and_pip_make_the_runtime(lab, gpugeek_home, monkeypatch
     took = time.monotonic() - began
     said = capsys.readouterr().out
     assert "with venv and pip (torch: the host's own 2.13.0+cpu)" in said, said
-    assert python == f"/root/.gpugeek/runtime-pip/ray-{RAY}-py3.11/bin/python"
+    assert python == f"/root/.gpugeek/runtime-pip/ray-{RAY}/bin/python"
     answer = lab.ssh(host, f"{python} -c 'import ray, torch; print(ray.__version__, torch.__version__)'")
     assert answer.stdout.split() == [RAY, "2.13.0+cpu"], answer.stderr[-500:]
     with capsys.disabled():

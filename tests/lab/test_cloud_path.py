@@ -175,9 +175,9 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         assert status.burn_usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
 
         # a restarted kernel finds the cluster by name, through the same tunnel (tunnel.ensure)
-        again = new_kernel("import gpugeek_jupyter as gg, ray\n"
+        again = new_kernel("import gpugeek_jupyter as gg\n"
                             "gg.up('labcloud')\n"
-                            "print('nodes', sum(n['Alive'] for n in ray.nodes()))\n", gpugeek_home, timeout=120)
+                            "print('nodes', len(gg.status().nodes))\n", gpugeek_home, timeout=120)
         assert "re-attached to aws cluster 'labcloud'" in again.stdout, again.stderr[-2000:]
         assert "nodes 3" in again.stdout, again.stderr[-2000:]
         assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"

@@ -208,7 +208,7 @@ def test_doctor_names_the_host_with_another_package_version(lab, on_lab3):
     report = gg.doctor(packages="packaging")
     print(f"\n{report!r}")
     assert report.problems == _about(report, skewed), "a healthy host was blamed"
-    assert [p.what for p in report.problems] == [f"packaging {other}, the kernel has {mine}"], repr(report)
+    assert [p.what for p in report.problems] == [f"packaging {other}, the head has {mine}"], repr(report)
     assert f"pip install 'packaging=={mine}'" in report.problems[0].fix
 
 

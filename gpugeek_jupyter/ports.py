@@ -32,9 +32,12 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether ``port`` can be listened on at ``host``."""
+def is_free(port: int, host: str = "127.0.0.1", reuse: bool = False) -> bool:
+    """Whether ``port`` can be listened on at ``host``; ``reuse``: by a listener that reuses the
+    address, as ssh's forwards do (the connections of one just killed linger in TIME-WAIT)."""
     with socket.socket() as sock:
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
             return True

@@ -196,6 +196,8 @@ LIGHT_ENTRIES = {
     "the watchdog": (f"import {ROOT}.guard.watchdog", set()),
     # a remote head's watchdog runs from the part of the package shipped to the head
     "the head's watchdog": (f"import {ROOT}.guard.headwatch", set()),
+    # a remote head's keeper holds groups (their actor class loads torch) and draws nothing
+    "a keeper": (f"import {ROOT}.keeper.serve, {ROOT}.keeper.desk", {"torch"}),
     # the Jupyter server answers the status bar every few seconds from every open tab
     "the Jupyter server": (f"import {ROOT}.server.handlers; from {ROOT}.guard import board;"
                            f" board.overview()", set()),

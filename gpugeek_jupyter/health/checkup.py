@@ -72,20 +72,22 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     failed = {tuple(ids): why for ids, why in seen["failed"]}
     return judge(record.name, reference, facts, pairs, simulated=record.simulated, labels=labels, links=links,
                  collective_failures=failed, took_s=seen["took_s"], phases=seen["phases"], against=against,
-                 sides=sides)
+                 sides=sides, sent=set(sent))
 
 
-def examine(packages: list[str], labels: dict[str, str], address: str, gcs_port: int | None) -> dict:
+def examine(packages: list[str], labels: dict[str, str], address: str, gcs_port: int | None,
+            runtime_env: dict | None = None) -> dict:
     """The nodes' part of ``doctor``, run by a Ray driver of the cluster (a kernel, or a remote
-    cluster's keeper): each node's facts, then clocks, links and all_reduce among those that
-    answered — as plain data, and the versions this process has, which the nodes are held against."""
+    cluster's keeper, whose probes get its groups' ``runtime_env``): each node's facts, then clocks,
+    links and all_reduce among those that answered — as plain data, and the versions this process
+    has, which the nodes are held against."""
     import ray
 
     began = time.monotonic()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     nodes.sort(key=lambda n: (not _is_head(n), n["NodeManagerAddress"]))
     gcs = _gcs(address, gcs_port, nodes)
-    probes = [_probe_on(n["NodeID"]) for n in nodes]
+    probes = [_probe_on(n["NodeID"], runtime_env) for n in nodes]
     phases = {"nodes": time.monotonic() - began}
     pairs: dict = {}
     links: dict = {}
@@ -136,9 +138,10 @@ def _gcs(address: str, gcs_port: int | None, nodes: list[dict]) -> tuple[str, in
     return (head["NodeManagerAddress"], int(port)) if str(port).isdigit() else None
 
 
-def _probe_on(node_id: str):
+def _probe_on(node_id: str, runtime_env: dict | None = None):
     """A probe actor pinned to the node. The probe's module travels by value, so a node needs
-    neither this package nor its version to be examined."""
+    neither this package nor its version to be examined; ``runtime_env``: what the groups run with
+    (a keeper's: the modules kernels sent), so the probe sees the versions a cell would."""
     import ray
     from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -147,7 +150,7 @@ def _probe_on(node_id: str):
     cloudpickle.register_pickle_by_value(rendezvous)
     cloudpickle.register_pickle_by_value(ports)
     actor = ray.remote(probe_module.Probe)
-    return actor.options(num_cpus=0, max_restarts=0,
+    return actor.options(num_cpus=0, max_restarts=0, runtime_env=runtime_env or None,
                          scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
 
 

@@ -151,9 +151,10 @@ class DoctorReport:
 def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simulated: bool = False,
           labels: dict[str, str] | None = None, links: dict | None = None,
           collective_failures: dict | None = None, took_s: float = 0.0, phases: dict | None = None,
-          against: str = "the kernel", sides: dict | None = None) -> DoctorReport:
+          against: str = "the kernel", sides: dict | None = None, sent: set[str] = frozenset()) -> DoctorReport:
     """The report for ``nodes`` against ``kernel``'s versions (those of ``against``: the kernel, or
-    a remote cluster's head, whose Python and Ray the nodes must share), the all_reduce ``pairs``
+    a remote cluster's head, whose Python and Ray the nodes must share; ``sent``: the packages the
+    kernel sent, held against its own version), the all_reduce ``pairs``
     ({(node_id_a, node_id_b): (latency_ms, GB/s)}), the TCP ``links`` ({(node_id_a, node_id_b):
     Link}) and the collectives that failed ({(node ids…): what happened, in words})."""
     labels, links = labels or {}, links or {}
@@ -168,7 +169,7 @@ def judge(name: str, kernel: dict, nodes: list[NodeFacts], pairs: dict, *, simul
     for n in nodes:
         problems += _reach(n, names[n.node_id], nodes, host)
         if n.answered:
-            problems += _versions(n, kernel, names[n.node_id], against)
+            problems += _versions(n, kernel, names[n.node_id], against, sent)
             problems += _network(n, names[n.node_id], len(nodes), gone, host, against)
             problems += _gpus(n, names[n.node_id], simulated)
     problems += _nccl(nodes, names)
@@ -204,7 +205,8 @@ def _reach(n: NodeFacts, where: str, nodes: list[NodeFacts], host) -> list[Probl
                     "without it if it is gone")]
 
 
-def _versions(n: NodeFacts, kernel: dict, where: str, against: str = "the kernel") -> list[Problem]:
+def _versions(n: NodeFacts, kernel: dict, where: str, against: str = "the kernel",
+              sent: set[str] = frozenset()) -> list[Problem]:
     theirs = n.facts["versions"]
     out = []
     mine, other = kernel.get("python", ""), theirs.get("python", "")
@@ -216,12 +218,12 @@ def _versions(n: NodeFacts, kernel: dict, where: str, against: str = "the kernel
     for package, want in kernel.items():
         if package == "python" or want is None:
             continue
-        have = theirs.get(package)
+        have, has = theirs.get(package), "the kernel" if package in sent else against
         if have is None:
-            out.append(Problem(where, f"{package} is not installed ({against} has {want})",
+            out.append(Problem(where, f"{package} is not installed ({has} has {want})",
                                f"pip install '{package}=={want}' there"))
         elif have != want:
-            out.append(Problem(where, f"{package} {have}, {against} has {want}",
+            out.append(Problem(where, f"{package} {have}, {has} has {want}",
                                f"pip install '{package}=={want}' there (or the same version here)"))
     return out
 

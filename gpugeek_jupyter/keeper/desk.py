@@ -341,5 +341,6 @@ class Desk:
         return m.Done()
 
     def examine(self, request: m.Examine, caller) -> m.Done:
-        return m.Done(examine(request.packages, request.labels, self.gcs, request.gcs_port))
+        return m.Done(examine(request.packages, request.labels, self.gcs, request.gcs_port,
+                              self.shipped.group_env(self.index_url)))
 

@@ -39,7 +39,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     answer."""
     remote = spec.remote
     head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    gcs_port, line_port = wanted if wanted and all(ports.is_free(p) for p in wanted) else (
+    gcs_port, line_port = wanted if wanted and all(ports.is_free(p, reuse=True) for p in wanted) else (
         ports.free_ports(2))
     forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
                f"-L127.0.0.1:{line_port}:127.0.0.1:{remote['keeper_port']}"]

@@ -111,7 +111,7 @@ class Worker:
         self.ns = {"__name__": "__main__", "gg": helper, "rank": rank, "world_size": world_size,
                    "device": device, "torch": torch}
         self.described = {"rank": rank, "device": str(device), "backend": backend, "note": note,
-                          "pid": os.getpid(), "node_id": node_id}
+                          "pid": os.getpid(), "node_id": node_id, "ip": ray.util.get_node_ip_address()}
         return self.described
 
     def execute(self, call: bytes, pushed: bytes | None = None) -> dict:

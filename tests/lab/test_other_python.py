@@ -30,7 +30,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 OTHER = ROOT / ".cache" / "kernel-other" / "bin" / "python"
 RATE = 3.6
-FIRST_CELL_WITHIN_S = 10.0
+# the first cell after `up --workers 2` finds its group started, or nearly (36.5 s on 3 hosts without
+# the warm start); the 10 s goal is bench_line.py's, measured alone on the machine — here the lab
+# shares two cores with the rest of make test
+FIRST_CELL_WITHIN_S = 20.0
 
 # the notebook: a file, as a notebook's cells are source IPython keeps (a pushed function's source
 # is read from it)
@@ -138,7 +141,7 @@ def test_a_kernel_on_another_python_drives_hosts_over_the_line(lab, gpugeek_home
         assert pulled["t"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and pulled["d"] == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
         assert pulled["tensor_type"] == "torch" and pulled["df_type"] == "DataFrame", pulled
         [row] = pulled["df"]
-        assert row["python"].split(".")[:2] == theirs.split(".")[:2] and row["host"] == hosts[0].name, row
+        assert row["python"].split(".")[:2] == theirs.split(".")[:2] and row["host"] in {h.name for h in hosts}, row
         outside = said(notebook, lines)
         record = registry.live("anylap")
         line_port = int(record.spec["remote"]["line_address"].rpartition(":")[2])

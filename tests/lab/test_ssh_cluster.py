@@ -279,26 +279,25 @@ def test_doctor_names_a_rate_limited_host_with_its_measured_rate_within_30_s(lab
 
 
 def test_a_rank_that_cannot_reach_rank_0_fails_in_one_line_naming_both(lab, on_lab3):
-    """A worker on one host told that rank 0 listens on a port of another host where nothing
-    does — what a firewall between the hosts looks like to it: one line, within the timeout."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from gpugeek_jupyter.workers.options import RunOptions
-    from gpugeek_jupyter.workers.worker import Worker
-
+    """A rank on one host told that rank 0 listens on a port of another host where nothing does —
+    what a firewall between the hosts looks like to it (``launch/rendezvous.reach``, where every
+    rank's setup waits for rank 0's port): one line, within the timeout."""
     rank1, rank0 = lab.hosts[1], lab.hosts[2]
-    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == rank1.address)
-    worker = ray.remote(Worker).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node, soft=False)).remote()
+    cell = f"""
+import socket, time, torch.distributed as dist
+from gpugeek_jupyter.launch import rendezvous
+said = None
+if socket.gethostname() == {rank1.name!r}:
+    began = time.monotonic()
     try:
-        began = time.monotonic()
-        with pytest.raises(ray.exceptions.RayTaskError) as failed:
-            ray.get(worker.setup.remote(1, 2, rank0.address, CLOSED_PORT, RunOptions(), timeout_s=3), timeout=60)
-        took = time.monotonic() - began
-    finally:
-        ray.kill(worker)
-    said = str(failed.value.cause)
+        rendezvous.reach({rank0.address!r}, {CLOSED_PORT}, 1, 3)
+    except ConnectionError as exc:
+        said = (str(exc), time.monotonic() - began)
+gathered = [None] * world_size
+dist.all_gather_object(gathered, said)
+[g for g in gathered if g]
+"""
+    [(said, took)] = gg.run(cell, workers=3, monitor=False).shown()
     print(f"\n{said}\n(after {took:.1f} s)")
     assert said.startswith(f"rank 1 on {rank1.address} cannot reach rank 0 at {rank0.address}:{CLOSED_PORT}")
     assert len(said.splitlines()) == 1 and took < 30
@@ -383,10 +382,10 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
     left, finishes every step and ends on the weights of a run never interrupted, bit for bit; the
     ledger ends the host's node when it died; then the host comes back and `scale` starts its Ray
     again."""
-    import ray
     import torch
 
     from gpugeek_jupyter.kernel.session import current
+    from gpugeek_jupyter.raynodes import read_nodes
 
     record = registry.live("lab3")
     clean = gg.run(EXACT, workers=3, push={"log": str(lab.shared / "clean.log")}, monitor=False).shown()
@@ -395,10 +394,8 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         # rank 0's log on the lab's shared filesystem, where the laptop reads it
         log = lab.shared / f"steps-{trial}.log"
         gg.run("pass", workers=3)
-        where = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
         victim = lab.hosts[1 + trial % 2]
-        node_id = next(current().group.info[r]["node_id"] for r in range(3)
-                       if where[current().group.info[r]["node_id"]] == victim.address)
+        node_id = next(rank["node_id"] for rank in current().group.info if rank["ip"] == victim.address)
         killed = []
 
         def kill_at_step_12(victim=victim, log=log, killed=killed):
@@ -440,36 +437,43 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
 
         lab.start_sshd(victim)
         gg.scale(2, "lab3")
-        wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 3, 60, "the host rejoined")
+        wait_until(lambda: len([n for n in read_nodes(record.address) if n.alive]) == 3, 60, "the host rejoined")
 
 
 C10D_NOISE = "hostname of the client socket cannot be retrieved"
 
 
-def test_a_cell_on_hosts_without_reverse_dns_shows_no_c10d_noise_and_keeps_its_own_warning(on_lab3, capfd,
-                                                                                          monkeypatch):
+def test_a_cell_on_hosts_without_reverse_dns_shows_no_c10d_noise_and_keeps_its_own_warning(on_lab3, capfd):
     """The lab's hosts have no DNS: torch's C++ side warns on each rendezvous connection that it
-    cannot name the peer. The workers start with torch's C++ log level at errors, so a new group's
-    cell shows none of that, and a warning the cell itself raises still shows. The same group
-    started with the kernel's TORCH_CPP_LOG_LEVEL=WARNING shows the noise: the test sees it when
-    it is there."""
+    cannot name the peer. The workers start with torch's C++ log level at errors, and what a
+    worker writes outside a cell stays in Ray's logs on its host (the keeper forwards none of it),
+    so a new group's cell shows none of that; a warning the cell itself raises still shows. The
+    control: the same rendezvous at torch's WARNING level, in a process the cell starts on a host
+    (its stderr is the cell's), prints the noise — the test sees it when it is there."""
     cell = "import warnings\nwarnings.warn('my own warning')\nimport time; time.sleep(3)\n"
-
-    def new_group_output() -> str:
-        gg.reset()
-        capfd.readouterr()
-        gg.run(cell, workers=3, monitor=False)
-        time.sleep(3)                     # Ray forwards a worker's stderr lines about once a second
-        out, err = capfd.readouterr()
-        return out + err
-
-    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "WARNING")
-    noisy = new_group_output()
-    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL")
-    quiet = new_group_output()
+    control = """
+import os, subprocess, sys
+join = ("import torch.distributed as dist\\n"
+        f"dist.init_process_group('gloo', init_method='tcp://{MASTER}:29877', rank={rank}, world_size=2)")
+if rank < 2:     # two processes on two hosts, what they print shown by the cell
+    done = subprocess.run([sys.executable, "-c", join], env={**os.environ, "TORCH_CPP_LOG_LEVEL": "WARNING"},
+                          capture_output=True, text=True, timeout=60)
+    print(done.stderr, file=sys.stderr)
+"""
+    gg.reset()
+    capfd.readouterr()
+    master = gg.run("import ray\nray.util.get_node_ip_address()", workers=3, monitor=False).shown()
+    gg.run(control.replace("{MASTER}", master), workers=3, monitor=False, all_ranks=True)
+    out, err = capfd.readouterr()
+    noisy = out + err
+    gg.reset()
+    gg.run(cell, workers=3, monitor=False)
+    time.sleep(3)                     # anything a worker wrote outside the cell would come in this while
+    out, err = capfd.readouterr()
+    quiet = out + err
     with capfd.disabled():
-        print(f"\nc10d hostname warnings in a new 3-host group's cell: {noisy.count(C10D_NOISE)} with the kernel's "
-              f"TORCH_CPP_LOG_LEVEL=WARNING, {quiet.count(C10D_NOISE)} as started by default")
+        print(f"\nc10d hostname warnings: {noisy.count(C10D_NOISE)} from a rendezvous at torch's WARNING level; "
+              f"{quiet.count(C10D_NOISE)} in a new 3-host group's cell")
     assert C10D_NOISE in noisy, noisy[-2000:]
     assert "my own warning" in quiet and "c10d" not in quiet, quiet[-2000:]
 

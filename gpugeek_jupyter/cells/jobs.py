@@ -236,9 +236,9 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     start_row = _once(lambda: ledger.job_started(cluster_id, job_id, job_name, at=began, workers=opts.workers,
                                                  nodes=placed, options=said))
     # the group is built first: building it is the job's work (the idle autostop). On a warm group
-    # of a Ray driver the row is written while the workers run the cell; a Ray Client's round trip
-    # dwarfs the write, and its link is settled first
-    if placed is None or capable(record).tunnelled:
+    # the row is written while the workers run the cell; a Ray Client's link is settled first
+    session = current()
+    if placed is None or (session.connection is not None and session.connection.client):
         start_row()
     # what rank 0 keeps with the cell's journal: another kernel finds the job by it (``attach``)
     job = {"id": job_id, "name": job_name, "kernel": this_kernel(),

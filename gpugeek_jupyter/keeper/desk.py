@@ -28,6 +28,7 @@ from .shipped import Shipped
 
 SAMPLES_KEPT = 10_000      # node samples kept for a kernel that has not asked for them
 FIRST_WAIT_S = 0.05        # a cell done within this needs no read of its journal
+CELLS_KEPT = 4096          # cells known by their id (sent again after a cut, or read again)
 
 
 @dataclass
@@ -55,13 +56,18 @@ class Desk:
         self.found: set[str] = set()           # groups found by name (this keeper started again since)
         self.samples: dict[str, list] = {}
         self._locks: dict[str, threading.Lock] = {}
+        self._answers: dict[type, object] = {}
         self._lock = threading.Lock()
 
     def handle(self, request, caller):
-        name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(request).__name__).lower()
-        answer = getattr(self, name, None)
+        """The request's answer, by the handler named like its type (``RunCell`` → ``run_cell``)."""
+        kind = type(request)
+        answer = self._answers.get(kind)
         if answer is None:
-            raise GpugeekError(f"the keeper does not answer {type(request).__name__}")
+            answer = getattr(self, re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower(), None)
+            if answer is None:
+                raise GpugeekError(f"the keeper does not answer {kind.__name__}")
+            self._answers[kind] = answer
         return answer(request, caller)
 
     def _locked(self, key: str) -> threading.Lock:
@@ -194,7 +200,18 @@ class Desk:
                     raise GpugeekError("the cell was interrupted before it reached the workers")
                 sent = self._send(request)
                 self.cells[request.uid] = self.numbered[sent.group_id, sent.number] = sent
+                self._forget_old_cells()
+        with self._lock:
+            self._locks.pop(request.uid, None)     # known by its id from now on
         return self._news(sent, 0, request.wait_s)
+
+    def _forget_old_cells(self) -> None:
+        """The oldest cells' entries go past ``CELLS_KEPT`` (rank 0 keeps only its last journals anyway)."""
+        while len(self.cells) > CELLS_KEPT:
+            uid = next(iter(self.cells))
+            gone = self.cells.pop(uid)
+            self.numbered.pop((gone.group_id, gone.number), None)
+            self.interrupted.discard(uid)
 
     def _send(self, request: m.RunCell) -> Sent:
         """The cell to rank 0, which leads it on every rank — unless rank 0 already keeps it (this

@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import GpugeekError
 from .messages import PROTOCOL, Failed, Hello, ProtocolError, Refused, Said, Welcome, decode, encode
@@ -36,6 +37,7 @@ SHAKE_TIMEOUT_S = 10.0          # each read of the challenge, at most
 HEADER = struct.Struct("!Q")
 MAX_FRAME = 4 << 30             # a message, at most (pushed values ride in one)
 KEEPALIVE = (5, 2, 3)           # idle seconds, seconds between probes, probes
+REQUEST_THREADS = 64            # requests a keeper works on at once (a kernel's read and stop button, many kernels)
 
 
 class LinkDown(ConnectionError):
@@ -233,6 +235,8 @@ class Server:
         self.welcome, self.handle, self.log = welcome, handle, log
         self._listener = socket.create_server(address)
         self.address = self._listener.getsockname()[:2]
+        # requests run on a pool: a thread started per request costs a cell more than its bytes
+        self._pool = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="gpugeek-request")
 
     def serve_forever(self) -> None:
         while True:
@@ -265,8 +269,7 @@ class Server:
                     if isinstance(exc, ProtocolError):
                         self.log(f"line: {peer}: {exc}; closing it")
                     return
-                threading.Thread(target=self._request, args=(number, request, hello, send),
-                                 name=f"gpugeek-{type(request).__name__}", daemon=True).start()
+                self._pool.submit(self._request, number, request, hello, send)
 
     def _shake(self, sock: socket.socket, peer) -> Hello | None:
         """The token proved both ways and the versions told; None when the peer fails either."""

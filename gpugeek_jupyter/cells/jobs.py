@@ -114,7 +114,11 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
     if session.group is not None:
         session.group.stop()
     group = _group(opts, record)
-    group.begin()
+    try:
+        group.begin()
+    except GpugeekError as exc:        # up itself went well: the first cell starts the group
+        print(f"note: the worker group could not be started ahead ({exc}); the first cell starts it", flush=True)
+        return
     session.group = group
     orphans.leave_with_this_kernel()
     gpus = " --gpus-per-worker 1" if opts.gpus_per_worker else ""

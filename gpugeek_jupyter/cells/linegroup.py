@@ -116,8 +116,9 @@ class LineGroup:
         return connection.line() is self.line
 
     def stop(self) -> None:
-        """Stopped on the keeper; with the line down it stays there until the next start of this
-        machine removes it (its kernel's group, found gone) or the cluster stops."""
+        """Stopped on the keeper. With the line down it stays there, holding its room, until this
+        kernel is gone (a later start of this machine's then finds it so, and removes it) or the
+        cluster stops."""
         self.broken = True
         if not self.connected():       # this kernel let go of that cluster: its keeper keeps the group
             return

@@ -243,7 +243,9 @@ class Desk:
         its outcome holds all it printed (as for a local group: ``WorkerGroup._gather``)."""
         import ray
 
-        group = self.group(sent.group_id)
+        group = self.groups.get(sent.group_id)     # a group its cell's end stopped still has that end to tell
+        if group is None or (group.broken and sent.ref is None):
+            group = self.group(sent.group_id)
         first = sent.ref is not None and cursor == 0 and not sent.read
         if first and ray.wait([sent.ref], timeout=min(wait_s, FIRST_WAIT_S))[0]:
             return self._ended(group, sent, {"ranks": {}, "nodes": [], "next": 0, "dropped": 0, "running": False,

@@ -36,9 +36,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_remote import Side, export, listed, med, ms  # noqa: E402 - the sides and the tree before
 
 NOW, BEFORE = "bench-line-now", "bench-line-before"
+# one connection at a time, for good: the first is the check that the forward opened
 ECHO = ("import socket\nserver = socket.create_server(('127.0.0.1', 0))\nprint(server.getsockname()[1], flush=True)\n"
-        "conn, _ = server.accept()\nconn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-        "while (data := conn.recv(64)):\n    conn.sendall(data)\n")
+        "while True:\n    conn, _ = server.accept()\n    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+        "    while (data := conn.recv(64)):\n        conn.sendall(data)\n    conn.close()\n")
 
 
 class Forward:

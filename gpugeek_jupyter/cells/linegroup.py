@@ -168,7 +168,8 @@ class LineGroup:
         request = m.RunCell(uid, self.group_id, source, plain(options), list(pull or []), dict(job or {}),
                             pushing.dumps(push) if push else None, DRAIN_WAIT_S)
         try:
-            news = self._ask(request, DRAIN_WAIT_S + ANSWER_S, riding=True)
+            # the job's ledger row is written while the cell runs (``on_sent``: once, whichever way)
+            news = self._ask(request, DRAIN_WAIT_S + ANSWER_S, riding=True, meanwhile=on_sent)
             if on_sent is not None:
                 on_sent()
             while True:
@@ -209,12 +210,12 @@ class LineGroup:
 
     # -- the line -------------------------------------------------------------------------------
 
-    def _ask(self, request, timeout: float, riding: bool = False):
+    def _ask(self, request, timeout: float, riding: bool = False, meanwhile=None):
         """``request``'s reply. While the line is down (``riding``: a cell's), the job goes on
         there: said once, then the keeper dialled again until it answers (every request is safe
         to send again), and said again once it does. A cluster stopped meanwhile is one line."""
         try:
-            return self.line.call(request, timeout, said=_say)
+            return self.line.call(request, timeout, said=_say, meanwhile=meanwhile)
         except LinkDown as exc:
             if not riding:
                 raise GpugeekError(f"{self._name()} does not answer from here ({exc}) — run the cell again once "

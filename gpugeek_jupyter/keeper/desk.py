@@ -246,10 +246,11 @@ class Desk:
         group = self.groups.get(sent.group_id)     # a group its cell's end stopped still has that end to tell
         if group is None or (group.broken and sent.ref is None):
             group = self.group(sent.group_id)
-        first = sent.ref is not None and cursor == 0 and not sent.read
-        if first and ray.wait([sent.ref], timeout=min(wait_s, FIRST_WAIT_S))[0]:
-            return self._ended(group, sent, {"ranks": {}, "nodes": [], "next": 0, "dropped": 0, "running": False,
-                                             "step": None, "outcome": self._outcome(sent)})
+        if sent.ref is not None and cursor == 0 and not sent.read:
+            outcome = self._outcome(sent, within=min(wait_s, FIRST_WAIT_S))      # one call, done at once
+            if outcome is not None:
+                return self._ended(group, sent, {"ranks": {}, "nodes": [], "next": 0, "dropped": 0,
+                                                 "running": False, "step": None, "outcome": outcome})
         sent.read = True
         if sent.ref is None:          # sent before this keeper started again: the journal alone
             drained = self._journal(group.group_id, sent.number, cursor, wait_s)
@@ -301,11 +302,15 @@ class Desk:
             return None
 
     @staticmethod
-    def _outcome(sent: Sent) -> dict:
+    def _outcome(sent: Sent, within: float | None = None) -> dict | None:
+        """The cell's outcome from rank 0's call (a dead rank 0's: said so); None when it has not
+        come ``within`` seconds."""
         import ray
 
         try:
-            return ray.get(sent.ref)
+            return ray.get(sent.ref, timeout=within)
+        except ray.exceptions.GetTimeoutError:
+            return None
         except ray.exceptions.RayActorError:
             return outcomes.fresh(dead=0)
 

@@ -148,9 +148,11 @@ class Line:
             raise GpugeekError(f"the keeper answered hello with {type(answer).__name__}")
         return answer
 
-    def call(self, request, timeout: float, said: Callable[[str], None] | None = None):
+    def call(self, request, timeout: float, said: Callable[[str], None] | None = None,
+             meanwhile: Callable[[], None] | None = None):
         """``request``'s reply (``Done``, or its own type), waiting at most ``timeout`` seconds;
-        the keeper's ``Said`` lines go to ``said`` meanwhile, in this thread. ``Failed`` raises
+        ``meanwhile()`` runs once it is on its way (work that need not wait for the reply); the
+        keeper's ``Said`` lines go to ``said``, in this thread. ``Failed`` raises
         ``GpugeekError`` with its line; no answer in time, or a line that broke, ``LinkDown``."""
         self.open()
         number = next(self._ids)
@@ -168,6 +170,8 @@ class Line:
                 self.close()
                 raise LinkDown(f"the line broke ({type(exc).__name__})") from None
             deadline = time.monotonic() + timeout
+            if meanwhile is not None:
+                meanwhile()
             while True:
                 try:
                     answer = answers.get(timeout=max(0.0, deadline - time.monotonic()))

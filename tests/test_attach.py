@@ -17,6 +17,7 @@ from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cells import group, orphans
+from gpugeek_jupyter.cells.driving import RayDriver
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.meter import ledger
@@ -132,9 +133,9 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
         def lead():
             import ray
 
-            from gpugeek_jupyter.cells.orphans import NAMESPACE, named_groups
+            from gpugeek_jupyter.cells.orphans import NAMESPACE
 
-            (names,) = named_groups().values()              # the one group on this cluster
+            (names,) = RayDriver().groups().values()              # the one group on this cluster
             return ray.get_actor(names[0], namespace=NAMESPACE)
 
         def stopped_after(job: dict, signalled: float, lead) -> float:
@@ -230,7 +231,7 @@ def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_roo
         wait_until(lambda: gg.jobs("orph").set_index("name").loc["left", "state"] == "finished", 60,
                    "the gone kernel's job to finish")
         # ended, nobody attached: kept for `attach` through its window while no cell needs the room
-        assert orphans.reclaim() == [] and not any(ended(pid) for pid in pids)
+        assert orphans.reclaim(RayDriver()) == [] and not any(ended(pid) for pid in pids)
         monkeypatch.setattr(group, "READY_TIMEOUT_S", waits)   # the usual wait for room
         assert gg.run("1", workers=1).shown() == 1           # this cell needs the room: it goes
         said = capsys.readouterr().out

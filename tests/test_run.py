@@ -11,6 +11,7 @@ import pytest
 from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cells.driving import RayDriver
 from gpugeek_jupyter.cells.results import Interrupted, RemoteError
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
@@ -487,7 +488,8 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
     ready = never_ready.remote()
     try:
         began = time.monotonic()
-        assert not orphans.wait_for_room(ready, 2.0, "no-such-group", growing=lambda: placement.growing(4, 1))
+        assert not orphans.wait_for_room(RayDriver(), ready, 2.0, "no-such-group",
+                                         growing=lambda: placement.growing(4, 1))
         assert time.monotonic() - began < 4
     finally:
         ray.cancel(ready, force=True)

@@ -80,7 +80,8 @@ def test_a_runtime_marked_whole_is_ready_and_one_cut_short_is_not(order, tmp_pat
     (folder / "bin").mkdir(parents=True)
     code, answer = on_this_machine("check", order)
     assert answer["ready"] is False, "a runtime without its runtime.json was taken for whole"
-    made = {"for": {"ray": order["ray"], "torch": ".".join(order["torch"].split("+")[0].split(".")[:2]), "extra": []},
+    made = {"for": {"ray": order["ray"], "torch": ".".join(order["torch"].split("+")[0].split(".")[:2]),
+                     "extra": ["pip"]},
             "python": str(folder / "bin" / "python")}
     (folder / "runtime.json").write_text(json.dumps(made))
     code, answer = on_this_machine("check", order)
@@ -120,7 +121,7 @@ def test_a_runtime_that_lacks_only_an_extra_package_is_added_to_not_made_again(o
     folder = tmp_path / "runtime" / f"ray-{order['ray']}"
     folder.mkdir(parents=True)
     mm = ".".join(order["torch"].split("+")[0].split(".")[:2])
-    (folder / "runtime.json").write_text(json.dumps({"for": {"ray": order["ray"], "torch": mm, "extra": []},
+    (folder / "runtime.json").write_text(json.dumps({"for": {"ray": order["ray"], "torch": mm, "extra": ["pip"]},
                                                      "python": str(folder / "bin" / "python")}))
     code, answer = on_this_machine("check", {**order, "extra": ["s3fs==2026.9.0"]})
     assert answer["ready"] is False and answer["adds"] == ["s3fs==2026.9.0"], answer

@@ -66,9 +66,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     spec.env = pip
     spec.working_dir = folder
     spec.storage = storage_url(storage) if storage else None
-    if capable(spec).your_hosts:     # the hosts' runtime gets the file system it needs, and pip for what a
-        # job installs there (`--env`, the kernel's compiled modules: Ray's pip environments are its clones)
-        spec.remote["extra"] = (storage_packages(spec.storage) if spec.storage else []) + ["pip"]
+    if capable(spec).your_hosts:     # the hosts' runtime gets the file system the jobs' storage needs
+        spec.remote["extra"] = storage_packages(spec.storage) if spec.storage else []
     impl = BACKENDS[request.backend]
     if dry_run or (impl.confirm and not yes):
         return impl.show(request.name, spec)

@@ -38,7 +38,9 @@ def order_for(remote: dict) -> dict:
     ray, torch, minor = _kernel()
     return {"ray": ray, "torch": torch, "minor": minor,
             "python": remote.get("python"), "install": remote.get("install", True),
-            "index_url": remote.get("pip_index_url"), "extra": list(remote.get("extra") or [])}
+            "index_url": remote.get("pip_index_url"),
+            # pip, for what a job installs there (Ray's pip environments are clones of the runtime)
+            "extra": sorted({"pip", *(remote.get("extra") or [])})}
 
 
 @lru_cache(maxsize=1)

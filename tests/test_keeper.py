@@ -108,6 +108,7 @@ def test_a_cell_goes_as_source_and_comes_back_as_data(kept, capsys):
     on_head = [" ".join(p.cmdline()) for p in kept.head.processes()]
     assert on_head and not [c for c in on_head if "ray_client_server" in c], on_head
     assert any("gpugeek_jupyter.keeper.serve" in c for c in on_head), "no keeper among the head's processes"
+    assert "no lead line" not in kept.head.keeper_log, "the keeper reaches rank 0 by Ray calls, not its lead line"
 
 
 def test_a_module_and_a_folder_of_the_notebooks_reach_the_workers_through_the_keeper(kept, tmp_path, monkeypatch,

@@ -63,3 +63,43 @@ def test_a_rank_whose_process_ends_is_seen_gone_at_once():
         child.wait()
         board.close()
 
+
+
+def test_the_lead_line_answers_a_keeper_in_any_order_and_breaks_as_rank_0_goes():
+    """A keeper's lead line to rank 0 (``workers/lead.py``): requests answered by id, a slow one
+    not holding a quick one; a stranger without the key gets nothing; a rank 0 gone fails what
+    waits (the keeper takes it for dead)."""
+    import threading
+
+    from gpugeek_jupyter.workers import lead
+
+    release = threading.Event()
+
+    def slow(x):
+        release.wait(10)
+        return x * 2
+
+    door = lead.LeadDoor("127.0.0.1", {"slow": slow, "quick": lambda x: x + 1,
+                                      "fails": lambda: 1 / 0})
+    with socket.create_connection(door.address) as stranger:      # answers the challenge wrong
+        stranger.settimeout(5)
+        stranger.sendall(b"\x00\x00\x00\x20" + b"\x00" * 32)
+        heard = b""
+        while chunk := stranger.recv(4096):
+            heard += chunk
+    assert heard.endswith(b"#FAILURE#"), heard        # the challenge, then turned away
+    keeper = lead.LeadLine(door.address, door.key)
+    held = keeper.ask("slow", 21)
+    assert keeper.ask("quick", 1).result(timeout=5) == 2 and not held.done()
+    release.set()
+    assert held.result(timeout=5) == 42
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        keeper.ask("fails").result(timeout=5)
+    again = lead.LeadLine(door.address, door.key)       # a keeper that started again
+    assert again.ask("quick", 2).result(timeout=5) == 3
+    release.clear()
+    pending = again.ask("slow", 1)
+    again.conn.close()            # as rank 0's process going does to the keeper's end
+    with pytest.raises(ConnectionError):
+        pending.result(timeout=5)
+    door.close()

@@ -13,6 +13,7 @@ import pickle
 import re
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from ..cells.driving import RayDriver
@@ -21,9 +22,9 @@ from ..cells.sending import Led
 from ..errors import GpugeekError
 from ..health.checkup import examine
 from ..line import messages as m
-from ..workers import outcome as outcomes
-from ..workers import progress
 from ..workers.options import RunOptions
+from ..workers.outcome import CANCEL_WAIT_S
+from . import rank0
 from .shipped import Shipped
 
 SAMPLES_KEPT = 10_000      # node samples kept for a kernel that has not asked for them
@@ -54,6 +55,7 @@ class Desk:
         self.interrupted: set[str] = set()     # cells stopped before they came
         self.unwanted: set[str] = set()        # groups stopped while they started
         self.found: set[str] = set()           # groups found by name (this keeper started again since)
+        self.rank0s: dict[str, rank0.Rank0] = {}   # how each group's rank 0 is reached
         self.samples: dict[str, list] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._answers: dict[type, object] = {}
@@ -227,9 +229,8 @@ class Desk:
         options = RunOptions(**request.options)
         job = {**request.job, "uid": request.uid}
         call = (request.source, options.source_name(group.cells), request.pull, True, options, group.cells, job)
-        pushed = ray.put(request.push) if request.push else None
         group.job = job
-        ref = group.workers[0].execute_all.remote(pickle.dumps(call), [pushed] if pushed else None)
+        ref = self._rank0(group).lead(pickle.dumps(call), request.push)
         return Sent(group.group_id, group.cells, ref)
 
     def read_cell(self, request: m.ReadCell, caller) -> m.CellNews:
@@ -241,13 +242,11 @@ class Desk:
         with its outcome once it ended (a group a rank died or stuck in is stopped then). A cell
         done at once costs no read at all: nothing was drained from it into the journal yet, so
         its outcome holds all it printed (as for a local group: ``WorkerGroup._gather``)."""
-        import ray
-
         group = self.groups.get(sent.group_id)     # a group its cell's end stopped still has that end to tell
         if group is None or (group.broken and sent.ref is None):
             group = self.group(sent.group_id)
         if sent.ref is not None and cursor == 0 and not sent.read:
-            outcome = self._outcome(sent, within=min(wait_s, FIRST_WAIT_S))      # one call, done at once
+            outcome = rank0.ended(sent.ref, within=min(wait_s, FIRST_WAIT_S))      # one wait, done at once
             if outcome is not None:
                 return self._ended(group, sent, {"ranks": {}, "nodes": [], "next": 0, "dropped": 0,
                                                  "running": False, "step": None, "outcome": outcome})
@@ -255,16 +254,16 @@ class Desk:
         if sent.ref is None:          # sent before this keeper started again: the journal alone
             drained = self._journal(group.group_id, sent.number, cursor, wait_s)
         else:
+            lead = self._rank0(group)
             began = time.monotonic()
-            drained = self._drain(group.workers[0], wait_s, cursor, sent.number)
+            drained = lead.drain(wait_s, cursor, sent.number)
             early = time.monotonic() - began < wait_s / 2       # asked before its cell began: wait on the cell
-            if drained is not None and drained["outcome"] is None and drained["next"] == cursor and early:
-                ray.wait([sent.ref], timeout=wait_s / 2)
-                if ray.wait([sent.ref], timeout=0)[0]:
-                    drained = None
-            if drained is None or (drained["outcome"] is None and ray.wait([sent.ref], timeout=0)[0]):
-                outcome = self._outcome(sent)       # ended (rank 0's journal of it is whole now), or rank 0 died
-                drained = self._drain(group.workers[0], 0.0, cursor, sent.number) or {
+            if drained is not None and drained["outcome"] is None and drained["next"] == cursor and early \
+                    and rank0.done(sent.ref, wait_s / 2):
+                drained = None
+            if drained is None or (drained["outcome"] is None and rank0.done(sent.ref)):
+                outcome = rank0.ended(sent.ref)       # ended (rank 0's journal of it is whole now), or rank 0 died
+                drained = lead.drain(0.0, cursor, sent.number) or {
                     "ranks": {}, "nodes": [], "next": cursor, "dropped": 0, "running": False, "step": None}
                 drained["outcome"] = outcome
         if drained is None:
@@ -272,6 +271,13 @@ class Desk:
                                "group took its place) — `%gpugeek jobs` lists what the cluster keeps")
         return self._ended(group, sent, drained) if drained.get("outcome") is not None else \
             m.CellNews(sent.number, drained)
+
+    def _rank0(self, group: WorkerGroup) -> rank0.Rank0:
+        """How this keeper reaches the group's rank 0: its lead line, opened once."""
+        reached = self.rank0s.get(group.group_id)
+        if reached is None or reached.group is not group:
+            reached = self.rank0s[group.group_id] = rank0.Rank0(group)
+        return reached
 
     @staticmethod
     def _ended(group: WorkerGroup, sent: Sent, drained: dict) -> m.CellNews:
@@ -283,36 +289,12 @@ class Desk:
             group.stop()
         return m.CellNews(sent.number, drained, group.broken)
 
-    @staticmethod
-    def _drain(lead, wait_s: float, cursor: int, number: int) -> dict | None:
-        """Rank 0's drain into the cell's journal, and the journal from ``cursor`` on (None: rank 0
-        is gone, or keeps no such cell)."""
-        import ray
-
-        try:
-            return ray.get(lead.drain_all.remote(wait_s, cursor, number), timeout=wait_s + progress.ANSWER_WITHIN_S)
-        except Exception:  # noqa: BLE001 - a dying rank 0 shows in the cell's outcome
-            return None
-
     def _journal(self, group_id: str, number: int, cursor: int, wait_s: float) -> dict | None:
         """A cell this keeper did not send (it started again since): rank 0's journal alone."""
         try:
             return self.driver.journal(group_id, number, cursor, wait_s)
         except Exception:  # noqa: BLE001 - rank 0 gone: nothing keeps the cell
             return None
-
-    @staticmethod
-    def _outcome(sent: Sent, within: float | None = None) -> dict | None:
-        """The cell's outcome from rank 0's call (a dead rank 0's: said so); None when it has not
-        come ``within`` seconds."""
-        import ray
-
-        try:
-            return ray.get(sent.ref, timeout=within)
-        except ray.exceptions.GetTimeoutError:
-            return None
-        except ray.exceptions.RayActorError:
-            return outcomes.fresh(dead=0)
 
     def interrupt(self, request: m.Interrupt, caller) -> m.Done:
         """Every rank of the cell stopped; True when one was stuck and the group had to go."""
@@ -321,10 +303,17 @@ class Desk:
             self.interrupted.add(request.uid)
             return m.Done(False)
         group = self.group(sent.group_id)
-        if sent.ref is not None:
-            group.cancel(Led.following(sent.ref))
-        else:
+        if sent.ref is None:
             self.driver.interrupt_job(group.group_id, sent.number)
+        elif not isinstance(sent.ref, Future):
+            group.cancel(Led.following(sent.ref))
+        else:                  # as ``WorkerGroup.cancel``: every rank, then a stuck one stops the group
+            for worker in group.workers:
+                worker.interrupt.remote(sent.number)
+            ended = rank0.ended(sent.ref, within=CANCEL_WAIT_S)
+            if ended is None or ended["stuck"] or ended["dead"] is not None:
+                group.broken = True
+                group.stop()
         return m.Done(group.broken)
 
     # -- the cluster's groups, jobs and nodes, as a local kernel asks Ray ---------------------------

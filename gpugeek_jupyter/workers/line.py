@@ -47,7 +47,7 @@ def _receive_timeout(sock: socket.socket, seconds: float) -> None:
                     struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
-def _shake(sock: socket.socket, key: bytes, first: bool, rank: int | None = None) -> tuple[Connection, int]:
+def shake(sock: socket.socket, key: bytes, first: bool, rank: int | None = None) -> tuple[Connection, int]:
     """Both ends prove the key, and the other rank says which it is; the socket is closed after
     (the connection holds a duplicate of it)."""
     conn = None
@@ -96,7 +96,7 @@ class Switchboard:
                 except (TimeoutError, OSError):
                     break
                 try:
-                    conn, rank = _shake(sock, self.key, first=True)
+                    conn, rank = shake(sock, self.key, first=True)
                 except Exception:  # noqa: BLE001 - not one of ours (or gave up): turned away
                     continue
                 if rank in ranks and rank not in self.lines:
@@ -142,7 +142,7 @@ def serve(address: tuple[str, int], key: bytes, rank: int, execute: Callable[[by
 
     def loop() -> None:
         try:
-            conn, _ = _shake(socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S), key,
+            conn, _ = shake(socket.create_connection(address, timeout=HANDSHAKE_TIMEOUT_S), key,
                              first=False, rank=rank)
         except Exception:  # noqa: BLE001 - no line: rank 0 reaches this rank by actor call
             return

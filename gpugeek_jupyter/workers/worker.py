@@ -28,7 +28,7 @@ from concurrent import futures
 from .. import ports
 from ..errors import GpugeekError
 from ..launch import frameworks, rendezvous, torchrun
-from . import journal, line, notice, oom, outcome, progress, values
+from . import journal, lead, line, notice, oom, outcome, progress, values
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -49,6 +49,7 @@ class Worker:
         self._peers: list = []             # rank 0: the others' handles, ranks 1..n-1
         self._cell_thread: futures.ThreadPoolExecutor | None = None   # rank 0: runs its cells
         self._switchboard: line.Switchboard | None = None   # rank 0: the other ranks' cell lines
+        self._lead_door: lead.LeadDoor | None = None   # rank 0: where a keeper's lead line comes in
         self._nodes = progress.Nodes()     # rank 0: the node samplers, asked on the notebook's behalf
         self._journals = journal.Journals()   # rank 0: what its cells sent home, kept for the notebook
         self._scribe: journal.Scribe | None = None   # rank 0: drains its journals while nobody reads
@@ -63,6 +64,16 @@ class Worker:
         import ray
 
         return ray.util.get_node_ip_address(), ports.free_port("")
+
+    def open_lead(self) -> tuple[tuple[str, int], bytes]:
+        """Rank 0: listen for a keeper's lead line (``lead``), which leads cells and reads their
+        journals without a Ray call each; its address and key."""
+        import ray
+
+        if self._lead_door is None:
+            self._lead_door = lead.LeadDoor(ray.util.get_node_ip_address(),
+                                            {"execute_all": self.execute_all, "drain_all": self.drain_all})
+        return self._lead_door.address, self._lead_door.key
 
     def open_line(self) -> tuple[tuple[str, int], bytes]:
         """Rank 0: listen for the other ranks' cell lines (``line``); their address and key."""
@@ -287,7 +298,7 @@ class Worker:
         board = self._switchboard
         ended = outcome.fresh()
         if board is not None:
-            data = ray.get(extra[0]) if extra else None
+            data = _bytes(extra[0]) if extra else None
             peers = {}     # rank → rank, as the actor-call way keys ref → rank: one loop for both
             for rank in range(1, len(self._peers) + 1):
                 peers[rank] = rank
@@ -297,7 +308,7 @@ class Worker:
             own = self._cell_thread.submit(self._execute, mine, data)
         else:
             peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
-            own = self._cell_thread.submit(self._execute, mine, *(ray.get(list(extra)) if extra else ()))
+            own = self._cell_thread.submit(self._execute, mine, *(_bytes(extra[0]),) if extra else ())
         deadline = None
         while True:
             if own is not None and own.done():
@@ -375,3 +386,11 @@ class Worker:
         """Rank 0: the node samplers' reports, asked from inside the cluster."""
         return self._nodes.collect(self._nodes.ask(now=True))
 
+
+def _bytes(pushed) -> bytes:
+    """Pushed variables as they came: bytes over a keeper's lead line, a Ray object by actor call."""
+    if isinstance(pushed, bytes):
+        return pushed
+    import ray
+
+    return ray.get(pushed)

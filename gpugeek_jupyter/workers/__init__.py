@@ -3,7 +3,8 @@ that keeps a namespace between cells. The actor (``worker``) and all it loads th
 compiled (``cell``); the ``gg`` helper (``helper``), which reads the device (``device``) and keeps
 ``gg``'s own checkpoints (``checkpoints``) and a framework's (``saves``) where ``storage`` says;
 what a cell sends home (``progress``) and rank 0's journal of it (``journal``); the cell line
-between the ranks (``line``); preemption notices (``notice``); a GPU that ran out of memory
+between the ranks (``line``) and a keeper's lead line to rank 0 (``lead``); the values pushed and
+pulled (``values``); preemption notices (``notice``); a GPU that ran out of memory
 (``oom``). Both sides read ``options`` (the ``RunOptions`` a kernel sends, the ``Report`` a
 worker sends back) and judge a cell's ``outcome`` the same way.
 

@@ -11,7 +11,10 @@ alternate round by round (the order flipped every round), so the machine's noise
 figures are medians of the rounds' medians.
 
 - A: an empty cell, ``gg.run("pass", workers=2)``, on an ``ssh`` cluster of the three hosts (the
-     kernel a Ray Client through the cluster's SSH tunnel) against a local cluster
+     kernel on the line to the head's keeper through the cluster's SSH tunnel — a Ray Client with
+     a tree from before the line, whose round trip below is then a Ray Client's; with the line,
+     one message to the keeper and back; ``bench_line.py`` holds the two ways side by side)
+     against a local cluster
      (``gg.up(backend="local")``, the kernel a Ray driver); and one bare Ray Client round trip on the
      ssh cluster — ``ray.get(actor.nop.remote())`` with an actor whose method does nothing — which
      the remote cell is held against. The Ray Client requests of one cell are counted too.
@@ -107,6 +110,10 @@ def side(kind: str) -> None:
             answer({"s": [timed(empty_cell(gg, ask["workers"])) for _ in range(ask["n"])]})
         elif op == "p1":          # bench_run's P1: the warm 20-step DDP cell
             answer({"s": [timed(lambda: gg.run(STEPS20, workers=2, monitor=False)) for _ in range(ask["n"])]})
+        elif op == "rtt" and getattr(current_session(), "line", None) is not None:
+            from gpugeek_jupyter.line import messages as m  # this tree: the keeper's line, one message
+
+            answer({"s": [timed(lambda: current_session().line.call(m.Ship(), 10)) for _ in range(ask["n"])]})
         elif op == "rtt":
             import ray
 
@@ -156,6 +163,12 @@ def bring_up(gg, kind: str, spec: dict, workers: int | None = None) -> bool:
                 raise
     gg.up(spec["name"], **flags)
     return False
+
+
+def current_session():
+    from gpugeek_jupyter.kernel.session import current
+
+    return current()
 
 
 class Nop:

@@ -99,7 +99,11 @@ def test_the_lead_line_answers_a_keeper_in_any_order_and_breaks_as_rank_0_goes()
     assert again.ask("quick", 2).result(timeout=5) == 3
     release.clear()
     pending = again.ask("slow", 1)
-    again.conn.close()            # as rank 0's process going does to the keeper's end
+    door.close()                  # rank 0's process going: every keeper's end sees it
     with pytest.raises(ConnectionError):
         pending.result(timeout=5)
-    door.close()
+    with pytest.raises(ConnectionError):
+        keeper.ask("quick", 3).result(timeout=5)      # broken stays broken: asked again, failed at once
+    release.set()
+    keeper.close()
+    again.close()

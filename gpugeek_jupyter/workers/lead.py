@@ -14,6 +14,7 @@ what waits on it: the keeper then takes rank 0 for dead, as a failed actor call 
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import secrets
 import socket
@@ -33,6 +34,7 @@ class LeadDoor:
         self.key = secrets.token_bytes(32)
         self.handlers = handlers
         self._server = socket.create_server((ip, 0))
+        self._open: set = set()           # the keepers' connections, cut when the door closes
         self.address = (ip, self._server.getsockname()[1])
         threading.Thread(target=self._accept, name="gpugeek-lead-door", daemon=True).start()
 
@@ -49,6 +51,7 @@ class LeadDoor:
             if who != KEEPER:
                 conn.close()
                 continue
+            self._open.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="gpugeek-lead", daemon=True).start()
 
     def _serve(self, conn) -> None:
@@ -69,13 +72,27 @@ class LeadDoor:
         while True:
             try:
                 number, op, args = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                conn.close()
+            except Exception:  # noqa: BLE001 - gone, or cut under the read by close()
+                self._open.discard(conn)
+                conn.close()          # closed by its reader alone: a second close could hit a reused fd
                 return
             threading.Thread(target=answer, args=(number, op, args), name=f"gpugeek-lead-{op}", daemon=True).start()
 
     def close(self) -> None:
+        """Stop answering, as rank 0's process going does: the keeper's end sees its line break."""
         self._server.close()
+        for conn in list(self._open):
+            _shut(conn)
+
+
+def _shut(conn) -> None:
+    """Shut a connection down, both ways: the thread reading it wakes to EOF and closes it (a close
+    from here would leave that thread blocked, or reading a handle already gone)."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, TypeError, ValueError):
+        pass     # already closed
 
 
 class LeadLine:
@@ -110,12 +127,14 @@ class LeadLine:
         while True:
             try:
                 number, ok, value = pickle.loads(self.conn.recv_bytes())
-            except (EOFError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - EOF, a reset, or the handle closed under the read
                 self.broken = f"{type(exc).__name__}"
                 for future in list(self._pending.values()):
                     if not future.done():
                         future.set_exception(ConnectionError("rank 0's lead line broke: rank 0 is gone"))
                 self._pending.clear()
+                with self._lock:
+                    self.conn.close()      # by its reader alone, once no send can be under way
                 return
             future = self._pending.pop(number, None)
             if future is not None and not future.done():
@@ -125,4 +144,4 @@ class LeadLine:
                     future.set_exception(RuntimeError(value))
 
     def close(self) -> None:
-        self.conn.close()
+        _shut(self.conn)

@@ -12,10 +12,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import display
+from .backends.interface import REHEARSE as REHEARSE  # the picker's: an offer rehearsed here
 from .backends.interface import LaunchConfig
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
-from .catalog.offers import find_offers as offers
+from .catalog.offers import find_offers
 from .cells.watch import JobWatch
 from .cluster import registry
 from .guard.lifecycle import catch_up, counted_until, sync_ledger
@@ -25,6 +26,9 @@ from .kernel.session import READINGS, any_cluster, current, fine, trouble, troub
 from .meter import ledger
 from .meter.telemetry import node_samples_frame
 from .provision.actions import Cluster, down, limits, preempt, scale
+from .provision.renting import RENT_THERE as RENT_THERE  # the picker's: an offer up cannot rent
+from .provision.renting import mark
+from .provision.renting import way_in as way_in
 from .provision.status import ClusterStatus, clusters, status
 from .provision.up import up as _provision
 from .sizing import planner
@@ -41,6 +45,11 @@ __all__ = [
     "price_performance",
     "reset", "run", "scale", "status", "up", "update_catalog",
 ]
+
+
+@functools.wraps(find_offers)
+def offers(*args, **kwargs) -> pd.DataFrame:
+    return mark(find_offers(*args, **kwargs))
 
 
 @functools.wraps(_provision)

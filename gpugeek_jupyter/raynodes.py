@@ -3,9 +3,11 @@
 Ray records when each node joined (``start_time_ms``), when it died (``end_time_ms``), which
 autoscaler node type it is and whether it is idle. That is the record we price, so node
 lifetimes in the ledger are Ray's, not our guesses. Reading it needs no driver connection and no
-dashboard; it is the one place this project touches Ray's private ``GcsClient``, so a Ray upgrade
-that moves it breaks exactly this module. (The same client writes the sim backend's preemption
-notices into the cluster's KV store.)
+dashboard. It goes through Ray's private ``GcsClient``; this module is the one door of this
+package into Ray's insides (that client, the KV store from a worker, the driver's printer, the
+folder uploads, the launcher's config checks, auto-init), so a Ray upgrade that moves one breaks
+exactly this module, and ``tests/test_ray_contract.py`` names what moved. (The same client writes
+the sim backend's preemption notices into the cluster's KV store.)
 """
 
 from __future__ import annotations
@@ -235,3 +237,69 @@ def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
     with _answering(address):
         raw = GcsClient(address=address).internal_kv_get(key.encode(), NOTICE_NAMESPACE, timeout=timeout)
     return json.loads(raw) if raw else None
+
+
+# -- the rest of Ray's insides this package leans on, each behind one function here --------------
+# (tests/test_ray_contract.py holds each against the Ray installed; nothing else of ours imports
+# ray._private, ray._raylet, ray.autoscaler._private or internal_kv)
+
+def put_from_worker(key: str, value: str) -> None:
+    """``value`` under ``key`` in the KV store, from inside a Ray worker (its own GCS connection)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, True, namespace=NOTICE_NAMESPACE)
+
+
+def get_from_worker(key: str) -> bytes | None:
+    """What is under ``key`` in the KV store, read from inside a Ray worker."""
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_get(key, namespace=NOTICE_NAMESPACE)
+
+
+def no_auto_init() -> None:
+    """Ray's auto-init off in this process (``RAY_ENABLE_AUTO_CONNECT=0``, read only at import)."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
+
+
+def wrap_driver_printer(wrap) -> None:
+    """Ray's driver prints its log thread's and its error listener's lines through
+    ``print_to_stdstream(data, ignore_prefix)``: replace it with ``wrap(real)`` (before ``ray.init``,
+    which hands it to the log thread; the listener finds it by name at each call). Once."""
+    from ray._private import worker
+
+    if not getattr(worker.print_to_stdstream, "gpugeek", False):
+        wrapped = wrap(worker.print_to_stdstream)
+        wrapped.gpugeek = True
+        worker.print_to_stdstream = wrapped
+
+
+def upload_folders(env: dict, scratch_dir: str) -> dict:
+    """``env`` with its local ``py_modules`` and ``working_dir`` uploaded to the connected cluster
+    and named by their URIs, as Ray's own driver does at ``ray.init``."""
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    env = upload_py_modules_if_needed(dict(env), include_gitignore=False, scratch_dir=scratch_dir)
+    return upload_working_dir_if_needed(env, include_gitignore=False, scratch_dir=scratch_dir)
+
+
+def launcher_config(config: dict) -> dict:
+    """A cluster-launcher config with Ray's provider defaults filled in and checked against its own
+    JSON schema (Ray's exception, as it is, when it is refused)."""
+    import copy
+    import logging
+
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    quiet = logging.getLogger("ray.autoscaler._private.util")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        prepared = prepare_config(copy.deepcopy(config))
+        validate_config(prepared)
+    finally:
+        quiet.setLevel(level)
+    return prepared

@@ -146,6 +146,17 @@ def test_a_cell_asking_for_another_backend_is_told_in_one_line_and_a_fitting_one
         gg.run('import torch.distributed as dist\ndist.init_process_group("nccl")', workers=2, monitor=False)
 
 
+def test_a_lightning_trainer_given_a_shape_the_group_lacks_is_told_the_one_that_fits():
+    """Lightning itself fails this on rank 1 with an IndexError; the group's shape is ours to say."""
+    cell = ("import lightning as L\n"
+            "L.Trainer(accelerator='cpu', strategy='ddp', devices={devices}, num_nodes={nodes}, logger=False,"
+            " enable_progress_bar=False, enable_model_summary=False)\n")
+    with pytest.raises(gg.GpugeekError, match=r"^Trainer\(devices=1, num_nodes=2\) does not fit this group of 2 "
+                                              r"worker\(s\) on 1 node\(s\): give devices=2, num_nodes=1 — or leave"):
+        gg.run(cell.format(devices=1, nodes=2), workers=2, monitor=False)
+    gg.run(cell.format(devices=2, nodes=1), workers=2, monitor=False)       # the shape that fits, given
+
+
 def test_accelerate_with_a_tracker_reports_its_logged_values(tmp_path):
     """What ``accelerator.log`` logs reaches the ledger under its own name, as ``gg.log`` does."""
     cell = as_cell(ACCELERATE, str(tmp_path), STEPS).replace(

@@ -115,6 +115,20 @@ def test_the_heads_ledger_handed_back_over_ssh_becomes_the_laptops(tmp_path, mon
     assert store.query("SELECT COUNT(*) FROM events WHERE shown=0")[0][0] == 1, "the notebook has not seen it"
 
 
+def test_the_heads_events_adopted_after_the_laptops_are_listed_in_the_order_they_happened(gpugeek_home):
+    """The head's guard started before ``up`` returned; its event reaches the laptop's ledger
+    later. ``status`` (the CLI's, the sidebar's) lists both by the moment they happened."""
+    from gpugeek_jupyter.guard import board
+
+    now = time.time()
+    record = _a_cluster("lab")
+    ledger.event(record.id, "up", "3 hosts", at=now - 60)
+    ledger.adopt(record.id, [], [{"at": now - 67, "kind": "guard", "message": "head watchdog started"}])
+    seen = board.detail("lab", now=now)["events"]
+    assert [e["kind"] for e in seen] == ["up", "guard"], "newest first, by when each happened"
+    assert [e["kind"] for e in ledger.events(record.id)] == ["guard", "up"]
+
+
 def test_limits_change_a_live_cluster_and_bad_ones_are_one_line(ipython):
     record = _a_cluster("mine", budget=5.0)
     gg.limits("mine", idle=30)

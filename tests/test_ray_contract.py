@@ -1,5 +1,6 @@
 """What of Ray's insides this package leans on, held against the Ray installed: a release that
-moves one fails here, by name, rather than quietly in a cluster. (Each is used from one module.)"""
+moves one fails here, by name, rather than quietly in a cluster. Each is used from one module,
+``raynodes.py`` (a test below reads every import of the package for it)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def test_a_head_can_start_without_ray_client_server():
 @pytest.mark.parametrize("where, name", [("ray._private.runtime_env.py_modules", "upload_py_modules_if_needed"),
                                          ("ray._private.runtime_env.working_dir", "upload_working_dir_if_needed")])
 def test_a_keeper_can_upload_what_a_group_runs_with(where, name):
-    """``keeper/shipped.py: uploaded``: the folders a group's actors take as URIs, uploaded as Ray's
-    own driver does at ``ray.init``."""
+    """``raynodes.upload_folders`` (``keeper/shipped.py: uploaded``): the folders a group's actors
+    take as URIs, uploaded as Ray's own driver does at ``ray.init``."""
     import importlib
 
     module = importlib.import_module(where)
@@ -31,3 +32,68 @@ def test_a_keeper_can_upload_what_a_group_runs_with(where, name):
     wanted = {"runtime_env", "include_gitignore", "scratch_dir"}
     have = set(inspect.signature(getattr(module, name)).parameters)
     assert wanted <= have, f"{where}.{name} takes {sorted(have)}, no longer {sorted(wanted - have)}"
+
+
+def test_rays_own_lines_can_be_kept_out_of_cells():
+    """``raynodes.wrap_driver_printer`` (``kernel/raylines.py``): a driver's log thread and its
+    error listener print through ``ray._private.worker.print_to_stdstream(data, ignore_prefix)``,
+    the listener finding it by that module-level name at each call (so the wrapper installed
+    before ``ray.init`` sees both)."""
+    from ray._private import worker
+
+    assert hasattr(worker, "print_to_stdstream"), "ray._private.worker.print_to_stdstream moved: Ray's lines in cells"
+    assert list(inspect.signature(worker.print_to_stdstream).parameters) == ["data", "ignore_prefix"], \
+        "ray._private.worker.print_to_stdstream takes other arguments now"
+    assert "print_to_stdstream(" in inspect.getsource(worker.listen_error_messages), \
+        "ray._private.worker.listen_error_messages no longer prints through print_to_stdstream"
+    assert '"pid": "raylet"' in inspect.getsource(worker.listen_error_messages), \
+        "Ray's error listener no longer marks its lines pid=raylet: kernel/raylines.py tells them by a name"
+
+
+PRIVATE = ("ray._private", "ray._raylet", "ray.autoscaler._private", "ray.experimental.internal_kv")
+
+
+def test_rays_insides_are_reached_from_one_module():
+    """Every import of the package, read from its source (in functions too): only ``raynodes.py``
+    names a private module of Ray."""
+    import ast
+    from pathlib import Path
+
+    import gpugeek_jupyter
+
+    root = Path(gpugeek_jupyter.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module
+                     else [])
+            found += [(path.relative_to(root).as_posix(), n) for n in names if n.startswith(PRIVATE)]
+    assert found, "the scan found no private import at all: it no longer reads the imports"
+    assert {where for where, _ in found} == {"raynodes.py"}, sorted(found)
+
+
+@pytest.mark.parametrize("where, names", [
+    ("ray._private.auto_init_hook", ["enable_auto_connect"]),
+    ("ray._private.authentication.authentication_token_setup", ["generate_and_save_token",
+                                                                "_get_default_token_path", "AUTH_MODE_ENV_VAR"]),
+    ("ray._raylet", ["GcsClient", "AuthenticationTokenLoader", "Config"]),
+    ("ray.experimental.internal_kv", ["_internal_kv_get", "_internal_kv_put"]),
+    ("ray.autoscaler._private.util", ["prepare_config", "validate_config"]),
+])
+def test_each_private_name_raynodes_uses_is_where_it_was(where, names):
+    import importlib
+
+    module = importlib.import_module(where)
+    moved = [n for n in names if not hasattr(module, n)]
+    assert not moved, f"{where}: {moved} moved (raynodes.py uses them)"
+
+
+def test_the_gcs_client_answers_what_raynodes_asks():
+    """``GcsClient`` hands each call on to its ``InnerGcsClient`` (its ``__getattr__``)."""
+    from ray._raylet import GcsClient, InnerGcsClient
+
+    assert "__getattr__" in vars(GcsClient), "ray._raylet.GcsClient no longer hands calls to InnerGcsClient"
+    for method in ("get_all_node_info", "get_all_resource_usage", "internal_kv_put", "internal_kv_get",
+                   "internal_kv_keys"):
+        assert hasattr(InnerGcsClient, method), f"ray._raylet.GcsClient.{method} moved (raynodes.py asks it)"

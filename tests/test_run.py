@@ -198,6 +198,16 @@ def test_an_error_on_rank_1_shows_its_cell_line(ipython, capsys):
     assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
 
 
+
+def test_a_pasted_scripts_sys_exit_0_is_a_normal_end_and_another_code_names_itself_and_its_rank(ipython):
+    script = "import sys\ndef main():\n    global done\n    done = rank + 10\n    return 0\nsys.exit(main())\n"
+    result = gg.run(script, workers=2, pull=["done"])
+    assert result.pulled == {"done": 10}, "what the cell made before sys.exit(0) is there to pull"
+    assert gg.run("import sys\nsys.exit()\n", workers=2).shown() is None
+    with pytest.raises(GpugeekError, match=r"^the cell exited with 3 on rank 1 \("):
+        gg.run("import sys\nif rank == 1:\n    sys.exit(3)\n", workers=2)
+    assert gg.run("rank", workers=2).shown() == 0, "the group is still usable"
+
 def test_out_of_gpu_memory_is_explained_under_the_traceback_and_the_group_goes_on(ipython):
     # CPU workers cannot run out of GPU memory: the cell raises torch's own error with its message
     with pytest.raises(RemoteError) as info:
@@ -383,6 +393,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_three_times_in_a_row(ipytho
                        f"--push marker --pull final_step", RESUMABLE)
         out = capsys.readouterr().out
         assert "died" in out and "resumed from step-00000010 (step 10)" in out, out
+        assert "(raylet)" not in out and "(pid=gcs_server)" not in out, "Ray's own lines reached the cell"
         assert ipython.user_ns["final_step"] == 40
     gg.reset()
 

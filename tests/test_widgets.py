@@ -3,6 +3,7 @@ real clusters, and the panel's dollars are the ledger's."""
 
 from __future__ import annotations
 
+import html
 import re
 import time
 
@@ -52,6 +53,38 @@ def test_plan_button_plans_against_the_filtered_offers():
     assert set(plan.table["gpu"]) == {"H100"} and plan.pricing == "spot"
     assert plan.best is not None and plan.memory.gpus == 8
     assert picker.shown is plan
+
+
+def test_an_offer_no_backend_rents_gets_the_ssh_way_in_and_starts_nothing(gpugeek_home):
+    """RunPod, Lambda, Vast, Nebius: rented on their own sites. The picker marks them, and its
+    cloud launch (dry or not) answers with the command that starts Ray on the rented box, priced
+    as the offer — counted against the catalog file read here, not by our mark."""
+    import pandas as pd
+
+    from gpugeek_jupyter.catalog.fresh import bundled_path
+    from gpugeek_jupyter.provision.request import UpRequest, spec_of
+
+    raw = pd.read_csv(bundled_path())
+    launched = {"aws", "gcp", "azure"}            # the clouds Ray's cluster launcher rents, as README says
+    every = api.offers()
+    assert (every["up_with"] == "rent, then ssh").sum() == (~raw["provider"].isin(launched)).sum()
+    assert set(every.loc[every["provider"].isin(launched), "up_with"]) == launched
+
+    picker = OfferPicker(provider="runpod")
+    offer, price = picker.choice.value, picker.offers["price"].iloc[0]
+    assert "rent, then ssh" in picker.table.value and "rent, then ssh" in picker.choice.label
+    for kind in ("cloud-dry-run", "cloud"):
+        picker.backend.value, picker.budget.value = kind, 20
+        picker.provision_button.click()
+        said = html.unescape(re.sub("<[^>]+>", "", picker.message.value))
+        assert said.endswith(f"%gpugeek up runpod --backend ssh --hosts USER@ADDRESS --offer {offer} --budget 20"), said
+        assert "firebrick" not in picker.message.value and registry.all_records() == []
+    with pytest.raises(GpugeekError, match=r"^offer runpod/.*: `up` cannot rent runpod machines .* --offer runpod/"):
+        api.up(backend="aws", offer=offer, dry_run=True)
+    with pytest.raises(GpugeekError, match=r"^`up` cannot rent lambda machines .*offers --provider lambda\)$"):
+        api.up(backend="lambda")
+    spec = spec_of(UpRequest.of({"backend": "ssh", "hosts": "root@box", "offer": offer}))
+    assert spec.head_price.usd_per_hour == pytest.approx(price) and spec.node_types[0].provider == "runpod"
 
 
 def test_picker_rejects_bad_starting_filters_in_one_line():

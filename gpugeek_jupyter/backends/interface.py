@@ -30,14 +30,17 @@ from .sim import SimBackend
 __all__ = [
     "ATTACH",
     "BACKENDS",
+    "BY_SSH",
     "CLIENT_SCHEME",
     "DEFAULT",
     "READY_TIMEOUT_S",
+    "REHEARSE",
     "Backend",
     "LaunchConfig",
     "Started",
     "capabilities",
     "capable",
+    "renting",
 ]
 
 BACKENDS: dict[str, Backend] = {
@@ -53,11 +56,22 @@ BACKENDS: dict[str, Backend] = {
 }
 DEFAULT = LocalBackend.name      # what `up` starts when no backend is named: this machine
 ATTACH = AttachBackend.name      # what `up --address` means: a cluster someone else runs
+REHEARSE = SimBackend.name       # offers rehearsed on this machine: simulated nodes, simulated $
+BY_SSH = SshBackend.name         # the way onto a machine rented anywhere: its address and a key
 
 
 def capabilities() -> list[str]:
     """What a backend says it can do: the names ``Backend`` declares."""
     return list(vars(Backend)["__annotations__"])
+
+
+def renting(provider: str) -> str | None:
+    """The backend through which ``up`` rents this provider's machines for you; None: ``up``
+    cannot (rent the box there yourself, then start Ray on it over SSH: ``BY_SSH``)."""
+    for name, impl in BACKENDS.items():
+        if impl.launches and impl.provider == provider:
+            return name
+    return None
 
 
 def capable(cluster) -> Backend:

@@ -14,11 +14,9 @@ CLI where the head is and how to log in to it).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import ipaddress
 import json
-import logging
 import os
 import re
 import shlex
@@ -249,20 +247,13 @@ def _node_config(provider: str, instance: str, t: NodeType | None, *, spot: bool
 
 def validate(config: dict) -> dict:
     """Ray fills its provider defaults and checks the result against its own JSON schema."""
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from ..raynodes import launcher_config
 
-    quiet = logging.getLogger("ray.autoscaler._private.util")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
     try:
-        prepared = prepare_config(copy.deepcopy(config))
-        validate_config(prepared)
+        return launcher_config(config)
     except Exception as exc:  # noqa: BLE001 - jsonschema.ValidationError, ValueError, …: Ray's words, one line
         message = getattr(exc, "message", None) or str(exc).splitlines()[0]
         raise GpugeekError(f"Ray rejects the generated {config['provider']['type']} config: {message}") from None
-    finally:
-        quiet.setLevel(level)
-    return prepared
 
 
 def write(name: str, config: dict) -> Path:

@@ -223,13 +223,17 @@ class LineGroup:
             return self._ride_out(request, timeout, exc)
 
     def _ride_out(self, request, timeout: float, first: LinkDown):
-        """Dialled again at once (the tunnel reopened, the line only broke); if the keeper still
-        does not answer, the cluster is out of reach: said once, dialled again with a growing wait
-        until it answers, said once more."""
+        """Dialled again at once (the tunnel reopened, the line only broke: said in one line); if
+        the keeper still does not answer, the cluster is out of reach: said once, dialled again
+        with a growing wait until it answers, said once more."""
         try:
-            return self.line.call(request, timeout, said=_say)
+            reply = self.line.call(request, timeout, said=_say)
         except LinkDown as again:
             first = again
+        else:
+            print(f"\nthe line to {self._name()} dropped ({first}) and was dialled again: this cell reads on "
+                  f"from where it was", flush=True)
+            return reply
         step = f" (step {self.last_step})" if self.last_step is not None else ""
         print(f"\nthe cluster is out of reach; the job goes on there{step} — this cell picks up when it "
               f"answers ({first})", flush=True)

@@ -121,7 +121,7 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
             " GROUP BY node_id, device"
             " ORDER BY node_id, device", (record.id, now - UTILISATION_WINDOW_S))]
     out["events"] = [{"at": r["at"], "kind": r["kind"], "message": r["message"]} for r in store.query(
-        "SELECT at, kind, message FROM events WHERE cluster_id=? ORDER BY id DESC LIMIT 10",
+        "SELECT at, kind, message FROM events WHERE cluster_id=? ORDER BY at DESC, id DESC LIMIT 10",
         (record.id,))]
     return out
 

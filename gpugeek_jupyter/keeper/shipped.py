@@ -105,11 +105,9 @@ def uploaded(env: dict, scratch: Path) -> dict:
     cluster and named by the URIs they became, as a group's actors take them."""
     if "py_modules" not in env and "working_dir" not in env:
         return env
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    from ..raynodes import upload_folders
 
     scratch.mkdir(parents=True, exist_ok=True)
-    env = upload_py_modules_if_needed(dict(env), include_gitignore=False, scratch_dir=str(scratch))
-    env = upload_working_dir_if_needed(env, include_gitignore=False, scratch_dir=str(scratch))
+    env = upload_folders(env, str(scratch))
     env.pop("excludes", None)        # read by the upload: the URIs are what they are
     return env

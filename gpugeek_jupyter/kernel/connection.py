@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from .. import store
+from .. import raynodes, store
 from ..backends.interface import CLIENT_SCHEME, capable
 from ..cluster import registry
 from ..cluster.processes import this_kernel
@@ -33,7 +33,7 @@ from ..line.wire import Line, LinkDown
 from ..raynodes import NODE_ENV, token_text, use_token_auth
 from ..remote import tunnel
 from ..versions import PACKAGE_VERSION, version_of
-from . import environment
+from . import environment, raylines
 from .session import WATCHER, Connection, current, fine, trouble
 from .session import attach as session_attach
 
@@ -103,6 +103,7 @@ def _ray(session, record: ClusterRecord) -> None:
         _client_init(record.address, job_env(record, remote=True))
         kind = "client"
     else:
+        raylines.keep_out()
         ray.init(address=record.address, namespace="gpugeek", logging_level="ERROR",
                  configure_logging=True, log_to_driver=not record.simulated,
                  runtime_env=job_env(record, remote=False) or None)
@@ -318,9 +319,7 @@ def _no_auto_init() -> None:
     """Switch off Ray's auto-init (``RAY_ENABLE_AUTO_CONNECT=0``, read when Ray is imported): once
     this kernel's cluster goes, a Ray call still under way — a running cell's, on the main thread,
     when the watcher lets go — must fail and say so, not start a Ray of its own on this machine."""
-    from ray._private import auto_init_hook
-
-    auto_init_hook.enable_auto_connect = False
+    raynodes.no_auto_init()
 
 
 def disconnect(record: ClusterRecord) -> None:

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import inspect
 import os
 import sys
 from collections.abc import Mapping
+
+from ..errors import GpugeekError
 
 _helper = None          # this worker's ``gg``
 _trainer_running = False     # a Trainer counts its samples itself: its data loaders are not counted
@@ -246,10 +249,13 @@ def _patch_lightning(module) -> None:
         return wrapped
 
     def fit(real):
+        signature = inspect.signature(real)
+
         def wrapped(self, *args, **kwargs):
-            if kwargs.get("ckpt_path") is None and len(args) < 5:
-                kwargs["ckpt_path"] = _resume_point("Trainer.fit")
-            return real(self, *args, **kwargs)
+            given = signature.bind(self, *args, **kwargs)     # ckpt_path by its name, wherever it was passed
+            if given.arguments.get("ckpt_path") is None:
+                given.arguments["ckpt_path"] = _resume_point("Trainer.fit")
+            return real(*given.args, **given.kwargs)
         return wrapped
 
     _once(module.Trainer, "__init__", make)
@@ -260,15 +266,41 @@ def _patch_lightning(module) -> None:
 def _lightning_shape(kwargs: dict) -> dict:
     """``devices`` and ``num_nodes`` for a Trainer that left them at their defaults, from the
     group (Lightning requires devices × nodes = the world size): on GPUs a node's workers and
-    the nodes, as ``torchrun --nproc-per-node`` would say; on CPUs every worker as one node's."""
-    left = kwargs.get("devices", "auto") == "auto" and kwargs.get("num_nodes", 1) == 1
-    if "LOCAL_WORLD_SIZE" not in os.environ or not left:
+    the nodes, as ``torchrun --nproc-per-node`` would say; on CPUs every worker as one node's.
+    A Trainer given a shape the group does not have is told which one fits, in one line (Lightning
+    itself fails on rank 1 with an ``IndexError``)."""
+    if "LOCAL_WORLD_SIZE" not in os.environ:
         return {}
     import torch
 
+    world, nodes = int(os.environ["WORLD_SIZE"]), int(os.environ["GROUP_WORLD_SIZE"])
     if kwargs.get("accelerator", "auto") == "cpu" or not torch.cuda.is_available():
-        return {"devices": int(os.environ["WORLD_SIZE"]), "num_nodes": 1}
-    return {"devices": int(os.environ["LOCAL_WORLD_SIZE"]), "num_nodes": int(os.environ["GROUP_WORLD_SIZE"])}
+        fits = {"devices": world, "num_nodes": 1}
+    else:
+        fits = {"devices": int(os.environ["LOCAL_WORLD_SIZE"]), "num_nodes": nodes}
+    devices, num_nodes = kwargs.get("devices", "auto"), kwargs.get("num_nodes", 1)
+    if devices == "auto" and num_nodes == 1:
+        return fits
+    counted = _device_count(devices)
+    if num_nodes != fits["num_nodes"] or counted not in (None, fits["devices"]):
+        raise GpugeekError(
+            f"Trainer(devices={devices!r}, num_nodes={num_nodes!r}) does not fit this group of {world} "
+            f"worker(s) on {nodes} node(s): give devices={fits['devices']}, num_nodes={fits['num_nodes']} "
+            f"— or leave both out, and they are set from the group")
+    return {}
+
+
+def _device_count(devices) -> int | None:
+    """How many devices a Trainer's ``devices`` names (None: Lightning decides, "auto" or -1)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    try:
+        count = int(devices)
+    except (TypeError, ValueError):
+        return None
+    return None if count == -1 else count
 
 
 PATCHES = {

@@ -127,8 +127,8 @@ def keep_group(backend: str) -> None:
 
 def run_script(body, namespace: dict, argv: tuple[str, ...]) -> None:
     """A ``torchrun``-style script in the worker's namespace, as ``python train.py ARGS`` would run
-    it: ``sys.argv`` its own while it runs, and ``sys.exit(0)`` (or argparse's ``--help``) an
-    ordinary end; any other exit code fails the cell, as it fails ``torchrun``."""
+    it: ``sys.argv`` its own while it runs. Its ``sys.exit`` is the worker's to judge, as a cell's
+    is: 0 or None an ordinary end (argparse's ``--help`` too), any other code a failure."""
     import sys
 
     saved = sys.argv
@@ -136,8 +136,5 @@ def run_script(body, namespace: dict, argv: tuple[str, ...]) -> None:
     namespace["__file__"] = argv[0]
     try:
         exec(body, namespace)
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0):
-            raise GpugeekError(f"{argv[0]} exited with {exit_.code!r}") from None
     finally:
         sys.argv = saved

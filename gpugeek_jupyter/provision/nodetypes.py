@@ -110,13 +110,13 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
         if best is None:
             why = getattr(plan, "why_empty", "") or "it has no offer that fits"
             raise GpugeekError(f"--plan: the plan has no best offer ({why})")
-        row, nodes = _offer_by_id(best["id"], catalog), int(best.get("nodes", 1))
+        row, nodes = offer_row(best["id"], catalog), int(best.get("nodes", 1))
     elif offer is not None:
-        row, nodes = _offer_by_id(offer, catalog), None
+        row, nodes = offer_row(offer, catalog), None
     elif gpu is not None:
         frame = find_offers(gpu=gpu, count=count, pricing=pricing, provider=provider, catalog=catalog,
                             residency=residency)
-        row, nodes = _offer_by_id(frame.iloc[0]["id"], catalog), None
+        row, nodes = offer_row(frame.iloc[0]["id"], catalog), None
     else:
         raise GpugeekError("say what to run on: --offer ID, --plan VAR or --gpu NAME [--count N]")
     if provider and row["provider"] != provider:
@@ -136,7 +136,8 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
     return row, nodes
 
 
-def _offer_by_id(offer_id: str, extra: str | None = None) -> pd.Series:
+def offer_row(offer_id: str, extra: str | None = None) -> pd.Series:
+    """The catalog row of an offer id (one line naming the nearest ids when there is none)."""
     catalog = load_catalog(extra)
     hits = catalog[catalog["id"] == offer_id]
     if hits.empty:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..backends.interface import ATTACH, BACKENDS, DEFAULT, capable
+from ..catalog.offers import load_catalog
 from ..cluster.registry import NAME
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..vocab import Pricing
+from . import renting
 from .actions import check_numbers
-from .nodetypes import spec_for, ssh_spec
+from .nodetypes import offer_row, spec_for, ssh_spec
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,15 @@ def backend_name(backend: str | None, address: str | None) -> str:
         return ATTACH
     backend = backend or DEFAULT
     if backend not in launching:
+        if backend in providers():           # RunPod, Lambda, …: a catalog's provider no backend rents
+            raise GpugeekError(renting.way_in(None, backend))
         raise GpugeekError(f"unknown backend {backend!r} — use one of {', '.join(launching)} (or --address ADDR)")
     return backend
+
+
+def providers() -> set[str]:
+    """The providers the catalog holds offers of."""
+    return set(load_catalog()["provider"])
 
 
 SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour", "python", "pip_index_url")
@@ -89,6 +98,12 @@ def spec_of(request: UpRequest) -> ClusterSpec:
     """The spec to start, from the flags the request's backend checks: your own ``--hosts``, or an
     offer's node types (``--budget`` and ``--idle`` refused where no watchdog of ours holds them)."""
     can = capable(request)
+    if request.offer and not (can.your_hosts or can.simulated):      # an offer up cannot rent: the way in
+        row = offer_row(request.offer, request.catalog)
+        if renting.renting(row["provider"]) is None:
+            raise GpugeekError(renting.way_in(request.offer, row["provider"], pricing=request.pricing,
+                                              name=request.name if request.name != request.backend else None,
+                                              budget=request.budget, idle=request.idle))
     ssh_only = request.given(*SSH_FLAGS) + (["--no-install"] if not request.install else [])
     if not can.your_hosts and ssh_only:
         raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")

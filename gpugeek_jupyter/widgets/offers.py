@@ -22,7 +22,7 @@ from ._base import LiveFigure, bundle
 
 ANY = "any"
 SHOWN = 15
-BACKENDS = (("sim — rehearse on this machine (simulated $)", "sim"),
+BACKENDS = ((f"{api.REHEARSE} — rehearse on this machine (simulated $)", api.REHEARSE),
             ("the offer's cloud — dry run (show the config)", "cloud-dry-run"),
             ("the offer's cloud — launch (costs money)", "cloud"))
 
@@ -62,7 +62,7 @@ class OfferPicker(w.VBox):
         self.choice = w.Dropdown(description="offer", layout=w.Layout(width="640px"))
         self.params = w.Text(value=params, description="model size", tooltip="parameters, like 7B or 350M")
         self.plan_button = w.Button(description="Plan", icon="calculator")
-        self.backend = w.Dropdown(options=BACKENDS, value="sim", description="on",
+        self.backend = w.Dropdown(options=BACKENDS, value=api.REHEARSE, description="on",
                                   layout=w.Layout(width="420px"))
         self.workers = w.BoundedIntText(value=1, min=1, max=64, description="nodes",
                                         layout=w.Layout(width="160px"))
@@ -126,11 +126,12 @@ class OfferPicker(w.VBox):
             label += f" · {html.escape(note)}"
         self.count_label.value = label
         shown = frame.head(SHOWN)[["id", "gpu", "gpu_count", "gpu_mem_gib", "price", "price_per_gpu_hour",
-                                   "peak_tflops"]]
+                                   "peak_tflops", "up_with"]]
         self.table.value = shown.to_html(index=False, float_format=lambda x: f"{x:,.2f}",
                                          classes="gpugeek-offers")
         self.chart.show(price_performance(frame))
-        choices = [(f"{r.id} — ${r.price:,.2f}/h", r.id) for r in frame.head(100).itertuples()]
+        choices = [(f"{r.id} — ${r.price:,.2f}/h" + (f" — {r.up_with}" if r.up_with == api.RENT_THERE else ""),
+                    r.id) for r in frame.head(100).itertuples()]
         self.choice.options = choices
         self.choice.value = choices[0][1]        # the cheapest, whatever was chosen before
 
@@ -145,12 +146,21 @@ class OfferPicker(w.VBox):
         return result
 
     def provision(self):
-        """Start a cluster on the chosen offer: a sim rehearsal, a dry run, or the real cloud."""
+        """Start a cluster on the chosen offer: a sim rehearsal, a dry run, or the real cloud; for
+        an offer no backend rents, the command that starts one on the box once rented there."""
         if not self.choice.value:
             raise GpugeekError("no offer chosen — widen the filters")
         offer = self.choice.value
         kind = self.backend.value
-        backend = "sim" if kind == "sim" else offer.split("/")[0]
+        row = self.offers.set_index("id").loc[offer]
+        if kind == api.REHEARSE:
+            backend = api.REHEARSE
+        elif row["up_with"] == api.RENT_THERE:      # RunPod, Lambda, Vast…: rent it there, then ssh
+            self._say(api.way_in(offer, row["provider"], pricing=self.pricing.value, price=row["price"],
+                                     budget=self.budget.value or None, idle=self.idle.value or None))
+            return None
+        else:
+            backend = row["up_with"]
         if kind == "cloud":
             if not (self.budget.value or self.idle.value):
                 raise GpugeekError("a cloud cluster bills until stopped: set a budget or idle minutes first")

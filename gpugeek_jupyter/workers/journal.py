@@ -218,13 +218,11 @@ def tell_watchdogs(kept: Journal) -> None:
     import json
 
     import ray
-    from ray.experimental import internal_kv
 
-    from ..raynodes import JOB_PREFIX, NOTICE_NAMESPACE
+    from ..raynodes import JOB_PREFIX, put_from_worker
 
     name = ray.get_runtime_context().get_actor_name() or f"pid-{os.getpid()}"
     try:
-        internal_kv._internal_kv_put(f"{JOB_PREFIX}{name}", json.dumps(told(kept)), True,
-                                     namespace=NOTICE_NAMESPACE)
+        put_from_worker(f"{JOB_PREFIX}{name}", json.dumps(told(kept)))
     except Exception:  # noqa: BLE001 - the GCS busy or going: the next tell says it again
         pass

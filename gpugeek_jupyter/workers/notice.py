@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from datetime import datetime
 
-from ..raynodes import NOTICE_NAMESPACE, NOTICE_PREFIX
+from ..raynodes import NOTICE_PREFIX
 
 POLL_S = 1.0
 METADATA_TIMEOUT_S = 0.5
@@ -83,9 +83,9 @@ def agreed_deadline(mine: float | None, device) -> float | None:
 
 def read_sim(node_id: str) -> float | None:
     """The sim backend's notice, in the cluster's KV store (``raynodes.send_notice``)."""
-    from ray.experimental import internal_kv
+    from ..raynodes import get_from_worker
 
-    value = internal_kv._internal_kv_get(NOTICE_PREFIX + node_id, namespace=NOTICE_NAMESPACE)
+    value = get_from_worker(NOTICE_PREFIX + node_id)
     return float(value) if value else None
 
 

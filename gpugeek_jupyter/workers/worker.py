@@ -165,12 +165,19 @@ class Worker:
                 torchrun.apply(self.env)
             if pushed:
                 self.ns.update(values.load(pushed, self.ns))
-            if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv and exit
-                value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
-            else:
-                body, last = cell.compile()
-                exec(body, self.ns)
-                value = eval(last, self.ns) if last is not None else None
+            try:
+                if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv
+                    value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
+                else:
+                    body, last = cell.compile()
+                    exec(body, self.ns)
+                    value = eval(last, self.ns) if last is not None else None
+            except SystemExit as exit_:           # a pasted script's ``sys.exit(main())``: as torchrun has it
+                value = None
+                if exit_.code not in (None, 0):
+                    what = options.argv[0] if options.argv is not None else "the cell"
+                    raise GpugeekError(f"{what} exited with {exit_.code!r} on rank {self.rank} "
+                                       f"(sys.exit(0) or sys.exit() ends it as a success)") from None
             self.ns["gg"].flush()
             if want_value and value is not None:
                 result["value"] = portable(value)

@@ -157,6 +157,7 @@ def test_the_lid_closed_at_five_moments(lab, gpugeek_home):
 
         close_the_lid(lab, kernel)        # between two cells: the kernel waits for its next step
         kernel.go()
+        kernel.until("between: starting", 60)
         ends["between"] = kernel.until("between: ", 600)
         kernel.go()
         kernel.until("done", 60)

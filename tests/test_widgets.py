@@ -83,6 +83,8 @@ def test_an_offer_no_backend_rents_gets_the_ssh_way_in_and_starts_nothing(gpugee
         api.up(backend="aws", offer=offer, dry_run=True)
     with pytest.raises(GpugeekError, match=r"^`up` cannot rent lambda machines .*offers --provider lambda\)$"):
         api.up(backend="lambda")
+    assert spec_of(UpRequest.of({"backend": "sim", "offer": offer})).node_types[0].offer_id == offer, \
+        "a rehearsal of any offer goes on"
     spec = spec_of(UpRequest.of({"backend": "ssh", "hosts": "root@box", "offer": offer}))
     assert spec.head_price.usd_per_hour == pytest.approx(price) and spec.node_types[0].provider == "runpod"
 

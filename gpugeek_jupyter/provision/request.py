@@ -98,7 +98,7 @@ def spec_of(request: UpRequest) -> ClusterSpec:
     """The spec to start, from the flags the request's backend checks: your own ``--hosts``, or an
     offer's node types (``--budget`` and ``--idle`` refused where no watchdog of ours holds them)."""
     can = capable(request)
-    if request.offer and not (can.your_hosts or can.simulated):      # an offer up cannot rent: the way in
+    if request.offer and (can.provider or not (can.from_offers or can.your_hosts)):   # a cloud, this machine
         row = offer_row(request.offer, request.catalog)
         if renting.renting(row["provider"]) is None:
             raise GpugeekError(renting.way_in(request.offer, row["provider"], pricing=request.pricing,

@@ -111,24 +111,31 @@ class Host:
         out = _run("ip", "netns", "pids", self.netns, check=False).stdout
         return [int(p) for p in out.split()]
 
-    def strays(self, *, ssh_sessions: bool = True) -> list[int]:
+    def strays(self, *, ssh_sessions: bool = True, idle_sessions: bool = True) -> list[int]:
         """Every process in this host's namespace except the host's own sshd (the listener, and the
         ``unshare`` that holds its PID namespace): what anything run on the host left behind,
         counted by namespace, whatever marker or environment it carries. ``ssh_sessions=False``
         leaves out what still runs inside an SSH connection too (a laptop cut off cannot close
-        its connections; the host's sshd ends them when their keepalives fail). The listener is
-        the PID namespace's init: it adopts what a detached start leaves, and those count."""
+        its connections; the host's sshd ends them when their keepalives fail);
+        ``idle_sessions=False`` leaves out only such a connection's sshd with nothing running
+        under it (what it ran counts). The listener is the PID namespace's init: it adopts what a
+        detached start leaves, and those count."""
         keep = set()
         if self.sshd is not None and self.sshd.poll() is None:
             try:
                 unshare = psutil.Process(self.sshd.pid)
                 listeners = unshare.children()
                 keep = {unshare.pid, *(p.pid for p in listeners)}
-                if not ssh_sessions:      # a connection's own sshd and what runs under it; not the
-                    for listener in listeners:   # orphans the listener (the namespace's init) adopted
+                if not (ssh_sessions and idle_sessions):   # a connection's own sshd (and what runs under
+                    for listener in listeners:   # it); not the orphans the listener (the namespace's init) adopted
                         for conn in listener.children():
-                            if conn.name() == "sshd":
-                                keep |= {conn.pid, *(p.pid for p in conn.children(recursive=True))}
+                            if conn.name() != "sshd":
+                                continue
+                            under = conn.children(recursive=True)
+                            if not ssh_sessions:
+                                keep |= {conn.pid, *(p.pid for p in under)}
+                            elif not under:
+                                keep.add(conn.pid)
             except psutil.Error:
                 pass
         return [pid for pid in self.pids() if pid not in keep]
@@ -507,11 +514,14 @@ class Lab:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def left_on_hosts(lab: Lab, within: float = LEFT_WITHIN_S) -> list[int]:
+def left_on_hosts(lab: Lab, within: float = LEFT_WITHIN_S, idle_sessions: bool = True) -> list[int]:
     """Every process in the hosts' namespaces but their own sshd, once it is empty or ``within``
-    seconds have passed: counted by namespace, never by our marker (Ray's agents do not carry it)."""
+    seconds have passed: counted by namespace, never by our marker (Ray's agents do not carry it).
+    ``idle_sessions=False``: an SSH connection's sshd with nothing under it is left out (the laptop
+    was cut off while it was open: only the host's keepalive ends it)."""
     deadline = time.monotonic() + within
-    while (left := [pid for host in lab.hosts for pid in host.strays()]) and time.monotonic() < deadline:
+    while (left := [pid for host in lab.hosts for pid in host.strays(idle_sessions=idle_sessions)]) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 

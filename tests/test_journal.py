@@ -35,6 +35,32 @@ def test_a_reader_from_any_cursor_gets_what_it_missed_in_order():
     assert done["ranks"] == {}
 
 
+def test_two_takers_file_their_takes_in_the_order_they_took_them():
+    """The notebook's read and rank 0's scribe both take from the one outbox and file what they
+    took: a take that is slow to file must not land after a later one (a cut line once showed
+    'line 0' after 'line 5')."""
+    kept = Journal(1)
+    lines = iter(range(200))
+    taking = threading.Lock()
+
+    def gather(pause: float) -> dict:
+        with taking:                  # the outbox's own take: one at a time, in order
+            text = f"line {next(lines)}\n"
+        time.sleep(pause)             # … then the taker is slow to file it
+        return _drain(text)
+
+    def taker(pause: float) -> None:
+        for _ in range(40):
+            kept.take(lambda: gather(pause))
+
+    threads = [threading.Thread(target=taker, args=(p,)) for p in (0.002, 0.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert kept.since(0)["ranks"][0]["output"] == "".join(f"line {i}\n" for i in range(80))
+
+
 def test_the_bound_drops_the_oldest_and_says_how_many(monkeypatch):
     monkeypatch.setattr(journal, "BOUND_BYTES", 1000)
     kept = Journal(1)

@@ -213,14 +213,20 @@ class LineGroup:
     def _ask(self, request, timeout: float, riding: bool = False, meanwhile=None):
         """``request``'s reply. While the line is down (``riding``: a cell's), the job goes on
         there: said once, then the keeper dialled again until it answers (every request is safe
-        to send again), and said again once it does. A cluster stopped meanwhile is one line."""
+        to send again), and said again once it does; a line that broke between two requests and
+        was dialled again at once is said too. A cluster stopped meanwhile is one line."""
+        dialled = self.line.dialled
         try:
-            return self.line.call(request, timeout, said=_say, meanwhile=meanwhile)
+            reply = self.line.call(request, timeout, said=_say, meanwhile=meanwhile)
         except LinkDown as exc:
             if not riding:
                 raise GpugeekError(f"{self._name()} does not answer from here ({exc}) — run the cell again once "
                                    f"it does") from None
             return self._ride_out(request, timeout, exc)
+        if riding and 0 < dialled < self.line.dialled:     # it broke between two requests: dialled again
+            print(f"\nthe line to {self._name()} dropped and was dialled again: this cell reads on from where "
+                  f"it was", flush=True)
+        return reply
 
     def _ride_out(self, request, timeout: float, first: LinkDown):
         """Dialled again at once (the tunnel reopened, the line only broke: said in one line); if

@@ -38,6 +38,13 @@ class Journal:
         self.step: int | None = None        # the latest step a rank reported
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._taking = threading.Lock()
+
+    def take(self, gather) -> None:
+        """``gather()`` (what rank 0's outbox holds now) added as one step: the reader's drain and
+        the scribe's, each a take then an add, would otherwise file a later take first."""
+        with self._taking:
+            self.add(gather())
 
     def add(self, drained: dict) -> None:
         """A drain's answer, unless it carried nothing."""

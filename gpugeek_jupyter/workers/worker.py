@@ -284,7 +284,8 @@ class Worker:
         reads; the journal ends with ``outcome_of(run's result)``."""
         kept = self._journals.open(cell_id, job)
         if self._scribe is None:
-            self._scribe = journal.Scribe(lambda kept: kept.add(self._gather(None)), report=journal.tell_watchdogs)
+            self._scribe = journal.Scribe(lambda kept: kept.take(lambda: self._gather(None)),
+                                          report=journal.tell_watchdogs)
         self._scribe.keep(kept)
         ended = None
         try:
@@ -364,7 +365,7 @@ class Worker:
             return self._gather(wait_s)
         kept = self._journals.open(cell_id)       # a drain can come before its cell: it is kept too
         kept.read_at = time.monotonic()        # the keeper leaves the drains to this reader
-        kept.add(self._gather(wait_s))
+        kept.take(lambda: self._gather(wait_s))
         return kept.since(since)
 
     def _gather(self, wait_s: float | None) -> dict:

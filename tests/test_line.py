@@ -65,6 +65,36 @@ def test_a_rank_whose_process_ends_is_seen_gone_at_once():
 
 
 
+def test_a_line_broken_while_the_group_was_idle_is_dropped_before_the_next_cell():
+    """A host cut off between two cells for longer than the line's keepalive leaves a broken line
+    to a rank that still lives (Ray rides such a cut out): the next cell sweeps it — reaching that
+    rank by actor call — instead of taking the rank for dead. A late answer to an earlier cell
+    left on a good line is read and dropped, the line kept."""
+    board = line.Switchboard("127.0.0.1")
+    line.serve(board.address, board.key, 1, echo)
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, time
+        from gpugeek_jupyter.workers import line
+        line.serve({board.address!r}, {board.key!r}, 2, lambda call, pushed: {{}})
+        time.sleep(2)
+        os._exit(0)
+        """)])
+    try:
+        assert board.accept({1, 2}, timeout=20) == set()
+        assert board.send(1, 1, pickle.dumps("late "), None)       # its answer is never read
+        assert child.wait(timeout=20) == 0
+        time.sleep(0.5)
+        assert board.sweep() == {2}
+        assert sorted(board.lines) == [1]
+        assert not board.send(2, 2, pickle.dumps("cell 2 "), None)
+        assert board.send(1, 2, pickle.dumps("cell 2 "), None)
+        assert board.receive({1}, 2, timeout=10) == [(1, {"ok": True, "output": "cell 2 ", "samples": []})]
+    finally:
+        child.kill()
+        child.wait()
+        board.close()
+
+
 def test_the_lead_line_answers_a_keeper_in_any_order_and_breaks_as_rank_0_goes():
     """A keeper's lead line to rank 0 (``workers/lead.py``): requests answered by id, a slow one
     not holding a quick one; a stranger without the key gets nothing; a rank 0 gone fails what

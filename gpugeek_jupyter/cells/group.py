@@ -138,7 +138,7 @@ class WorkerGroup:
                                       + [lead.meet.remote(self.workers[1:])], timeout=READY_TIMEOUT_S)
         if no_line:
             self.line_note = (f"rank {', '.join(map(str, no_line))} did not connect to rank 0's cell line "
-                              "(a port between the hosts closed?): cells reach the ranks by Ray calls, "
+                              "(a port between the hosts closed?): cells reach those ranks by Ray calls, "
                               "about a millisecond slower each")
         from ray.util.client import ray as client
 

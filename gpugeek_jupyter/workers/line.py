@@ -9,7 +9,10 @@ Ray (the HMAC challenge of ``multiprocessing.connection``), then the listening s
 A rank whose line cannot be made gets its cells by actor call.
 
 A process that dies closes its end at once; TCP keepalive notices a host gone silent within
-about 11 s. Interrupts and drains still go by actor call: the line's thread is busy with the cell.
+about 11 s. A line that broke while the group was idle (a host cut off for a few seconds) is
+dropped before the next cell, whose rank is then reached by actor call: Ray's health checks ride
+out a cut the keepalive does not. Interrupts and drains still go by actor call: the line's thread
+is busy with the cell.
 """
 
 from __future__ import annotations
@@ -107,12 +110,33 @@ class Switchboard:
             server.close()
         return ranks - set(self.lines)
 
+    def sweep(self) -> set[int]:
+        """Between two cells: drop the lines that broke while the group was idle — a host cut off
+        for a few seconds outlasts the line's keepalive, not Ray's health checks, so its rank
+        still lives and is reached by actor call. A late answer to an interrupted cell is read
+        and dropped. Returns the ranks whose line was dropped."""
+        broken = set()
+        while ready := wait(list(self.lines.values()), 0):
+            for conn in ready:
+                rank = next(r for r, c in self.lines.items() if c is conn)
+                try:
+                    conn.recv_bytes()
+                except (EOFError, OSError):
+                    conn.close()
+                    del self.lines[rank]
+                    broken.add(rank)
+        return broken
+
     def send(self, rank: int, cell_id: int, call: bytes, pushed: bytes | None) -> bool:
-        """Hand a cell to ``rank``; False if its line is broken (the rank is gone)."""
+        """Hand a cell to ``rank``; False if it has no line or its line is broken (the line is
+        dropped: the rank is reached by actor call from then on)."""
+        if rank not in self.lines:
+            return False
         try:
             self.lines[rank].send_bytes(pickle.dumps((cell_id, call, pushed), protocol=pickle.HIGHEST_PROTOCOL))
             return True
         except OSError:
+            self.lines.pop(rank).close()
             return False
 
     def receive(self, ranks: set[int], cell_id: int, timeout: float | None) -> list[tuple[int, dict | None]]:

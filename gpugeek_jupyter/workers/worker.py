@@ -257,11 +257,7 @@ class Worker:
         self._peers = list(peers)
         # one thread for every cell of rank 0, beside the lead (a stuck cell cannot hold the lead)
         self._cell_thread = futures.ThreadPoolExecutor(1, thread_name_prefix="cell")
-        missing = self._switchboard.accept(set(range(1, len(peers) + 1)))
-        if missing:       # all by line or all by actor call: one way to wait on a cell
-            self._switchboard.close()
-            self._switchboard = None
-        return sorted(missing)
+        return sorted(self._switchboard.accept(set(range(1, len(peers) + 1))))
 
     def execute_all(self, call: bytes, pushed: list | None = None) -> dict:
         """Rank 0: run the cell on every rank — its own in its cell thread, the others' over the
@@ -305,51 +301,53 @@ class Worker:
         extra = tuple(pushed or ())
         board = self._switchboard
         ended = outcome.fresh()
+        lined = {}       # rank → rank: the ranks that got the cell over their line
+        called = {}      # actor call → rank: the others (no line, or one that broke while idle)
         if board is not None:
             data = _bytes(extra[0]) if extra else None
-            peers = {}     # rank → rank, as the actor-call way keys ref → rank: one loop for both
+            board.sweep()
             for rank in range(1, len(self._peers) + 1):
-                peers[rank] = rank
-                if not board.send(rank, cell_id, theirs, data):
-                    outcome.died(rank, ended)
-                    del peers[rank]
+                if board.send(rank, cell_id, theirs, data):
+                    lined[rank] = rank
+                else:
+                    called[self._peers[rank - 1].execute.remote(theirs, *extra)] = rank
             own = self._cell_thread.submit(self._execute, mine, data)
         else:
-            peers = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
+            called = {peer.execute.remote(theirs, *extra): rank for rank, peer in enumerate(self._peers, 1)}
             own = self._cell_thread.submit(self._execute, mine, *(_bytes(extra[0]),) if extra else ())
         deadline = None
         while True:
             if own is not None and own.done():
                 outcome.judge(0, own.result(), ended)     # execute never raises
                 own = None
-            if own is None and not peers:
+            if own is None and not lined and not called:
                 break
             if deadline is None and (ended["failed"] is not None or ended["dead"] is not None):
                 deadline = time.monotonic() + CANCEL_WAIT_S
                 if own is not None:
                     self.interrupt(cell_id)
-                for rank in peers.values():
+                for rank in (*lined.values(), *called.values()):
                     self._peers[rank - 1].interrupt.remote(cell_id)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
-            if peers:      # rank 0's own cell still running: look at it now and then
-                wait = LEAD_POLL_S if own is not None else left
+            if lined or called:     # rank 0's own cell (or the other way's ranks) looked at now and then
+                wait = LEAD_POLL_S if own is not None or (lined and called) else left
                 wait = wait if left is None or wait is None else min(wait, left)
-                if board is not None:
-                    for rank, result in board.receive(set(peers), cell_id, wait):
-                        del peers[rank]
+                if lined:
+                    for rank, result in board.receive(set(lined), cell_id, wait):
+                        del lined[rank]
                         if result is None:
                             outcome.died(rank, ended)
                         else:
                             outcome.judge(rank, result, ended)
-                else:
-                    done, _ = ray.wait(list(peers), num_returns=1, timeout=wait)
+                if called:
+                    done, _ = ray.wait(list(called), num_returns=1, timeout=0 if lined else wait)
                     for ref in done:
-                        outcome.collect(peers.pop(ref), ref, ended)
+                        outcome.collect(called.pop(ref), ref, ended)
             else:
                 futures.wait([own], timeout=left)
-        ended["stuck"] = sorted(([0] if own is not None else []) + list(peers.values()))
+        ended["stuck"] = sorted(([0] if own is not None else []) + [*lined.values(), *called.values()])
         return ended
 
     def keep_samplers(self, samplers: list, every: float) -> None:

@@ -253,6 +253,29 @@ def test_doctor_is_green_then_names_a_slow_link_and_a_host_cut_off(lab, on_lab3,
         "the reachable nodes were not measured"
 
 
+
+def test_a_host_cut_off_between_two_cells_past_the_lines_keepalive_the_next_cell_runs(lab, on_lab3, capsys):
+    """A host unplugged for 15 s while the group is idle: the cell line to its rank breaks (its
+    keepalive gives up after ~11 s), Ray's health checks ride the cut out — the rank lives. The
+    next cell reaches that rank by actor call and runs on all three, no worker said dead."""
+    assert gg.run("rank", workers=3, monitor=False).shown() == 0
+    cut = lab.hosts[2]
+    lab.cut_off(cut)
+    try:
+        time.sleep(15)
+    finally:
+        lab.reconnect(cut)
+    capsys.readouterr()
+    seen = gg.run("""
+import socket, torch.distributed as dist
+seen = [None] * world_size
+dist.all_gather_object(seen, socket.gethostname())
+sorted(seen)
+""", workers=3, monitor=False).shown()
+    said = capsys.readouterr().out
+    assert seen == sorted(h.name for h in lab.hosts), seen
+    assert "died" not in said and "new worker group" not in said, said
+
 @pytest.mark.parametrize("rate_mbit", [8, 100])
 def test_doctor_names_a_rate_limited_host_with_its_measured_rate_within_30_s(lab, on_lab3, capsys, rate_mbit):
     """What the third host sends is rate-limited (``tc tbf``): the doctor names that host with the

@@ -91,3 +91,44 @@ def test_each_backend_says_each_thing_it_can_do(name):
     if backend.kernel_joins == "client":      # a kernel's Ray Client goes through the tunnel's port
         assert backend.tunnelled
     assert bool(backend.no_limits_because) == (not backend.watched), "say why --budget and --idle cannot hold"
+
+
+def _named_literals(path: Path, names: set[str]) -> list[str]:
+    return [f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def test_a_cloud_providers_name_is_in_its_own_module_alone():
+    """Each cloud (``clouds/<name>.py``) says its YAML, credentials, notices, self-stop and spot
+    label; the launcher, KubeRay, the workers and the head's watchdog ask the object. The catalog's
+    reader of SkyPilot's files is the one other place: there a provider is data (a folder name)."""
+    from gpugeek_jupyter.clouds import CLOUDS
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).parts
+        if parts[0] == "catalog" or (parts[0] == "clouds" and path.stem in CLOUDS):
+            continue
+        found += _named_literals(path, set(CLOUDS))
+    assert not found, "a cloud's name outside its module (ask clouds.CLOUDS[...]):\n" + "\n".join(found)
+
+
+
+def test_code_outside_the_backends_reaches_them_through_the_registry_alone():
+    """A backend's own module (``sim.py``, ``hosts.py``, …) is imported by the registry alone:
+    anything else asks ``backends.interface`` (a rehearsal's preemption is ``capable(record)
+    .preempt``), so adding a backend touches no module outside ``backends/``."""
+    own = {f"backends.{p.stem}" for p in (PACKAGE / "backends").glob("*.py")} - {
+        "backends.__init__", "backends.interface", "backends.base", "backends.launcher"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                target = node.module.lstrip(".").removeprefix("gpugeek_jupyter.")
+                reached = {target} | {f"{target}.{a.name}" for a in node.names}
+                found += [f"{rel}:{node.lineno}: {m}" for m in sorted(reached & own)]
+    assert not found, "a backend's module imported outside backends/ (ask backends.interface):\n" + "\n".join(found)

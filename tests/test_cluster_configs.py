@@ -15,6 +15,8 @@ import yaml
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import ports
 from gpugeek_jupyter.backends import hosts, launcher
+from gpugeek_jupyter.clouds import CLOUDS
+from gpugeek_jupyter.clouds import base as clouds_base
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.onhost import script as onhost
 from gpugeek_jupyter.remote import runtime
@@ -308,7 +310,7 @@ def test_bad_input_is_one_line(ipython, capsys, line, expected):
 
 
 def test_launch_without_credentials_is_one_line(ipython, capsys, tmp_path, monkeypatch):
-    for var in (*launcher.AWS_ENV, "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CLIENT_ID"):
+    for var in (v for provider in CLOUDS.values() for v in provider.credentials[0]):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))           # no ~/.aws, ~/.config/gcloud, ~/.azure
     monkeypatch.setenv("PATH", "/nonexistent")          # no kubectl
@@ -320,7 +322,7 @@ def test_launch_without_credentials_is_one_line(ipython, capsys, tmp_path, monke
     # credentials present but the SDK `ray up` needs is not: also one line, naming the package
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws" / "credentials").write_text("[default]\n")
-    monkeypatch.setattr(launcher, "_importable", lambda module: False)
+    monkeypatch.setattr(clouds_base, "importable", lambda module: False)
     assert "needs the aws SDK — pip install boto3" in _one_line(
         ipython, capsys, "up --backend aws --gpu A100 --count 8 --yes")
     assert gg.clusters().empty, "a launch refused up front records nothing"

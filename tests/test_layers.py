@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"errors", "display", "onhost"},   # … | what runs on a bare host: the standard library alone
     {"units", "config", "vocab", "line"},   # … | the line between a kernel and a keeper
     {"store", "raynodes", "blocks", "versions", "ports"},
-    {"catalog", "launch"},    # offers | how a worker becomes a rank (torchrun's variables)
+    {"catalog", "launch", "clouds"},   # offers | how a worker becomes a rank | each cloud provider
     {"meter", "views", "workers"},   # the ledger, telemetry | records → figures | what runs in the Ray workers
     {"sizing"},
     {"cluster"},                # the state every process shares: spec, registry, processes
@@ -258,8 +258,9 @@ def room_lines(folder: Path) -> tuple[str, str]:
 
 
 # what a Ray worker of a group may load of ours: the worker side, how a worker becomes a rank, and
-# the ground floor; never the kernel side (``cells/``), nor any kernel state under it
-WORKER_SIDE = {"workers", "launch"} | GROUND
+# the ground floor, and where each cloud's preemption notice is read (``clouds/``); never the kernel
+# side (``cells/``), nor any kernel state under it
+WORKER_SIDE = {"workers", "launch", "clouds"} | GROUND
 
 
 def outside_the_worker_side(modules: set[str]) -> list[str]:

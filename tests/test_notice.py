@@ -1,4 +1,4 @@
-"""Preemption notices as each cloud documents them. The metadata endpoints exist only on cloud
+"""Preemption notices as each cloud documents them (``clouds/``). The metadata endpoints exist only on cloud
 VMs, so their answers here are the documented examples, served by a real HTTP server on
 loopback; the sim backend's notice is exercised end to end in ``test_cluster_live.py``."""
 
@@ -12,6 +12,8 @@ from datetime import datetime, timezone
 
 import pytest
 
+from gpugeek_jupyter.clouds import AWS, AZURE, GCP
+from gpugeek_jupyter.clouds import base as clouds_base
 from gpugeek_jupyter.workers import notice
 
 
@@ -37,14 +39,14 @@ def metadata(monkeypatch):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    real = notice._http
+    real = clouds_base.metadata
 
     def local(method, url, headers):
         for host in ("http://169.254.169.254", "http://metadata.google.internal"):
             url = url.replace(host, base)
         return real(method, url, headers)
 
-    monkeypatch.setattr(notice, "_http", local)
+    monkeypatch.setattr(clouds_base, "metadata", local)
     yield answers, seen
     server.shutdown()
     server.server_close()
@@ -53,10 +55,10 @@ def metadata(monkeypatch):
 def test_aws_no_notice_is_a_404_and_a_notice_is_its_time(metadata):
     answers, seen = metadata
     answers["/latest/api/token"] = (200, "TOKEN")
-    assert notice.read_aws() is None
+    assert AWS.read_notice() is None
     answers["/latest/meta-data/spot/instance-action"] = (200, json.dumps(
         {"action": "terminate", "time": "2026-11-23T08:22:00Z"}))
-    assert notice.read_aws() == datetime(2026, 11, 23, 8, 22, tzinfo=timezone.utc).timestamp()
+    assert AWS.read_notice() == datetime(2026, 11, 23, 8, 22, tzinfo=timezone.utc).timestamp()
     put, get = seen[-2:]
     assert put[0] == "PUT" and put[2]["x-aws-ec2-metadata-token-ttl-seconds"]
     assert get[2]["x-aws-ec2-metadata-token"] == "TOKEN"             # IMDSv2: the session token
@@ -66,9 +68,9 @@ def test_gcp_preempted_flag_gives_its_30_seconds(metadata):
     answers, seen = metadata
     path = "/computeMetadata/v1/instance/preempted"
     answers[path] = (200, "FALSE")
-    assert notice.read_gcp() is None
+    assert GCP.read_notice() is None
     answers[path] = (200, "TRUE")
-    assert abs(notice.read_gcp() - (time.time() + 30)) < 2
+    assert abs(GCP.read_notice() - (time.time() + 30)) < 2
     assert seen[-1][2]["metadata-flavor"] == "Google"
 
 
@@ -76,11 +78,11 @@ def test_azure_preempt_event_is_its_not_before(metadata):
     answers, seen = metadata
     path = "/metadata/scheduledevents"
     answers[path] = (200, json.dumps({"DocumentIncarnation": 1, "Events": []}))
-    assert notice.read_azure() is None
+    assert AZURE.read_notice() is None
     answers[path] = (200, json.dumps({"DocumentIncarnation": 2, "Events": [
         {"EventId": "1", "EventType": "Freeze", "NotBefore": "Mon, 23 Nov 2026 08:00:00 GMT"},
         {"EventId": "2", "EventType": "Preempt", "NotBefore": "Mon, 23 Nov 2026 08:22:00 GMT"}]}))
-    assert notice.read_azure() == datetime(2026, 11, 23, 8, 22, tzinfo=timezone.utc).timestamp()
+    assert AZURE.read_notice() == datetime(2026, 11, 23, 8, 22, tzinfo=timezone.utc).timestamp()
     assert seen[-1][2]["metadata"] == "true"
 
 
@@ -88,7 +90,7 @@ def test_a_metadata_error_other_than_404_is_raised_for_the_watch_to_record(metad
     answers, _ = metadata
     answers["/latest/api/token"] = (500, "boom")
     with pytest.raises(Exception, match="500"):
-        notice.read_aws()
+        AWS.read_notice()
 
 
 def test_the_ranks_agree_on_the_latest_deadline_and_a_lone_rank_decides_alone():

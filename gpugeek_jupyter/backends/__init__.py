@@ -7,5 +7,5 @@ launcher), ``kuberay``, ``attach``. ``base`` is what a backend is (its capabilit
 
 Runs on: the laptop (``up`` and ``scale`` in a kernel; a stop in any process); a head's watchdog
 uses the launcher's settings.
-May import: `remote/`, `cluster/`, `meter/`, the ground floor.
+May import: `remote/`, `cluster/`, `meter/`, `clouds/`, the ground floor.
 """

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
-from ..raynodes import read_nodes
+from ..raynodes import RayNode, read_nodes
 
 READY_TIMEOUT_S = 180
 CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
@@ -97,3 +97,15 @@ class Backend:
 
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
         raise GpugeekError(f"the {self.name} backend cannot scale — it is one machine")
+
+    def notes(self, spec: ClusterSpec) -> list[str]:
+        """What a user should know of ``spec`` on this backend, said with its config."""
+        return []
+
+    def node(self, record: ClusterRecord, node: str) -> RayNode:
+        """A live worker node by (part of) its id, to rehearse a preemption on."""
+        raise GpugeekError("preempt rehearses losing a spot node, on a rehearsal (sim) cluster only")
+
+    def preempt(self, record: ClusterRecord, spec: ClusterSpec, node: str) -> tuple[RayNode, ClusterSpec]:
+        """Take a node away as a spot preemption does; returns it and the spec as it is after."""
+        raise GpugeekError("preempt rehearses losing a spot node, on a rehearsal (sim) cluster only")

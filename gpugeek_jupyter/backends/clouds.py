@@ -1,4 +1,4 @@
-"""aws, gcp, azure: the clouds through Ray's cluster launcher (``launcher.py`` writes the YAML)."""
+"""The clouds (``clouds/``: aws, gcp, azure) through Ray's cluster launcher (``launcher.py`` writes the YAML)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from ..clouds import Cloud
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -17,7 +18,7 @@ from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
 
 
 class LauncherBackend(Backend):
-    """aws, gcp, azure: the generated YAML through ``ray up``/``ray down``. Past the provider
+    """A cloud of ``clouds/``: the generated YAML through ``ray up``/``ray down``. Past the provider
     section it is an ssh cluster: the same ``onhost.py start`` on every node, the same tunnel."""
 
     launches = confirm = watched = tunnelled = from_offers = True
@@ -25,9 +26,10 @@ class LauncherBackend(Backend):
     runs_here = simulated = your_hosts = local_price = dashboard = False
     kernel_joins = "line"
 
-    def __init__(self, provider: str):
-        self.name = self.provider = provider
-        self.notices = provider     # its metadata service warns a spot node before taking it
+    def __init__(self, provider: Cloud):
+        self.cloud = provider
+        self.name = self.provider = provider.name
+        self.notices = provider.name     # its metadata service warns a spot node before taking it
 
     def config(self, name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
         config = launcher.cluster_config(name, spec, marker)
@@ -37,7 +39,7 @@ class LauncherBackend(Backend):
     def show(self, name, spec):
         config = self.config(name, spec)
         path = launcher.write(name, config)
-        head_note = (f"The head node ({launcher.HEAD_INSTANCE[self.name]}) is not priced: the catalog "
+        head_note = (f"The head node ({self.cloud.head_instance}) is not priced: the catalog "
                      f"holds GPU offers only. ")
         notes = " ".join(spec.notes)
         return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), path,
@@ -45,7 +47,7 @@ class LauncherBackend(Backend):
                             f"(the folder in its file_mounts is written then).", config)
 
     def preflight(self, spec):
-        launcher.check_credentials(self.name)
+        self.cloud.check_credentials()
 
     def start(self, record, spec):
         config = self.config(record.name, spec, record.marker)

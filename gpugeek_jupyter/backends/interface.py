@@ -4,20 +4,23 @@ a config, start, stop, scale, and what it can do):
 - ``local``: a Ray head on this machine with its real CPUs/GPUs (the default).
 - ``sim``: Ray's fake multi-node autoscaler with node types made from offers (rehearsal).
 - ``ssh``: the user's own machines, Ray started on each over SSH, reached through a tunnel.
-- ``aws``/``gcp``/``azure``: Ray's cluster launcher (``ray up``/``ray down``) on a generated YAML
-  whose start commands are the ``ssh`` backend's; its head reached through the same tunnel.
+- one a cloud of ``clouds/`` (aws, gcp, azure): Ray's cluster launcher (``ray up``/``ray down``)
+  on a generated YAML whose start commands are the ``ssh`` backend's; its head reached through
+  the same tunnel.
 - ``onprem``: your own ``--hosts`` through Ray's cluster launcher and its on-premise provider:
   the cloud path's YAML, with the hosts in its provider section.
 - ``kuberay``: a RayCluster manifest applied with ``kubectl``.
 - ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
 
 Code outside ``backends/`` asks a cluster's backend what it can do (``capable(record).tunnelled``),
-never its name. A new backend is one module with one class, and a line here.
+never its name. A new backend is one module with one class, and a line here; a new cloud is one
+module of ``clouds/`` (its launcher backend is made from it here).
 """
 
 
 from __future__ import annotations
 
+from ..clouds import CLOUDS
 from .attach import AttachBackend
 from .base import CLIENT_SCHEME, READY_TIMEOUT_S, Backend, LaunchConfig, Started
 from .clouds import LauncherBackend
@@ -47,9 +50,7 @@ BACKENDS: dict[str, Backend] = {
     "local": LocalBackend(),
     "sim": SimBackend(),
     "ssh": SshBackend(),
-    "aws": LauncherBackend("aws"),
-    "gcp": LauncherBackend("gcp"),
-    "azure": LauncherBackend("azure"),
+    **{name: LauncherBackend(provider) for name, provider in CLOUDS.items()},
     "onprem": OnPremBackend(),
     "kuberay": KubeRayBackend(),
     "attach": AttachBackend(),

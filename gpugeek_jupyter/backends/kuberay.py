@@ -12,6 +12,7 @@ import subprocess
 
 import yaml
 
+from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home
@@ -21,12 +22,6 @@ from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
 from .launcher import kubectl_available
 
 IDLE_TIMEOUT_S = 300
-# what each managed Kubernetes calls its spot capacity (node label → value)
-SPOT_SELECTOR = {
-    "aws": ("eks.amazonaws.com/capacityType", "SPOT"),
-    "gcp": ("cloud.google.com/gke-spot", "true"),
-    "azure": ("kubernetes.azure.com/scalesetpriority", "spot"),
-}
 
 
 def ray_version() -> str:
@@ -70,8 +65,8 @@ def _group(t: NodeType) -> dict:
     memory = f"{int(t.mem_gib * 0.9)}Gi" if t.mem_gib else "16Gi"
     resources = {"nvidia.com/gpu": str(t.gpu_count), "cpu": cpus, "memory": memory}
     selector = {"node.kubernetes.io/instance-type": t.instance_type}
-    if t.pricing == "spot" and t.provider in SPOT_SELECTOR:
-        key, value = SPOT_SELECTOR[t.provider]
+    if t.pricing == "spot" and t.provider in CLOUDS:     # its managed Kubernetes' spot label
+        key, value = CLOUDS[t.provider].kubernetes_spot
         selector[key] = value
     return {
         "groupName": t.name,

@@ -18,7 +18,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from ..clouds import CLOUDS, Cloud
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
 from ..errors import GpugeekError
@@ -36,15 +36,6 @@ from ..remote import headguard, runtime, ssh
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
 NODE_IDLE_MINUTES = 5
-# The head runs Ray's control plane, not training: a small CPU machine. The catalog holds GPU
-# offers only, so the head is not priced — status and cost say so.
-ONPREM = "onprem"       # your own machines, through Ray's on-premise node provider
-HEAD_INSTANCE = {"aws": "m5.xlarge", "gcp": "n2-standard-4", "azure": "Standard_D4s_v5"}
-GCP_ACCELERATOR = {  # machine families that take attached GPUs (a2/a3/g2 carry theirs built in)
-    "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
-    "P4": "nvidia-tesla-p4", "K80": "nvidia-tesla-k80",
-}
-GCP_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
 # On the nodes: the setup command makes the runtime (remote/runtime.py: Ray at this kernel's version,
 # in a venv of its own), whose Python (runtime.python_on_host) runs the start commands; `ray up`
 # leaves the autoscaler's config at BOOTSTRAP.
@@ -58,7 +49,8 @@ def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> d
     the cluster's, known once ``up`` has recorded it. The clouds and your own machines
     (``onprem``) differ only in what says which machines there are."""
     head_start, worker_start = start_commands(name, marker or SHOWN_MARKER, spec)
-    machines = _onprem(name, spec, marker) if spec.backend == ONPREM else _cloud(name, spec)
+    provider = rented_from(spec)
+    machines = _cloud(name, spec, provider) if provider else _onprem(name, spec, marker)
     return {
         "cluster_name": machines.pop("cluster_name"),
         "max_workers": machines.pop("max_workers"),
@@ -72,15 +64,17 @@ def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> d
     }
 
 
-def _cloud(name: str, spec: ClusterSpec) -> dict:
+def rented_from(spec: ClusterSpec | None) -> Cloud | None:
+    """The cloud whose machines ``spec`` rents; None: your own machines (Ray's on-premise provider)."""
+    return CLOUDS.get(spec.backend) if spec is not None else None
+
+
+def _cloud(name: str, spec: ClusterSpec, provider: Cloud) -> dict:
     """A cloud's machines: instance types from the offers, the head a small CPU machine."""
-    provider = spec.backend
     workers = {t.name: _worker(provider, t) for t in spec.node_types}
-    head_config = _node_config(provider, HEAD_INSTANCE[provider], None, spot=False)
-    if provider == "aws":       # the head's watchdog ends the head with `shutdown`: that must terminate it
-        head_config["InstanceInitiatedShutdownBehavior"] = "terminate"
+    head_config = provider.head_config(provider.node_config(provider.head_instance, None, spot=False))
     return {"cluster_name": name, "max_workers": sum(t.max_workers for t in spec.node_types),
-            "provider": _provider(provider, spec.node_types[0], name), "auth": _auth(provider),
+            "provider": provider.provider_section(spec.node_types[0], name), "auth": provider.auth(),
             "available_node_types": {"head": {"node_config": head_config, "resources": {}}, **workers},
             "head_node_type": "head"}
 
@@ -109,7 +103,7 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
     order = {"marker": marker, "temp_dir": temp_dir(name), "token_path": f"{node_dir(name)}/auth_token",
              "port": GCS_PORT, "keeper_port": KEEPER_PORT, "timeout": START_TIMEOUT_S, "restart": True}
     python = runtime.python_on_host()     # the runtime the setup command makes
-    if spec is not None and spec.backend == ONPREM:
+    if spec is not None and rented_from(spec) is None:
         # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
         order.update(gpus=spec.remote.get("gpus_per_host"), cpus=spec.remote.get("cpus_per_host"))
         head = {"role": "head", **order, "dashboard": spec.dashboard, "env": HEAD_ENV}
@@ -132,7 +126,7 @@ def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     """Run on every node before its start command: the runtime made there (or found made), by the
     image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI (your own machines:
     ``--pip-index-url``, and what the jobs' storage needs)."""
-    own = spec is not None and spec.backend == ONPREM
+    own = spec is not None and rented_from(spec) is None
     order = runtime.order_for(spec.remote if own else {"pip_index_url": settings().pip_index_url})
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
@@ -141,11 +135,12 @@ def guard_order(record, spec: ClusterSpec) -> dict:
     """The head watchdog's order for a cloud head (its address filled in there), and for the keeper
     it starts (on the usual port: the head is a machine of this cluster's own)."""
     spec.remote.setdefault("keeper_port", KEEPER_PORT)
-    if spec.backend != ONPREM:
+    provider = rented_from(spec)
+    if provider is not None:
         spec.remote.setdefault("pip_index_url", settings().pip_index_url)
     return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
                            temp_dirs={"*": temp_dir(record.name)}, token_path=f"{node_dir(record.name)}/auth_token",
-                           cloud=None if spec.backend == ONPREM else spec.backend)
+                           cloud=provider.name if provider else None)
 
 
 def node_ip_command(name: str) -> str:
@@ -185,64 +180,13 @@ def _tag(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:8]
 
 
-def _worker(provider: str, t: NodeType) -> dict:
+def _worker(provider: Cloud, t: NodeType) -> dict:
     return {
         "min_workers": t.min_workers,
         "max_workers": t.max_workers,
-        "node_config": _node_config(provider, t.instance_type, t, spot=t.pricing == "spot"),
+        "node_config": provider.node_config(t.instance_type, t, spot=t.pricing == "spot"),
         "resources": {"GPU": t.gpu_count, f"accelerator_type:{t.gpu}": 1},
     }
-
-
-def _provider(provider: str, t: NodeType, name: str) -> dict:
-    if provider == "aws":
-        out = {"type": "aws", "region": t.region, "cache_stopped_nodes": False}
-        if t.zone and not re.fullmatch(r"[a-z0-9]+-az\d+", t.zone):  # an AZ *id* differs per account
-            out["availability_zone"] = t.zone
-        return out
-    if provider == "gcp":
-        return {"type": "gcp", "region": t.region, "availability_zone": t.zone or f"{t.region}-a",
-                "project_id": os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")
-                or "YOUR-GCP-PROJECT"}
-    out = {"type": "azure", "location": t.region, "resource_group": f"gpugeek-{name}",
-           "cache_stopped_nodes": False}
-    if os.environ.get("AZURE_SUBSCRIPTION_ID"):
-        out["subscription_id"] = os.environ["AZURE_SUBSCRIPTION_ID"]
-    return out
-
-
-def _auth(provider: str) -> dict:
-    if provider == "azure":
-        return {"ssh_user": "ubuntu", "ssh_private_key": "~/.ssh/id_rsa", "ssh_public_key": "~/.ssh/id_rsa.pub"}
-    return {"ssh_user": "ubuntu"}
-
-
-def _node_config(provider: str, instance: str, t: NodeType | None, *, spot: bool) -> dict:
-    if provider == "aws":
-        config: dict = {"InstanceType": instance}
-        if spot:
-            config["InstanceMarketOptions"] = {"MarketType": "spot"}
-        return config
-    if provider == "gcp":
-        config = {
-            "machineType": instance,
-            "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
-                       "initializeParams": {"diskSizeGb": 100, "sourceImage": GCP_IMAGE}}],
-        }
-        if t is not None:
-            config["scheduling"] = {"onHostMaintenance": "TERMINATE"}
-            if t.gpu in GCP_ACCELERATOR and instance.startswith("n1-"):
-                config["guestAccelerators"] = [{"acceleratorType": GCP_ACCELERATOR[t.gpu],
-                                                "acceleratorCount": t.gpu_count}]
-        if spot:
-            config["scheduling"] = {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
-                                    "onHostMaintenance": "TERMINATE"}
-        return config
-    params: dict = {"vmSize": instance, "imagePublisher": "microsoft-dsvm", "imageOffer": "ubuntu-hpc",
-                    "imageSku": "2204", "imageVersion": "latest"}
-    if spot:
-        params.update(priority="Spot", evictionPolicy="Delete", billingProfile={"maxPrice": -1})
-    return {"azure_arm_parameters": params}
 
 
 def validate(config: dict) -> dict:
@@ -262,48 +206,6 @@ def write(name: str, config: dict) -> Path:
     path = folder / f"{name}-{config['provider']['type']}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-# -- credentials: checked, never read out ---------------------------------------------------------
-
-AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
-           "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
-
-
-def check_credentials(provider: str) -> None:
-    """One clear line when nothing in the provider's standard chain could authenticate ``ray up``,
-    or when the SDK ``ray up`` needs for it is missing. Nothing is read out or printed."""
-    if provider == "aws":
-        files = [Path(p).expanduser() for p in ("~/.aws/credentials", "~/.aws/config")]
-        if not (any(os.environ.get(v) for v in AWS_ENV) or any(f.exists() for f in files)):
-            raise GpugeekError("no AWS credentials found (AWS_* variables, ~/.aws) — run `aws configure` "
-                               "or set AWS_PROFILE")
-    elif provider == "gcp":
-        adc = Path("~/.config/gcloud/application_default_credentials.json").expanduser()
-        if not (os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or adc.exists()):
-            raise GpugeekError("no Google Cloud credentials found — run `gcloud auth application-default "
-                               "login` or set GOOGLE_APPLICATION_CREDENTIALS")
-        if not (os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT")):
-            raise GpugeekError("no Google Cloud project — set GOOGLE_CLOUD_PROJECT")
-    else:
-        profile = Path("~/.azure/azureProfile.json").expanduser()
-        if not (os.environ.get("AZURE_CLIENT_ID") or profile.exists()):
-            raise GpugeekError("no Azure credentials found — run `az login` or set AZURE_CLIENT_ID/"
-                               "AZURE_TENANT_ID/AZURE_CLIENT_SECRET")
-    need = {"aws": "boto3", "gcp": "googleapiclient", "azure": "azure.identity"}[provider]
-    hint = {"aws": "boto3", "gcp": "google-api-python-client",
-            "azure": "azure-identity azure-mgmt-compute azure-mgmt-network azure-mgmt-resource"}[provider]
-    if not _importable(need):
-        raise GpugeekError(f"`ray up` on {provider} needs the {provider} SDK — pip install {hint}")
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 # -- the head, once `ray up` has made it -------------------------------------------------------------

@@ -63,7 +63,7 @@ class OnPremBackend(LauncherBackend):
     is an ssh cluster's too, by process on each host (Ray's on-premise ``ray down`` forgets the
     nodes but leaves their Ray running)."""
 
-    name = launcher.ONPREM
+    name = "onprem"
     launches = watched = tunnelled = your_hosts = True
     confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
     kernel_joins = "line"

@@ -156,7 +156,7 @@ class SimBackend(LocalBackend):
     name = "sim"
     grows = simulated = from_offers = True     # Ray's fake multi-node autoscaler, node types from offers
     local_price = False
-    notices = "sim"             # `%gpugeek preempt NODE --notice S`
+    notices = "kv"              # `%gpugeek preempt NODE --notice S` puts it in the KV store
 
     def show(self, name, spec):
         config = autoscaler_config(name, spec, "127.0.0.1:<port>")
@@ -175,3 +175,13 @@ class SimBackend(LocalBackend):
 
     def scale(self, record, spec, workers):
         return scale(record.name, spec, record.address, record.temp_dir, workers)
+
+    def notes(self, spec):
+        return [cpu_note(spec)]
+
+    def node(self, record, node):
+        return find_node(record.address, node)
+
+    def preempt(self, record, spec, node):
+        return preempt(record.id, record.name, spec, record.address, record.session_id, record.created,
+                       record.marker, record.temp_dir, node)

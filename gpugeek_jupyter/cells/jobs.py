@@ -50,8 +50,7 @@ def _cluster() -> ClusterRecord:
         record = next((r for r in live if capable(r).kernel_joins == "driver"), None)
         if record is None:
             print("no cluster yet: starting the local one (`%gpugeek up` chooses another)", flush=True)
-            up()
-            record = registry.live("local")
+            record = registry.live(up().name)
         else:
             Cluster(record.name).connect()
     return record

@@ -4,5 +4,5 @@ and the board the Jupyter server and the terminal read and stop clusters through
 
 Runs on: the watchdog, the Jupyter server, the ``gpugeek`` terminal command (and a kernel's stop);
 a remote head, ``headwatch`` from the part of the package ``remote/headguard.py`` ships there.
-May import: `backends/`, `remote/`, `cluster/`, `meter/`, the ground floor — never `kernel/`.
+May import: `backends/`, `remote/`, `cluster/`, `meter/`, `clouds/`, the ground floor — never `kernel/`.
 """

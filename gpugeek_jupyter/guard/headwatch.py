@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ..backends.launcher import BOOTSTRAP
+from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
 from ..meter import activity, ledger
@@ -46,18 +47,6 @@ HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per 
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
-
-# how a cloud head ends itself, as each cloud documents it, with the role Ray's launcher gave the
-# head: AWS terminates an instance whose InstanceInitiatedShutdownBehavior is terminate (set by
-# launcher.py) when it shuts down; GCP and Azure stop but keep (and bill) a VM that shuts down, so
-# the head deletes itself through the API with its own service account / managed identity
-SELF_STOP = {
-    "aws": "sudo shutdown -h now",
-    "gcp": ("gcloud compute instances delete \"$(hostname)\" --quiet --zone=\"$(curl -sf -H 'Metadata-Flavor: "
-            "Google' http://metadata.google.internal/computeMetadata/v1/instance/zone | cut -d/ -f4)\""),
-    "azure": ("az login --identity >/dev/null && az vm delete --yes --ids \"$(curl -sf -H Metadata:true "
-              "'http://169.254.169.254/metadata/instance/compute/resourceId?api-version=2021-02-01&format=text')\""),
-}
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -313,8 +302,9 @@ def main(argv: list[str]) -> int:
 def end_cloud_head(cluster_id: int, provider: str) -> None:
     """Terminate this head the documented way, with the role Ray's launcher gave it; a failure is
     in the ledger (the notebook's machine copies it), for the instance may still be billing."""
-    ledger.event(cluster_id, "head-stop", f"ending the head instance: {SELF_STOP[provider]}")
-    done = subprocess.run(["bash", "-c", SELF_STOP[provider]], capture_output=True, text=True, timeout=300)
+    command = CLOUDS[provider].self_stop       # as each cloud documents it (``clouds/``)
+    ledger.event(cluster_id, "head-stop", f"ending the head instance: {command}")
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         ledger.event(cluster_id, "stop-failed", f"the head instance did not end itself ({done.stderr.strip()[-300:]})"
                                                 f" — it may still be running and billing; end it in the console")

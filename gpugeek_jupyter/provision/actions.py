@@ -7,7 +7,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..backends import sim
 from ..backends.interface import BACKENDS, capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
@@ -116,7 +115,7 @@ def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
     if not 0 <= notice <= 600:
         raise GpugeekError(f"--notice {notice:g}: give 0 to 600 seconds (AWS gives 120, GCP and Azure 30)")
     if notice:
-        target = sim.find_node(record.address, node)
+        target = capable(record).node(record, node)
         send_notice(record.address, target.node_id, time.time() + notice)
         ledger.event(record.id, "preemption-notice",
                      f"node {target.node_id[-6:]} ({target.node_type}) goes in {notice:g} s",
@@ -138,8 +137,7 @@ def _preempt_later(record: ClusterRecord, node_id: str) -> None:
 def _preempt_now(name: str, node: str) -> str:
     record = live_cluster(name)
     spec = ClusterSpec.from_json(record.spec)
-    gone, spec = sim.preempt(record.id, record.name, spec, record.address, record.session_id,
-                             record.created, record.marker, record.temp_dir, node)
+    gone, spec = capable(record).preempt(record, spec, node)
     registry.update(record.id, spec=spec.to_json())
     what = ("an on-demand replacement is on its way" if spec.spot_fallback
             else "no fallback: the autoscaler retries spot")

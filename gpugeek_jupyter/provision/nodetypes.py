@@ -9,7 +9,6 @@ import re
 
 import pandas as pd
 
-from ..backends import sim
 from ..backends.interface import capable
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
@@ -49,8 +48,7 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
         raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
     spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
                       spot_fallback=spot_fallback)
-    if can.simulated:
-        spec.notes.append(sim.cpu_note(spec))
+    spec.notes.extend(can.notes(spec))
     return spec
 
 

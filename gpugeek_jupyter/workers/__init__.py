@@ -10,5 +10,5 @@ worker sends back) and judge a cell's ``outcome`` the same way.
 
 Runs on: every Ray worker of a group; the kernel side (`cells/`) reads its types and constants,
 and nothing here imports it: a worker loads none of the kernel's state.
-May import: `launch/`, the ground floor.
+May import: `launch/`, `clouds/` (where a notice is read), the ground floor.
 """

@@ -2,12 +2,9 @@
 checkpoints at once and stops, so the steps it took are all kept and it resumes elsewhere.
 
 Each worker on a node that can be preempted watches for its node's notice on a thread of its own,
-once a second, where the provider documents it:
-
-- AWS: the instance metadata's ``spot/instance-action`` (IMDSv2), two minutes ahead;
-- GCP: the metadata server's ``instance/preempted``, about 30 s ahead;
-- Azure: Scheduled Events, a ``Preempt`` event, at least 30 s ahead;
-- the sim backend: ``%gpugeek preempt NODE --notice S`` puts the deadline in Ray's KV store.
+once a second, where the provider documents it: a cloud's metadata service (each cloud of
+``clouds/`` reads its own: AWS two minutes ahead, GCP and Azure about 30 s), or the cluster's KV
+store, where the rehearsal's ``%gpugeek preempt NODE --notice S`` puts the deadline.
 
 A checkpoint is collective, so the ranks agree at every optimizer step whether any of them has
 a notice (one all-reduce of the latest deadline, only while checkpoints are on); then every rank
@@ -17,17 +14,12 @@ runs it again once the node is gone (``cells/jobs.py``), which does not count as
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
-from datetime import datetime
 
 from ..raynodes import NOTICE_PREFIX
 
 POLL_S = 1.0
-METADATA_TIMEOUT_S = 0.5
 
 
 class Preempted(Exception):
@@ -63,9 +55,15 @@ class NoticeWatch:
             time.sleep(self.poll_s)
 
 
+KV = "kv"       # a backend's ``notices`` for notices in the cluster's KV store
+
+
 def readers() -> dict:
-    """Where each source's notice is read: a backend's ``notices`` names one."""
-    return {"sim": read_sim, "aws": read_aws, "gcp": read_gcp, "azure": read_azure}
+    """Where each source's notice is read: a backend's ``notices`` names one — the cluster's KV
+    store, or a cloud's metadata service (``clouds/``)."""
+    from ..clouds import CLOUDS
+
+    return {KV: read_kv, **{name: provider.read_notice for name, provider in CLOUDS.items()}}
 
 
 def agreed_deadline(mine: float | None, device) -> float | None:
@@ -79,55 +77,12 @@ def agreed_deadline(mine: float | None, device) -> float | None:
     return float(value.item()) or None
 
 
-# -- where each provider says it ----------------------------------------------------------------
+# -- where a notice is read ---------------------------------------------------------------------
 
-def read_sim(node_id: str) -> float | None:
-    """The sim backend's notice, in the cluster's KV store (``raynodes.send_notice``)."""
+def read_kv(node_id: str) -> float | None:
+    """A notice put in the cluster's KV store (``raynodes.send_notice``: the rehearsal's
+    ``%gpugeek preempt NODE --notice S``)."""
     from ..raynodes import get_from_worker
 
     value = get_from_worker(NOTICE_PREFIX + node_id)
     return float(value) if value else None
-
-
-def read_aws(node_id: str = "") -> float | None:
-    """AWS's interruption notice: ``spot/instance-action`` answers 404 until there is one, then
-    {"action": "terminate"|"stop", "time": "2026-11-23T08:22:00Z"} (IMDSv2: a session token first)."""
-    token = _http("PUT", "http://169.254.169.254/latest/api/token",
-                  {"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-    action = _http("GET", "http://169.254.169.254/latest/meta-data/spot/instance-action",
-                   {"X-aws-ec2-metadata-token": token or ""})
-    if not action:
-        return None
-    when = json.loads(action)["time"]
-    return datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
-
-
-def read_gcp(node_id: str = "") -> float | None:
-    """GCP's preemption flag: ``TRUE`` once the VM is being preempted (it has about 30 s)."""
-    flag = _http("GET", "http://metadata.google.internal/computeMetadata/v1/instance/preempted",
-                 {"Metadata-Flavor": "Google"})
-    return time.time() + 30.0 if (flag or "").strip().upper() == "TRUE" else None
-
-
-def read_azure(node_id: str = "") -> float | None:
-    """Azure's Scheduled Events: a ``Preempt`` event's ``NotBefore`` (an RFC 1123 date)."""
-    from email.utils import parsedate_to_datetime
-
-    body = _http("GET", "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01",
-                 {"Metadata": "true"})
-    events = json.loads(body or "{}").get("Events", [])
-    times = [parsedate_to_datetime(e["NotBefore"]).timestamp() if e.get("NotBefore") else time.time() + 30.0
-             for e in events if e.get("EventType") == "Preempt"]
-    return min(times) if times else None
-
-
-def _http(method: str, url: str, headers: dict) -> str | None:
-    """The body, or None for a 404 (no notice yet)."""
-    request = urllib.request.Request(url, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_S) as answer:
-            return answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise

@@ -29,6 +29,7 @@ from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.backends import launcher
+from gpugeek_jupyter.clouds import AWS
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.onhost import script as onhost
@@ -143,7 +144,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
     cloud = LabCloud(lab)
     monkeypatch.setattr(launcher, "ray_cli", cloud.ray_cli)
     monkeypatch.setattr(launcher, "ssh_login", cloud.ssh_login)
-    monkeypatch.setattr(launcher, "check_credentials", lambda provider: None)
+    monkeypatch.setattr(AWS, "check_credentials", lambda: None)
     began = time.monotonic()
     try:
         gg.up("labcloud", backend="aws", gpu="A100", count=8, workers=2, yes=True)

@@ -1,0 +1,54 @@
+"""AWS: EC2 through Ray's launcher; a spot node's notice two minutes ahead (IMDSv2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+from . import base
+
+IMDS = "http://169.254.169.254"
+
+
+class Aws(base.Cloud):
+    name, title = "aws", "AWS"
+    head_instance = "m5.xlarge"
+    kubernetes_spot = ("eks.amazonaws.com/capacityType", "SPOT")
+    notice_ahead = "two minutes (the instance metadata's spot/instance-action)"
+    # an instance whose InstanceInitiatedShutdownBehavior is terminate ends when it shuts down
+    self_stop = "sudo shutdown -h now"
+    sdk = ("boto3", "boto3")
+    credentials = (("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"),
+                   ("~/.aws/credentials", "~/.aws/config"))
+    no_credentials = "no AWS credentials found (AWS_* variables, ~/.aws) — run `aws configure` or set AWS_PROFILE"
+
+    def provider_section(self, node_type, cluster_name):
+        out = {"type": "aws", "region": node_type.region, "cache_stopped_nodes": False}
+        zone = node_type.zone
+        if zone and not re.fullmatch(r"[a-z0-9]+-az\d+", zone):  # an AZ *id* differs per account
+            out["availability_zone"] = zone
+        return out
+
+    def node_config(self, instance, node_type, *, spot):
+        config: dict = {"InstanceType": instance}
+        if spot:
+            config["InstanceMarketOptions"] = {"MarketType": "spot"}
+        return config
+
+    def head_config(self, config):
+        return {**config, "InstanceInitiatedShutdownBehavior": "terminate"}    # for self_stop
+
+    def read_notice(self, node_id=""):
+        """``spot/instance-action`` answers 404 until there is a notice, then {"action":
+        "terminate"|"stop", "time": "2026-11-23T08:22:00Z"} (IMDSv2: a session token first)."""
+        token = base.metadata("PUT", f"{IMDS}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+        action = base.metadata("GET", f"{IMDS}/latest/meta-data/spot/instance-action",
+                               {"X-aws-ec2-metadata-token": token or ""})
+        if not action:
+            return None
+        return datetime.fromisoformat(json.loads(action)["time"].replace("Z", "+00:00")).timestamp()
+
+
+AWS = Aws()

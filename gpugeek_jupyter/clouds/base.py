@@ -1,0 +1,92 @@
+"""What a cloud provider is to us: how Ray's launcher rents its machines, how a spot node there
+hears it is being taken, and how a head there ends itself. One object a provider, as SkyPilot's
+``sky/clouds/<cloud>.py``: the launcher, the workers and the head's watchdog ask it, never its name.
+
+Runs on: the laptop (the launcher's YAML, the credentials), the workers (preemption notices),
+a cloud head (its self-stop). The standard library alone (and ``errors``): every one of those
+has it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..errors import GpugeekError
+
+METADATA_TIMEOUT_S = 0.5
+
+
+class Cloud:
+    """One provider. ``name`` is the catalog's and Ray's provider type; ``head_instance`` a small
+    CPU machine (the head runs Ray's control plane, not training; the catalog holds GPU offers only,
+    so it is not priced); ``notice_ahead`` how long before a spot node goes its notice comes;
+    ``self_stop`` the shell command with which a head ends itself, as the provider documents it."""
+
+    name: str
+    title: str                    # as the provider calls itself
+    head_instance: str
+    kubernetes_spot: tuple[str, str]   # how its managed Kubernetes labels spot nodes (KubeRay's selector)
+    notice_ahead: str
+    self_stop: str
+    sdk: tuple[str, str]          # the module ``ray up`` needs for this provider, and its pip names
+    credentials: tuple[tuple[str, ...], tuple[str, ...]]   # the variables and files its chain reads
+    no_credentials: str           # what to do when none are found
+
+    def provider_section(self, node_type, cluster_name: str) -> dict:
+        """The YAML's ``provider`` section, placed where the first node type's offer is."""
+        raise NotImplementedError
+
+    def auth(self) -> dict:
+        return {"ssh_user": "ubuntu"}
+
+    def node_config(self, instance: str, node_type, *, spot: bool) -> dict:
+        """One node type's ``node_config``; ``node_type`` None: the head."""
+        raise NotImplementedError
+
+    def head_config(self, config: dict) -> dict:
+        """The head's node config, changed where its self-stop needs it."""
+        return config
+
+    def read_notice(self, node_id: str = "") -> float | None:
+        """On a spot node: when it goes (a Unix time), once the provider has said so; else None."""
+        raise NotImplementedError
+
+    def check_credentials(self) -> None:
+        """One clear line when nothing in the provider's standard chain could authenticate
+        ``ray up``, or the SDK it needs is missing. Nothing is read out or printed."""
+        variables, files = self.credentials
+        if not (any(os.environ.get(v) for v in variables) or any(Path(f).expanduser().exists() for f in files)):
+            raise GpugeekError(self.no_credentials)
+        self.check_more()
+        module, pip = self.sdk
+        if not importable(module):
+            raise GpugeekError(f"`ray up` on {self.name} needs the {self.name} SDK — pip install {pip}")
+
+    def check_more(self) -> None:
+        """What else ``ray up`` needs set for this provider."""
+
+    def __repr__(self) -> str:
+        return f"<cloud {self.name}>"
+
+
+def metadata(method: str, url: str, headers: dict) -> str | None:
+    """A metadata service's answer: the body, or None for a 404 (no notice yet)."""
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_S) as answer:
+            return answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False

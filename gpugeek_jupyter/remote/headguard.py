@@ -36,7 +36,7 @@ HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py",
-                "cluster/", "remote/", "backends/", "onhost/__init__.py", "onhost/script.py")
+                "cluster/", "remote/", "backends/", "clouds/", "onhost/__init__.py", "onhost/script.py")
 # What the keeper (keeper/serve.py, started by the head's watchdog) needs besides: the groups and
 # their cells as a kernel holds them, the doctor's probes, the line. Whole rooms; the test runs the
 # keeper from the archive alone too.

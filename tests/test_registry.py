@@ -88,6 +88,34 @@ def test_ledger_prices_lifetimes_jobs_and_spot_savings():
     assert by_job.loc[0, "usd"] == 3.0 * 0.5 + 30.0 * 0.5        # b and c during the job's half hour
 
 
+
+def test_spend_is_one_formula_the_ledger_the_tables_and_the_sidebar_agree():
+    """``ledger.node_usd`` is the one formula of a node's dollars: the ledger's spend, the node
+    table, and the server's summary and detail (status bar, sidebar) agree to the cent, and no
+    other module multiplies a node's rate by its lifetime (a projection — $/day at this rate, an
+    offer's cost for the same work — is not spend)."""
+    import re
+    from pathlib import Path
+
+    from gpugeek_jupyter.guard import board
+
+    record = registry.create("one", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
+    prices = {"a100x8-spot": NodePrice("o", "spot", 3.0, 30.0)}
+    t0 = 1_000_000.0
+    ledger.sync_nodes(record.id, [_node("a", t0), _node("b", t0 + 60)], prices)
+    ledger.end_node(record.id, "a", t0 + 1234, "preempted")
+    now = t0 + 4321
+    spent = ledger.spend(record.id, now)
+    assert spent > 0
+    assert ledger.nodes_frame(record.id, now)["usd"].sum() == spent
+    assert board._money([record.id], now)[record.id]["spent_usd"] == spent
+    assert sum(r["usd"] for r in board.detail("one", now)["node_rows"]) == spent
+    package = Path(ledger.__file__).resolve().parent.parent
+    elsewhere = [f"{p.relative_to(package)}:{i}" for p in sorted(package.rglob("*.py")) if p.name != "ledger.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1)
+                 if "usd_per_hour" in line and "*" in line and re.search(r"ended|started|3600|\[\"hours\"\]", line)]
+    assert not elsewhere, f"a node's dollars computed outside meter/ledger.py: {elsewhere}"
+
 def test_overlapping_jobs_share_the_cluster_cost():
     record = registry.create("j", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
     t0 = 2_000_000.0

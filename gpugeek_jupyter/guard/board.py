@@ -19,6 +19,7 @@ from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..config import BUDGET_WARN_AT
 from ..errors import GpugeekError
+from ..meter import ledger
 from ..units import clock
 from ..vocab import ClusterPhase
 from . import lifecycle
@@ -28,16 +29,16 @@ UTILISATION_WINDOW_S = 60   # the detail view's "recent" utilisation
 
 # open nodes count up to now — or, on a stopped cluster, to its stop: its dollars never grow after;
 # nor do a remote cluster's past the moment this machine last heard from it (lifecycle.counted_until)
-_SPEND = """
+_UNTIL = ("COALESCE(c.stopped, CASE WHEN c.heard IS NOT NULL AND c.backend IN ({remote}) AND c.heard < ?"
+          " THEN c.heard ELSE ? END)")
+_SPEND = f"""
 SELECT n.cluster_id,
-       SUM(n.usd_per_hour * MAX(0.0, COALESCE(n.ended, c.stopped,
-           CASE WHEN c.heard IS NOT NULL AND c.backend IN ({remote}) AND c.heard < ? THEN c.heard ELSE ? END)
-           - n.started)) / 3600.0 AS spent_usd,
+       SUM({ledger.node_usd(_UNTIL, "n.")}) AS spent_usd,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.usd_per_hour ELSE 0 END) AS usd_per_hour,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN 1 ELSE 0 END) AS nodes,
        SUM(CASE WHEN n.ended IS NULL AND c.stopped IS NULL THEN n.gpus ELSE 0 END) AS gpus
 FROM nodes n JOIN clusters c ON c.id = n.cluster_id
-WHERE n.cluster_id IN ({ids}) GROUP BY n.cluster_id
+WHERE n.cluster_id IN ({{ids}}) GROUP BY n.cluster_id
 """
 
 
@@ -104,9 +105,9 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
         {"node": r["node_id"], "type": r["node_type"], "gpus": r["gpus"], "pricing": r["pricing"],
          "usd_per_hour": r["usd_per_hour"], "alive": r["ended"] is None,
          "up_s": max(0.0, (r["ended"] or until) - r["started"]),
-         "usd": r["usd_per_hour"] * max(0.0, (r["ended"] or until) - r["started"]) / 3600.0}
-        for r in store.query("SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id",
-                             (record.id,))]
+         "usd": r["usd"]}
+        for r in store.query(f"SELECT *, {ledger.node_usd()} AS usd FROM nodes WHERE cluster_id=?"
+                             " ORDER BY started, node_id", (until, record.id))]
     # SQLite takes the bare columns from the row holding MAX(at): the latest sample per device
     out["utilisation"] = [
         {"node": r["node_id"], "gpu": None if r["device"] == "host" else int(r["device"][3:]),

@@ -26,9 +26,21 @@ from ..vocab import UNPRICED, CostGrouping, NodePrice
 if TYPE_CHECKING:  # pandas loads with the first table: the watchdog and the server need none
     import pandas as pd
 
+
+
+def node_hours(until: str = "?", table: str = "") -> str:
+    """SQL: a node's hours, an open one counting up to ``until`` (an SQL expression)."""
+    return f"MAX(0.0, COALESCE({table}ended, {until}) - {table}started) / 3600.0"
+
+
+def node_usd(until: str = "?", table: str = "") -> str:
+    """SQL: a node's dollars so far — the one formula of spend: Σ of it over a cluster's nodes is
+    what the ledger, the events, the status bar, the sidebar, ``status`` and the tables show."""
+    return f"{table}usd_per_hour * {node_hours(until, table)}"
+
+
 # a cluster's $ so far (the time open nodes count up to, the cluster): ``spend``, and each event's $
-_SPEND = ("SELECT COALESCE(SUM(usd_per_hour * MAX(0.0, COALESCE(ended, ?) - started)), 0) / 3600.0"
-          " FROM nodes WHERE cluster_id=?")
+_SPEND = f"SELECT COALESCE(SUM({node_usd()}), 0) FROM nodes WHERE cluster_id=?"
 
 
 def sync_nodes(cluster_id: int, nodes: Iterable[RayNode], prices: Mapping[str, NodePrice]) -> int:
@@ -302,14 +314,14 @@ def nodes_frame(cluster_id: int, now: float | None = None) -> pd.DataFrame:
 
     now = time.time() if now is None else now
     rows = [dict(r) for r in store.query(
-        "SELECT * FROM nodes WHERE cluster_id=? ORDER BY started, node_id", (cluster_id,))]
+        f"SELECT *, {node_hours()} AS hours, {node_usd()} AS usd FROM nodes WHERE cluster_id=?"
+        " ORDER BY started, node_id", (now, now, cluster_id))]
     frame = pd.DataFrame(rows, columns=[
         "cluster_id", "node_id", "node_type", "offer_id", "pricing", "usd_per_hour",
-        "on_demand_usd_per_hour", "gpus", "started", "ended", "end_reason"])
-    until = frame["ended"].fillna(now).astype(float)
+        "on_demand_usd_per_hour", "gpus", "started", "ended", "end_reason", "hours", "usd"])
     frame["alive"] = frame["ended"].isna()
-    frame["hours"] = (until - frame["started"].astype(float)).clip(lower=0) / 3600.0
-    frame["usd"] = frame["hours"] * frame["usd_per_hour"].astype(float)
+    frame["hours"] = frame["hours"].astype(float)
+    frame["usd"] = frame["usd"].astype(float)
     on_demand = frame["on_demand_usd_per_hour"].astype(float).fillna(frame["usd_per_hour"].astype(float))
     frame["on_demand_usd"] = frame["hours"] * on_demand
     frame["spot_saved_usd"] = (frame["on_demand_usd"] - frame["usd"]).where(frame["pricing"] == "spot", 0.0)

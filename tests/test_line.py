@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from multiprocessing.connection import wait
 
 import pytest
 
@@ -83,12 +84,37 @@ def test_a_line_broken_while_the_group_was_idle_is_dropped_before_the_next_cell(
         assert board.accept({1, 2}, timeout=20) == set()
         assert board.send(1, 1, pickle.dumps("late "), None)       # its answer is never read
         assert child.wait(timeout=20) == 0
-        time.sleep(0.5)
+        assert wait([board.lines[2]], 10), "the ended rank's line did not close"
         assert board.sweep() == {2}
         assert sorted(board.lines) == [1]
         assert not board.send(2, 2, pickle.dumps("cell 2 "), None)
         assert board.send(1, 2, pickle.dumps("cell 2 "), None)
         assert board.receive({1}, 2, timeout=10) == [(1, {"ok": True, "output": "cell 2 ", "samples": []})]
+    finally:
+        child.kill()
+        child.wait()
+        board.close()
+
+
+def test_a_line_that_died_unseen_is_told_from_a_rank_that_died_with_the_cell():
+    """A rank says each cell has arrived before it runs it. A line that broke before that (it had
+    died unseen, as a cut past the keepalive leaves it on one end only) is ``UNREACHED``: the rank
+    never had the cell and may live — rank 0 sends it by actor call. One that breaks after is a
+    rank that died with the cell (None)."""
+    board = line.Switchboard("127.0.0.1")
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, time
+        from gpugeek_jupyter.workers import line
+        line.serve({board.address!r}, {board.key!r}, 1, lambda call, pushed: {{}})
+        time.sleep(2)
+        os._exit(0)
+        """)])
+    try:
+        assert board.accept({1}, timeout=20) == set()
+        assert child.wait(timeout=20) == 0
+        assert board.send(1, 1, pickle.dumps("pass"), None), "a first write to a line closed at the other end"
+        assert board.receive({1}, 1, timeout=10) == [(1, line.UNREACHED)]
+        assert board.lines == {}, "the broken line was kept"
     finally:
         child.kill()
         child.wait()

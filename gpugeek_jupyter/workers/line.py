@@ -11,7 +11,9 @@ A rank whose line cannot be made gets its cells by actor call.
 A process that dies closes its end at once; TCP keepalive notices a host gone silent within
 about 11 s. A line that broke while the group was idle (a host cut off for a few seconds) is
 dropped before the next cell, whose rank is then reached by actor call: Ray's health checks ride
-out a cut the keepalive does not. Interrupts and drains still go by actor call: the line's thread
+out a cut the keepalive does not. A line that died unseen on rank 0's end breaks as the next cell
+is sent; a rank says each cell has arrived before it runs it, so one whose line broke before is
+known not to have it, and gets it by actor call too. Interrupts and drains still go by actor call: the line's thread
 is busy with the cell.
 """
 
@@ -28,6 +30,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 
 ACCEPT_TIMEOUT_S = 10.0
+ARRIVED = "arrived"         # what a rank answers first: the cell reached it (then its result)
+UNREACHED = "unreached"     # a line that broke before the cell reached the rank
 HANDSHAKE_TIMEOUT_S = 5.0
 KEEPALIVE = (5, 2, 3)       # idle seconds, seconds between probes, probes
 
@@ -85,6 +89,7 @@ class Switchboard:
         self._server: socket.socket | None = socket.create_server((ip, 0))
         self.address = (ip, self._server.getsockname()[1])
         self.lines: dict[int, Connection] = {}
+        self._reached: dict[int, int] = {}     # rank → the latest cell it said had arrived
 
     def accept(self, ranks: set[int], timeout: float = ACCEPT_TIMEOUT_S) -> set[int]:
         """Take the ranks' connections (strangers are turned away); close the listening socket.
@@ -139,21 +144,35 @@ class Switchboard:
             self.lines.pop(rank).close()
             return False
 
-    def receive(self, ranks: set[int], cell_id: int, timeout: float | None) -> list[tuple[int, dict | None]]:
-        """The answers of ``ranks`` that came within ``timeout``: (rank, result), or (rank, None)
-        for a rank whose line broke (its process died, its host went silent)."""
+    def receive(self, ranks: set[int], cell_id: int, timeout: float | None) -> list[tuple[int, dict | str | None]]:
+        """The answers of ``ranks`` that came within ``timeout``: (rank, result); (rank, None) for
+        a rank whose line broke once the cell had reached it (its process died, its host went
+        silent); (rank, ``UNREACHED``) for one whose line broke before — a line that had died
+        unseen (a cut past the keepalive, on the other end only): the rank may well live. A
+        broken line is dropped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         by_conn = {self.lines[rank]: rank for rank in ranks}
-        out = []
-        for conn in wait(list(by_conn), timeout):
-            rank = by_conn[conn]
-            try:
-                answered, result = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                out.append((rank, None))
-                continue
-            if answered == cell_id:         # an earlier cell's late answer is dropped
-                out.append((rank, result))
-        return out
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out = []
+            for conn in wait(list(by_conn), left):
+                rank = by_conn.pop(conn)
+                try:
+                    answered, result = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    out.append((rank, None if self._reached.get(rank) == cell_id else UNREACHED))
+                    self.lines.pop(rank).close()
+                    continue
+                by_conn[conn] = rank
+                if answered != cell_id:         # an earlier cell's late answer is dropped
+                    continue
+                if result == ARRIVED:
+                    self._reached[rank] = cell_id
+                else:
+                    del by_conn[conn]
+                    out.append((rank, result))
+            if out or left == 0 or not by_conn:
+                return out
 
     def close(self) -> None:
         for conn in self.lines.values():
@@ -173,6 +192,7 @@ def serve(address: tuple[str, int], key: bytes, rank: int, execute: Callable[[by
         while True:
             try:
                 cell_id, call, pushed = pickle.loads(conn.recv_bytes())
+                conn.send_bytes(pickle.dumps((cell_id, ARRIVED)))
             except (EOFError, OSError):      # rank 0 is gone, or the group is stopped
                 return
             result = execute(call, pushed)

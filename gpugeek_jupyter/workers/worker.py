@@ -339,6 +339,8 @@ class Worker:
                         del lined[rank]
                         if result is None:
                             outcome.died(rank, ended)
+                        elif result == line.UNREACHED:     # its line had died unseen: the rank may live
+                            called[self._peers[rank - 1].execute.remote(theirs, *extra)] = rank
                         else:
                             outcome.judge(rank, result, ended)
                 if called:

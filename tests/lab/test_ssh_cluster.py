@@ -262,7 +262,7 @@ def test_a_host_cut_off_between_two_cells_past_the_lines_keepalive_the_next_cell
     cut = lab.hosts[2]
     lab.cut_off(cut)
     try:
-        time.sleep(15)
+        time.sleep(15)      # the cut: past the line's keepalive (~11 s), within Ray's health checks
     finally:
         lab.reconnect(cut)
     capsys.readouterr()

@@ -15,10 +15,6 @@ from .azure import AZURE
 from .base import Cloud
 from .gcp import GCP
 
-__all__ = ["CLOUDS", "Cloud", "cloud"]
+__all__ = ["CLOUDS", "Cloud"]
 
 CLOUDS: dict[str, Cloud] = {c.name: c for c in (AWS, GCP, AZURE)}
-
-
-def cloud(name: str) -> Cloud:
-    return CLOUDS[name]

@@ -12,10 +12,9 @@ IMDS = "http://169.254.169.254"
 
 
 class Aws(base.Cloud):
-    name, title = "aws", "AWS"
+    name = "aws"
     head_instance = "m5.xlarge"
     kubernetes_spot = ("eks.amazonaws.com/capacityType", "SPOT")
-    notice_ahead = "two minutes (the instance metadata's spot/instance-action)"
     # an instance whose InstanceInitiatedShutdownBehavior is terminate ends when it shuts down
     self_stop = "sudo shutdown -h now"
     sdk = ("boto3", "boto3")

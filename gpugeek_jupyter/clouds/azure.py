@@ -13,10 +13,9 @@ IMDS = "http://169.254.169.254/metadata"
 
 
 class Azure(base.Cloud):
-    name, title = "azure", "Azure"
+    name = "azure"
     head_instance = "Standard_D4s_v5"
     kubernetes_spot = ("kubernetes.azure.com/scalesetpriority", "spot")
-    notice_ahead = "at least 30 s (Scheduled Events, a Preempt event)"
     # a VM that shuts down is stopped but kept (and billed): the head deletes itself with its
     # managed identity
     self_stop = ("az login --identity >/dev/null && az vm delete --yes --ids \"$(curl -sf -H Metadata:true "

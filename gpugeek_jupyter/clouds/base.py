@@ -23,14 +23,12 @@ METADATA_TIMEOUT_S = 0.5
 class Cloud:
     """One provider. ``name`` is the catalog's and Ray's provider type; ``head_instance`` a small
     CPU machine (the head runs Ray's control plane, not training; the catalog holds GPU offers only,
-    so it is not priced); ``notice_ahead`` how long before a spot node goes its notice comes;
-    ``self_stop`` the shell command with which a head ends itself, as the provider documents it."""
+    so it is not priced); ``self_stop`` the shell command with which a head ends itself, as the
+    provider documents it."""
 
     name: str
-    title: str                    # as the provider calls itself
     head_instance: str
     kubernetes_spot: tuple[str, str]   # how its managed Kubernetes labels spot nodes (KubeRay's selector)
-    notice_ahead: str
     self_stop: str
     sdk: tuple[str, str]          # the module ``ray up`` needs for this provider, and its pip names
     credentials: tuple[tuple[str, ...], tuple[str, ...]]   # the variables and files its chain reads

@@ -21,10 +21,9 @@ def project() -> str | None:
 
 
 class Gcp(base.Cloud):
-    name, title = "gcp", "Google Cloud"
+    name = "gcp"
     head_instance = "n2-standard-4"
     kubernetes_spot = ("cloud.google.com/gke-spot", "true")
-    notice_ahead = "about 30 s (the metadata server's instance/preempted)"
     # a VM that shuts down is stopped but kept (and billed): the head deletes itself with its
     # own service account
     self_stop = ("gcloud compute instances delete \"$(hostname)\" --quiet --zone=\"$(curl -sf -H 'Metadata-Flavor: "

@@ -116,6 +116,19 @@ def test_spend_is_one_formula_the_ledger_the_tables_and_the_sidebar_agree():
                  if "usd_per_hour" in line and "*" in line and re.search(r"ended|started|3600|\[\"hours\"\]", line)]
     assert not elsewhere, f"a node's dollars computed outside meter/ledger.py: {elsewhere}"
 
+def test_what_a_running_cluster_learns_is_merged_into_its_spec_keeping_another_writers_keys():
+    """A reopened tunnel's line (the watchdog's process) goes in beside what the kernel wrote of
+    the rest of the spec after both read it: neither write loses the other's key."""
+    record = registry.create("merge", "ssh", {"remote": {"hosts": ["root@10.0.0.1"]}}, simulated=False,
+                             budget_usd=None, idle_minutes=None)
+    read_by_kernel = registry.get(record.id).spec
+    registry.update(record.id, spec={**read_by_kernel, "remote": {**read_by_kernel["remote"], "guard_pid": 7}})
+    registry.update(record.id, session_id=42, remote={"line_address": "127.0.0.1:5000"})
+    got = registry.get(record.id)
+    assert got.spec["remote"] == {"hosts": ["root@10.0.0.1"], "guard_pid": 7, "line_address": "127.0.0.1:5000"}
+    assert got.session_id == 42
+
+
 def test_overlapping_jobs_share_the_cluster_cost():
     record = registry.create("j", "sim", {}, simulated=True, budget_usd=None, idle_minutes=None)
     t0 = 2_000_000.0

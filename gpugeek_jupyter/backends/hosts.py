@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
@@ -47,7 +47,11 @@ def prepare(spec: ClusterSpec) -> None:
 def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     """Ray on the head, then at once: Ray on every other host, the tunnel and the head's watchdog
     (neither needs the workers). ``spec.remote`` gains what a stop needs — recorded before
-    anything starts, so a failure half-way can be cleaned up."""
+    anything starts, so a failure half-way can be cleaned up.
+
+    This thread alone changes the spec: the tunnel's and the watchdog's threads only read it and
+    hand back what they learned. It is written when what a stop needs is known, and again only
+    when a start fails half-way (``up`` writes the started cluster once, with its address)."""
     remote = spec.remote
     hosts = targets(spec)
     if not remote.get("ips"):
@@ -56,47 +60,46 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
     remote.update(
         temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
         token_path=f"~/.gpugeek/clusters/{tag}/auth_token",
-        gcs_port=GCS_PORT, keeper_port=KEEPER_PORT)
-    remote["head_ip"] = remote["ips"][0]
+        gcs_port=GCS_PORT, keeper_port=KEEPER_PORT, head_ip=remote["ips"][0])
     registry.update(record.id, spec=spec.to_json())
     token = token_text()
-
-    def ray_start(i: int, role: str) -> dict:
-        return _ray_start(record, spec, i, role, token)
-
-    def tunnel_to_head() -> tunnel.Tunnel:
-        opened = tunnel.open_tunnel(record, spec)
-        remote["line_address"] = opened.line
-        registry.update(record.id, address=opened.gcs, session_id=opened.pid, pids=[opened.pid],
-                        spec=spec.to_json())
-        return opened
-
-    head = ray_start(0, "head")     # on other ports when the usual ones are taken there
+    head = _ray_start(record, spec, 0, "head", token)     # on other ports when the usual ones are taken there
     remote.update(gcs_port=head["port"], keeper_port=head["keeper_port"])
-    registry.update(record.id, spec=spec.to_json())
+    failed: BaseException | None = None
     with ThreadPoolExecutor(2) as pool:
-        beside = [pool.submit(tunnel_to_head), pool.submit(guard_head, record, spec)]
+        opening, guarding = pool.submit(tunnel.open_tunnel, record, spec), pool.submit(guard_head, record, spec)
         try:
             if len(hosts) > 1:
-                ssh.on_hosts(list(range(1, len(hosts))), ray_start, "worker")
-        finally:
-            results = [done.exception() or done.result() for done in beside]   # both ended, either way
-            registry.update(record.id, spec=spec.to_json())   # what both threads added to the spec
-    for failed in (r for r in results if isinstance(r, BaseException)):
+                ssh.on_hosts(list(range(1, len(hosts))), lambda i: _ray_start(record, spec, i, "worker", token))
+        except BaseException as exc:  # noqa: BLE001 - raised below, once both threads have ended
+            failed = exc
+        wait([opening, guarding])
+    opened, guarded = (done.exception() or done.result() for done in (opening, guarding))
+    if isinstance(opened, tunnel.Tunnel):
+        remote["line_address"] = opened.line
+    if isinstance(guarded, dict):
+        remote.update(guarded)
+    failed = failed or next((r for r in (opened, guarded) if isinstance(r, BaseException)), None)
+    if failed is not None:      # what a stop of the rest needs: the tunnel's process, the watchdog's pid
+        tunnelled = {"address": opened.gcs, "session_id": opened.pid, "pids": [opened.pid]} if (
+            isinstance(opened, tunnel.Tunnel)) else {}
+        registry.update(record.id, spec=spec.to_json(), **tunnelled)
         raise failed
-    return results[0]
+    return opened
 
 
-def guard_head(record: ClusterRecord, spec: ClusterSpec) -> None:
+def guard_head(record: ClusterRecord, spec: ClusterSpec) -> dict | None:
     """The watchdog on the head too, so that the budget cap and idle stop hold without this
-    machine; a cluster whose head could not start it is still watched from here, and says so."""
+    machine; where it keeps its state and its pid, for the spec. A cluster whose head could not
+    start it is still watched from here, and says so (None)."""
     try:
-        headguard.start(record, spec, settings().meter_interval_s)
+        return headguard.start(record, spec, settings().meter_interval_s)
     except GpugeekError as exc:
         said = (f"the head's watchdog did not start ({exc}): the budget cap and idle stop hold only while "
                 f"this machine's watchdog runs")
         ledger.event(record.id, "guard", said)
         print(f"warning: {said}", flush=True)
+        return None
 
 
 def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, token: str) -> dict:

@@ -86,13 +86,22 @@ def create(name: str, backend: str, spec: dict, *, simulated: bool, budget_usd: 
     return get(cluster_id)
 
 
-def update(cluster_id: int, **fields) -> None:
+def update(cluster_id: int, *, remote: dict | None = None, **fields) -> None:
+    """Set columns of the cluster's row. ``remote``: keys merged into the stored spec's ``remote``
+    in the same transaction — what a running cluster learns later (a reopened tunnel's line), so
+    that a write from another process of the rest of the spec is kept."""
     for key in ("spec", "pids"):
         if key in fields:
             fields[key] = json.dumps(fields[key])
-    columns = ", ".join(f"{key}=?" for key in fields)
     with store.transaction() as db:
-        db.execute(f"UPDATE clusters SET {columns} WHERE id=?", (*fields.values(), cluster_id))
+        if remote:
+            row = db.execute("SELECT spec FROM clusters WHERE id=?", (cluster_id,)).fetchone()
+            spec = json.loads(fields.get("spec") or row[0])
+            spec["remote"] = {**(spec.get("remote") or {}), **remote}
+            fields["spec"] = json.dumps(spec)
+        if fields:
+            columns = ", ".join(f"{key}=?" for key in fields)
+            db.execute(f"UPDATE clusters SET {columns} WHERE id=?", (*fields.values(), cluster_id))
 
 
 def heard_from(cluster_id: int, at: float, guard: dict | None = None) -> None:

@@ -80,9 +80,7 @@ def overview(now: float | None = None) -> dict:
         "SELECT * FROM (SELECT * FROM clusters WHERE stopped IS NULL ORDER BY id)"
         " UNION ALL SELECT * FROM (SELECT * FROM clusters WHERE stopped IS NOT NULL"
         " ORDER BY stopped DESC LIMIT ?)", (STOPPED_SHOWN,))
-    records = [registry.from_row(r) for r in rows]
-    money = _money([r.id for r in records], now)
-    clusters = [_cluster(r, money.get(r.id), now) for r in records]
+    clusters = models([registry.from_row(r) for r in rows], now)
     live = [c for c in clusters if c["live"]]
     return {
         "clusters": clusters,
@@ -99,7 +97,7 @@ def detail(name: str, now: float | None = None, cluster_id: int | None = None) -
     with its nodes, the latest utilisation per node and device, and its recent events."""
     now = time.time() if now is None else now
     record = _find(name, cluster_id)
-    out = _cluster(record, _money([record.id], now).get(record.id), now)
+    out = model(record, now)
     until = lifecycle.counted_until(record, record.stopped or now)
     out["node_rows"] = [
         {"node": r["node_id"], "type": r["node_type"], "gpus": r["gpus"], "pricing": r["pricing"],
@@ -135,9 +133,7 @@ def every_run(name: str | None = None, now: float | None = None) -> list[dict]:
                        (name,) if name else ())
     if name and not rows:
         raise NotFound(_unknown(name))
-    records = [registry.from_row(r) for r in rows]
-    money = _money([r.id for r in records], now)
-    return [_cluster(r, money.get(r.id), now) for r in records]
+    return models([registry.from_row(r) for r in rows], now)
 
 
 def events(name: str | None = None, since: float | None = None) -> list[dict]:
@@ -241,8 +237,19 @@ def _money(ids: list[int], now: float) -> dict[int, dict]:
     return {r["cluster_id"]: dict(r) for r in store.query(sql, (now - lifecycle.HEARD_WINDOW_S, now, *ids))}
 
 
-def _cluster(record: ClusterRecord, money: dict | None, now: float) -> dict:
-    money = money or {}
+def models(records: list[ClusterRecord], now: float | None = None) -> list[dict]:
+    """Each cluster's model (``model``), their dollars read in one query."""
+    now = time.time() if now is None else now
+    money = _money([r.id for r in records], now)
+    return [model(r, now, money.get(r.id, {})) for r in records]
+
+
+def model(record: ClusterRecord, now: float | None = None, money: dict | None = None) -> dict:
+    """The one model of a cluster, as plain data: what the status bar, the sidebar, the server's
+    JSON, the ``gpugeek`` command, ``status`` and ``clusters()`` all show. ``money``: its row of
+    the spend query when the caller read many at once."""
+    now = time.time() if now is None else now
+    money = _money([record.id], now).get(record.id, {}) if money is None else money
     spent = float(money.get("spent_usd") or 0.0)
     budget = record.budget_usd
     phase = lifecycle.phase_of(record)
@@ -269,6 +276,8 @@ def _cluster(record: ClusterRecord, money: dict | None, now: float) -> dict:
         "budget_used": spent / budget if budget else None,
         "budget_warn_at": BUDGET_WARN_AT,
         "idle_minutes": record.idle_minutes,
+        "idle_since": record.idle_since if record.live else None,   # the watchdog's idle clock (None: busy)
+        "idle_why": record.idle_why if record.live else None,       # what that clock rests on
         "orphan": state.orphan,
         "watchdog_gone": state.watchdog_gone,
         "watchdog_pid": record.watchdog_pid,

@@ -14,9 +14,9 @@ import pandas as pd
 
 from .. import display
 from ..cluster import registry
-from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
-from ..guard.lifecycle import catch_up, counted_until, state_of, sync_ledger
+from ..guard import board
+from ..guard.lifecycle import catch_up, counted_until, sync_ledger
 from ..kernel.session import any_cluster
 from ..meter import ledger
 from ..units import duration
@@ -101,6 +101,7 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         sync_ledger(record)
         record = registry.get(record.id)      # as the sync left it (the head's word, a stop it made)
     now = time.time()
+    seen = board.model(record, now)
     frame = ledger.nodes_frame(record.id, counted_until(record, now))
     alive = frame[frame["alive"]]
     nodes = pd.DataFrame({
@@ -108,40 +109,21 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         "pricing": alive["pricing"], "usd_per_hour": alive["usd_per_hour"],
         "up_for": [duration(now - s) for s in alive["started"]],
     })
-    state = state_of(record)
     return ClusterStatus(
-        name=record.name, backend=record.backend, phase=state.phase,
-        state=state.describe(record.name, now, spent_then=float(frame["usd"].sum())
-                             if state.unheard_since is not None else None), address=record.address,
-        simulated=record.simulated, nodes=nodes.reset_index(drop=True),
-        spend_usd=float(frame["usd"].sum()), burn_usd_per_hour=float(alive["usd_per_hour"].sum()),
-        budget_usd=record.budget_usd, idle_minutes=record.idle_minutes,
-        idle_for_s=_idle_for(record) if record.live else None,
-        idle_why=record.idle_why if record.live else None, guarded_by=state.guarded_by(now, record.heard),
+        name=seen["name"], backend=seen["backend"], phase=ClusterPhase(seen["state"]), state=seen["status"],
+        address=seen["address"], simulated=seen["simulated"], nodes=nodes.reset_index(drop=True),
+        spend_usd=seen["spent_usd"], burn_usd_per_hour=seen["usd_per_hour"], budget_usd=seen["budget_usd"],
+        idle_minutes=seen["idle_minutes"], idle_for_s=now - seen["idle_since"] if seen["idle_since"] else None,
+        idle_why=seen["idle_why"], guarded_by=seen["guarded_by"],
         events=ledger.events(record.id), notes=list(ClusterSpec.from_json(record.spec).notes),
     )
 
 
-def _idle_for(record: ClusterRecord) -> float | None:
-    """Seconds idle as the watchdog last saw it (None while busy or unwatched)."""
-    return time.time() - record.idle_since if record.idle_since else None
-
-
 def clusters() -> pd.DataFrame:
     """Every cluster this machine has run, newest last; live ones say if they are orphans."""
-    rows = []
-    now = time.time()
-    for record in registry.all_records():
-        frame = ledger.nodes_frame(record.id, counted_until(record, now))
-        state = state_of(record, registry.attached_kernels(record.id) if record.live else [])
-        rows.append({
-            "name": record.name, "backend": record.backend, "phase": state.phase.value,
-            "state": state.describe(record.name, now, spent_then=float(frame["usd"].sum())
-                                    if state.unheard_since is not None else None),
-            "nodes": int(frame["alive"].sum()), "gpus": float(frame.loc[frame["alive"], "gpus"].sum()),
-            "spent_usd": float(frame["usd"].sum()), "simulated": record.simulated,
-            "budget_usd": record.budget_usd, "created": pd.Timestamp(record.created, unit="s"),
-            "orphan": state.orphan,
-        })
+    rows = [{"name": c["name"], "backend": c["backend"], "phase": c["state"], "state": c["status"],
+             "nodes": c["nodes"], "gpus": c["gpus"], "spent_usd": c["spent_usd"], "simulated": c["simulated"],
+             "budget_usd": c["budget_usd"], "created": pd.Timestamp(c["created"], unit="s"), "orphan": c["orphan"]}
+            for c in board.every_run()]
     return pd.DataFrame(rows, columns=["name", "backend", "phase", "state", "nodes", "gpus", "spent_usd",
                                        "simulated", "budget_usd", "created", "orphan"])

@@ -110,9 +110,10 @@ def _on_head(remote: dict, command: str, *args: str, **kwargs) -> dict:
     return ssh.on_host(head, remote.get("ssh_key"), python, command, *args, **kwargs)
 
 
-def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> int:
-    """Start an ssh cluster's head watchdog over SSH (this package travels in the script); its
-    pid there. (A cloud head starts its own: ``launcher.start_commands``.)"""
+def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> dict:
+    """Start an ssh cluster's head watchdog over SSH (this package travels in the script); where
+    it keeps its state and its pid there, for the spec's ``remote`` (the caller records them).
+    (A cloud head starts its own: ``launcher.start_commands``.)"""
     remote = spec.remote
     told = order(record, spec, interval, ip=remote["head_ip"], gcs_port=remote["gcs_port"],
                  temp_dirs=dict(zip(remote["ips"], remote["temp_dirs"], strict=True)), token_path=remote["token_path"])
@@ -120,9 +121,7 @@ def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> int:
                       timeout=60)
     if not answer.get("ok"):
         raise GpugeekError(f"{remote['hosts'][0]}: the head's watchdog did not start ({answer.get('error')})")
-    remote.update(guard_home=told["home"], guard_pid=answer["pid"])
-    registry.update(record.id, spec=spec.to_json())
-    return answer["pid"]
+    return {"guard_home": told["home"], "guard_pid": answer["pid"]}
 
 
 def heartbeat(record: ClusterRecord, timeout: float = 2.0) -> dict | None:

@@ -83,8 +83,7 @@ def _ensure(record: ClusterRecord) -> ClusterRecord:
     if record.address and spec.remote.get("line_address"):
         wanted = (int(record.address.rpartition(":")[2]), int(spec.remote["line_address"].rpartition(":")[2]))
     tunnel = open_tunnel(record, spec, wanted)
-    spec.remote["line_address"] = tunnel.line
-    registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, spec=spec.to_json())
+    registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, remote={"line_address": tunnel.line})
     if record.session_id:            # whoever found it dropped (a kernel's line, the watchdog) says so
         ledger.event(record.id, "tunnel", f"the SSH tunnel to the head had dropped; reopened it on the same ports "
                                           f"({tunnel.gcs})" if wanted and tunnel.gcs == record.address else

@@ -8,9 +8,11 @@ machine image (a Python with torch, no Ray); h3 is bare (Debian's python3 only).
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 from importlib import metadata
 
@@ -64,14 +66,27 @@ def test_an_index_that_cannot_be_reached_is_one_line(lab, gpugeek_home):
     assert not bare.file(f"/root/.gpugeek/runtime/ray-{RAY}/runtime.json").exists()
 
 
-def test_up_from_nothing_makes_each_hosts_runtime_then_finds_it_made(lab, gpugeek_home, capsys):
+def test_up_from_nothing_makes_each_hosts_runtime_then_finds_it_made(lab, gpugeek_home, capsys, monkeypatch):
     """Install time per host, first and repeat; a cell on the three hosts; and, with no
-    ``--storage``, a checkpoint's default place (each host's own disk) refused before any step."""
+    ``--storage``, a checkpoint's default place (each host's own disk) refused before any step.
+    The cluster's record is written by ``up``'s own thread alone, once per change of state (the
+    tunnel and the head's watchdog start in threads of their own)."""
+    writes, write = [], registry.update
+
+    def observed(cluster_id, **fields):
+        write(cluster_id, **fields)
+        if "spec" in fields or fields.get("remote"):
+            writes.append((threading.get_ident(), json.dumps(registry.get(cluster_id).spec, sort_keys=True)))
+
+    monkeypatch.setattr(registry, "update", observed)
     began = time.monotonic()
     gg.up("fresh", backend="ssh", hosts=_names(lab.hosts), ssh_key=str(lab.key), cpus_per_host=1,
           usd_per_hour=1.0, pip_index_url=lab.index_url)
     took = time.monotonic() - began
     said = capsys.readouterr().out
+    assert {thread for thread, _ in writes} == {threading.get_ident()}, "another thread wrote the spec"
+    assert all(a != b for (_, a), (_, b) in zip(writes, writes[1:])), "the spec was written with nothing changed"
+    assert len(writes) == 2, f"the spec was written {len(writes)} times: once before Ray starts, once started"
     try:
         made = {h.name: float(re.search(rf"root@{re.escape(h.address)}: ready in ([0-9.]+) s", said)[1])
                 for h in lab.hosts}
@@ -143,6 +158,9 @@ def test_without_uv_venv_and_pip_make_the_runtime(lab, gpugeek_home, monkeypatch
     python = answer["python"]
     took = time.monotonic() - began
     said = capsys.readouterr().out
+    assert {thread for thread, _ in writes} == {threading.get_ident()}, "another thread wrote the spec"
+    assert all(a != b for (_, a), (_, b) in zip(writes, writes[1:])), "the spec was written with nothing changed"
+    assert len(writes) == 2, f"the spec was written {len(writes)} times: once before Ray starts, once started"
     assert "with venv and pip (torch: the host's own 2.13.0+cpu)" in said, said
     assert python == f"/root/.gpugeek/runtime-pip/ray-{RAY}/bin/python"
     answer = lab.ssh(host, f"{python} -c 'import ray, torch; print(ray.__version__, torch.__version__)'")

@@ -10,7 +10,8 @@ API (or ``%load_ext``) registers the widgets that the API's results show as.
 from __future__ import annotations
 
 API = ("Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
-       "attach", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan", "preempt",
+       "attach", "backend_features", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan",
+       "preempt",
        "price_performance", "reset", "run", "scale", "status", "torchrun", "up", "update_catalog")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 

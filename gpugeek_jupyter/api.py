@@ -12,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import display
+from .backends.interface import BACKENDS, Feature, LaunchConfig
 from .backends.interface import REHEARSE as REHEARSE  # the picker's: an offer rehearsed here
-from .backends.interface import LaunchConfig
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers
@@ -41,7 +41,8 @@ from .vocab import CostGrouping
 
 __all__ = [
     "Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
-    "attach", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan", "preempt",
+    "attach", "backend_features", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan",
+    "preempt",
     "price_performance",
     "reset", "run", "scale", "status", "up", "update_catalog",
 ]
@@ -50,6 +51,14 @@ __all__ = [
 @functools.wraps(find_offers)
 def offers(*args, **kwargs) -> pd.DataFrame:
     return mark(find_offers(*args, **kwargs))
+
+
+def backend_features() -> pd.DataFrame:
+    """What each backend (``up --backend``) can do: for each feature not every one has, "yes", or
+    why not and what to do instead (what ``up`` and the other commands answer when asked)."""
+    return pd.DataFrame.from_dict(
+        {name: {feature.value: impl.cannot.get(feature, "yes") for feature in Feature}
+         for name, impl in BACKENDS.items()}, orient="index").rename_axis("backend")
 
 
 @functools.wraps(_provision)

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpugeek_jupyter.backends.interface import BACKENDS, Backend, capabilities
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.backends.interface import BACKENDS, Backend, Feature, capabilities
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.errors import GpugeekError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpugeek_jupyter"
 NAMES = set(BACKENDS) | {"attach"}
@@ -90,7 +93,29 @@ def test_each_backend_says_each_thing_it_can_do(name):
     assert backend.kernel_joins in ("driver", "line", None)
     if backend.kernel_joins == "client":      # a kernel's Ray Client goes through the tunnel's port
         assert backend.tunnelled
-    assert bool(backend.no_limits_because) == (not backend.watched), "say why --budget and --idle cannot hold"
+    # each feature it lacks is said with why (``Backend.cannot``), exactly where its capabilities say so
+    assert (Feature.LIMITS in backend.cannot) == (not backend.watched), "say why --budget and --idle cannot hold"
+    assert (Feature.DASHBOARD in backend.cannot) == (not backend.dashboard)
+    assert (Feature.PREEMPT in backend.cannot) == (not backend.simulated)
+    assert (Feature.SCALE in backend.cannot) == (type(backend).scale is Backend.scale)
+    for feature, why in backend.cannot.items():
+        assert why and "\n" not in why and not why.endswith("."), f"{name} {feature.value}: {why!r}"
+
+
+def test_a_feature_a_backend_lacks_is_refused_in_one_line_with_its_reason(gpugeek_home):
+    """Asked through ``up`` and the backend itself, before anything is recorded or started."""
+    with pytest.raises(GpugeekError) as limits:
+        gg.up("k8s", backend="kuberay", gpu="A100", budget=5.0, dry_run=True)
+    assert str(limits.value).startswith("--budget and --idle: not enforced on KubeRay yet"), limits.value
+    with pytest.raises(GpugeekError) as dashboard:
+        gg.up("web", backend="ssh", hosts="root@127.0.0.1", usd_per_hour=1.0, dashboard=True, dry_run=True)
+    assert str(dashboard.value) == f"--dashboard: {BACKENDS['ssh'].cannot[Feature.DASHBOARD]}"
+    with pytest.raises(GpugeekError, match=r"^scale: the local backend is this one machine — `up --backend sim`"):
+        BACKENDS["local"].scale(None, None, 2)
+    with pytest.raises(GpugeekError, match=r"^preempt: a cloud preempts its spot nodes for real; `preempt` "
+                                           r"rehearses losing a spot node, on a sim cluster only"):
+        BACKENDS["aws"].node(None, "abc")
+    assert registry.all_records() == []
 
 
 def _named_literals(path: Path, names: set[str]) -> list[str]:
@@ -132,3 +157,13 @@ def test_code_outside_the_backends_reaches_them_through_the_registry_alone():
                 reached = {target} | {f"{target}.{a.name}" for a in node.names}
                 found += [f"{rel}:{node.lineno}: {m}" for m in sorted(reached & own)]
     assert not found, "a backend's module imported outside backends/ (ask backends.interface):\n" + "\n".join(found)
+
+
+def test_the_backends_table_says_for_each_feature_yes_or_why_not():
+    """``%gpugeek backends``: what ``up`` and the other commands would answer, before asking them."""
+    table = gg.backend_features()
+    assert list(table.index) == list(BACKENDS) and list(table.columns) == [f.value for f in Feature]
+    for name, impl in BACKENDS.items():
+        for feature in Feature:
+            assert table.loc[name, feature.value] == impl.cannot.get(feature, "yes")
+    assert table.loc["sim", "preempt"] == "yes" and table.loc["local", "scale"].startswith("the local backend is")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from ..raynodes import read_nodes
-from .base import CLIENT_SCHEME, READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .base import CLIENT_SCHEME, READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 
 class AttachBackend(Backend):
@@ -13,8 +15,13 @@ class AttachBackend(Backend):
     confirm = runs_here = tunnelled = simulated = from_offers = your_hosts = local_price = dashboard = False
     kernel_joins = "driver"     # or a Ray Client at a ray:// address
     notices = provider = None
-    no_limits_because = ("stop a cluster, and an attached cluster is not ours to stop — start one with "
-                         "--backend local/sim/aws/… instead")
+    cannot = MappingProxyType({
+        Feature.LIMITS: "they stop a cluster, and an attached cluster is not ours to stop — start one with "
+                        "--backend local/sim/aws/… instead",
+        Feature.DASHBOARD: "an attached cluster's dashboard is whatever its owner started",
+        Feature.SCALE: "an attached cluster is its owner's to size",
+        Feature.PREEMPT: REHEARSAL_ONLY,
+    })
 
     def show(self, name, spec):
         return LaunchConfig(self.name, "attach only: nothing is started", None, "", {})

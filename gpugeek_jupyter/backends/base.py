@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -15,6 +17,20 @@ from ..raynodes import RayNode, read_nodes
 
 READY_TIMEOUT_S = 180
 CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
+
+
+class Feature(str, Enum):
+    """What a user may ask of a cluster that not every backend does. A backend lacking one says
+    why, and what to do instead, in ``Backend.cannot`` — as SkyPilot's clouds declare their
+    unsupported features with reasons — and ``Backend.check`` refuses it in one line."""
+
+    LIMITS = "--budget and --idle"
+    DASHBOARD = "--dashboard"
+    SCALE = "scale"
+    PREEMPT = "preempt"
+
+
+REHEARSAL_ONLY = "rehearses losing a spot node, on a sim cluster only (`up --backend sim`)"
 
 
 @dataclass
@@ -65,7 +81,13 @@ class Backend:
     local_price: bool       # it costs what config.toml says this machine costs (local_usd_per_hour)
     provider: str | None    # the cloud that rents you its machines and bills for them (None: no cloud)
     dashboard: bool         # --dashboard starts Ray's dashboard on its head
-    no_limits_because = ""  # why --budget and --idle are refused on one that is not watched
+    cannot = MappingProxyType({})   # each Feature it lacks: why, and what to do instead
+
+    def check(self, *wanted: Feature) -> None:
+        """One line for the first of ``wanted`` this backend cannot do, saying why."""
+        for feature in wanted:
+            if feature in self.cannot:
+                raise GpugeekError(f"{feature.value}: {self.cannot[feature]}")
 
     def show(self, name: str, spec: ClusterSpec) -> LaunchConfig:
         raise NotImplementedError
@@ -96,7 +118,8 @@ class Backend:
         raise NotImplementedError
 
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
-        raise GpugeekError(f"the {self.name} backend cannot scale — it is one machine")
+        self.check(Feature.SCALE)
+        raise NotImplementedError
 
     def notes(self, spec: ClusterSpec) -> list[str]:
         """What a user should know of ``spec`` on this backend, said with its config."""
@@ -104,8 +127,10 @@ class Backend:
 
     def node(self, record: ClusterRecord, node: str) -> RayNode:
         """A live worker node by (part of) its id, to rehearse a preemption on."""
-        raise GpugeekError("preempt rehearses losing a spot node, on a rehearsal (sim) cluster only")
+        self.check(Feature.PREEMPT)
+        raise NotImplementedError
 
     def preempt(self, record: ClusterRecord, spec: ClusterSpec, node: str) -> tuple[RayNode, ClusterSpec]:
         """Take a node away as a spot preemption does; returns it and the spec as it is after."""
-        raise GpugeekError("preempt rehearses losing a spot node, on a rehearsal (sim) cluster only")
+        self.check(Feature.PREEMPT)
+        raise NotImplementedError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
@@ -14,7 +15,7 @@ from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..remote import ssh, tunnel
 from . import hosts, launcher
-from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 
 class LauncherBackend(Backend):
@@ -25,6 +26,11 @@ class LauncherBackend(Backend):
     grows = True                # up to --max-workers, by Ray's autoscaler
     runs_here = simulated = your_hosts = local_price = dashboard = False
     kernel_joins = "line"
+    cannot = MappingProxyType({
+        Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "
+                           "writes the config)",
+        Feature.PREEMPT: "a cloud preempts its spot nodes for real; `preempt` " + REHEARSAL_ONLY,
+    })
 
     def __init__(self, provider: Cloud):
         self.cloud = provider

@@ -13,6 +13,7 @@ import hashlib
 import ipaddress
 import json
 from concurrent.futures import ThreadPoolExecutor, wait
+from types import MappingProxyType
 
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
@@ -22,7 +23,7 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import HEAD_ENV, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh, tunnel
-from .base import Backend, LaunchConfig, Started
+from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 GCS_PORT = 6379
 KEEPER_PORT = 10002     # the keeper's line, on the head's loopback (another where that one is held)
@@ -182,6 +183,11 @@ class SshBackend(Backend):
     confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
     kernel_joins = "line"
     notices = provider = None
+    cannot = MappingProxyType({
+        Feature.DASHBOARD: "an ssh cluster's head starts no dashboard: your hosts open no port the cluster does "
+                           "not need",
+        Feature.PREEMPT: "your own machines are not spot nodes; `preempt` " + REHEARSAL_ONLY,
+    })
 
     def show(self, name, spec):
         remote = spec.remote

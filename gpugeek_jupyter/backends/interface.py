@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..clouds import CLOUDS
 from .attach import AttachBackend
-from .base import CLIENT_SCHEME, READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .base import CLIENT_SCHEME, READY_TIMEOUT_S, Backend, Feature, LaunchConfig, Started
 from .clouds import LauncherBackend
 from .hosts import SshBackend
 from .kuberay import KubeRayBackend
@@ -39,6 +39,7 @@ __all__ = [
     "READY_TIMEOUT_S",
     "REHEARSE",
     "Backend",
+    "Feature",
     "LaunchConfig",
     "Started",
     "capabilities",

@@ -9,6 +9,7 @@ min and max replicas. Applied with ``kubectl`` only when the user says ``--yes``
 from __future__ import annotations
 
 import subprocess
+from types import MappingProxyType
 
 import yaml
 
@@ -18,7 +19,7 @@ from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import NODE_ENV
-from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .launcher import kubectl_available
 
 IDLE_TIMEOUT_S = 300
@@ -91,8 +92,14 @@ class KubeRayBackend(Backend):
     launches = confirm = from_offers = True
     grows = True                # KubeRay's autoscaler
     watched = False             # no route to meter its head yet
-    no_limits_because = ("are not enforced on KubeRay yet (no route to meter its head) — use the autoscaler's "
-                         "idle timeout in the manifest, or a cloud backend")
+    cannot = MappingProxyType({
+        Feature.LIMITS: "not enforced on KubeRay yet (no route to meter its head) — use the autoscaler's idle "
+                        "timeout in the manifest, or a cloud backend",
+        Feature.DASHBOARD: "KubeRay runs the head's dashboard — `kubectl port-forward svc/NAME-head-svc 8265`",
+        Feature.SCALE: "KubeRay's autoscaler sizes the cluster — change the RayCluster's workerGroupSpecs "
+                       "(`kubectl edit raycluster NAME`)",
+        Feature.PREEMPT: REHEARSAL_ONLY,
+    })
     runs_here = tunnelled = simulated = your_hosts = local_price = dashboard = False
     kernel_joins = None         # a kernel records itself attached, no more
     notices = provider = None

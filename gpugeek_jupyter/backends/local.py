@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from .. import ports
 from ..cluster import processes
 from ..errors import GpugeekError
 from ..raynodes import HEAD_ENV, use_token_auth
-from .base import Backend, LaunchConfig, Started
+from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120
@@ -133,6 +134,10 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
 class LocalBackend(Backend):
     name = "local"
     launches = watched = runs_here = local_price = dashboard = True
+    cannot = MappingProxyType({
+        Feature.SCALE: "the local backend is this one machine — `up --backend sim` rehearses a cluster that scales",
+        Feature.PREEMPT: REHEARSAL_ONLY,
+    })
     confirm = grows = tunnelled = simulated = from_offers = your_hosts = False
     kernel_joins = "driver"
     notices = provider = None

@@ -4,6 +4,7 @@ path's YAML (``launcher.py``) with the hosts in its provider section."""
 from __future__ import annotations
 
 import shutil
+from types import MappingProxyType
 
 import yaml
 
@@ -12,7 +13,7 @@ from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..remote import ssh, tunnel
 from . import hosts, launcher
-from .base import READY_TIMEOUT_S, Backend, LaunchConfig, Started
+from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .clouds import LauncherBackend
 
 UP_TIMEOUT_S = 900     # `ray up` makes the head's runtime (minutes on a bare host) and starts Ray
@@ -68,6 +69,11 @@ class OnPremBackend(LauncherBackend):
     confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
     kernel_joins = "line"
     notices = provider = None
+    cannot = MappingProxyType({
+        Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "
+                           "writes the config)",
+        Feature.PREEMPT: "your own machines are not spot nodes; `preempt` " + REHEARSAL_ONLY,
+    })
 
     def __init__(self):
         """No cloud to name: the launcher's YAML and log are all it takes from ``LauncherBackend``."""

@@ -13,6 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 import psutil
 
@@ -157,6 +158,7 @@ class SimBackend(LocalBackend):
     grows = simulated = from_offers = True     # Ray's fake multi-node autoscaler, node types from offers
     local_price = False
     notices = "kv"              # `%gpugeek preempt NODE --notice S` puts it in the KV store
+    cannot = MappingProxyType({})
 
     def show(self, name, spec):
         config = autoscaler_config(name, spec, "127.0.0.1:<port>")

@@ -224,6 +224,14 @@ def clusters(self: GpugeekMagics, line: str):
 
 @subcommand
 @magic_arguments()
+def backends(self: GpugeekMagics, line: str):
+    """What each --backend can do: for each feature, yes, or why not and what to do instead."""
+    parse_argstring(backends, line)
+    return api.backend_features()
+
+
+@subcommand
+@magic_arguments()
 @cluster_name
 @argument("--by", default="node", type=choice(CostGrouping, "--by"), metavar="|".join(CostGrouping.values()))
 def cost(self: GpugeekMagics, line: str):

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..backends.interface import BACKENDS, capable
+from ..backends.interface import BACKENDS, Feature, capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -110,8 +110,7 @@ def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
     warning first, as the clouds give (the workers checkpoint and stop: ``workers/notice.py``).
     The call returns at once; the node goes when the notice runs out."""
     record = live_cluster(name)
-    if not capable(record).simulated:
-        raise GpugeekError("preempt rehearses losing a spot node, on the sim backend only")
+    capable(record).check(Feature.PREEMPT)
     if not 0 <= notice <= 600:
         raise GpugeekError(f"--notice {notice:g}: give 0 to 600 seconds (AWS gives 120, GCP and Azure 30)")
     if notice:

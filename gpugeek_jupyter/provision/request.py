@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..backends.interface import ATTACH, BACKENDS, DEFAULT, capable
+from ..backends.interface import ATTACH, BACKENDS, DEFAULT, Feature, capable
 from ..catalog.offers import load_catalog
 from ..cluster.registry import NAME
 from ..cluster.spec import ClusterSpec
@@ -107,11 +107,8 @@ def spec_of(request: UpRequest) -> ClusterSpec:
     ssh_only = request.given(*SSH_FLAGS) + (["--no-install"] if not request.install else [])
     if not can.your_hosts and ssh_only:
         raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")
-    if request.dashboard and not can.dashboard:
-        raise GpugeekError(f"--dashboard starts Ray's dashboard on a {_those('dashboard')} head; a {request.backend} "
-                           f"head's dashboard is reached with `ray dashboard <its config>`")
-    if not can.watched and (request.budget or request.idle):
-        raise GpugeekError(f"--budget and --idle {can.no_limits_because}")
+    can.check(*([Feature.DASHBOARD] if request.dashboard else []),
+              *([Feature.LIMITS] if request.budget or request.idle else []))
     spec = _ssh(request) if can.your_hosts else _from_offers(request)
     spec.dashboard = bool(request.dashboard)
     return spec

@@ -68,7 +68,7 @@ lint: $(VENV)/.installed-test
 # when they end), beside the rest of the main suite. Much of each stream's time is waiting — idle
 # windows, budgets, SSH, page loads — so on two cores they overlap (MAKE_TEST_SERIAL=1: one after
 # another, as `test-fast` and friends always run).
-test: lint $(VENV)/.installed-test chromium sshd prometheus lab-files
+test: test-setup lint chromium sshd prometheus lab-files
 	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
@@ -81,6 +81,26 @@ test: lint $(VENV)/.installed-test chromium sshd prometheus lab-files
 	fi; \
 	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
 	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
+
+# What the suites need, made at once: the Debian packages (one apt-get run for all that are
+# missing) beside the venv, the extension build and the package's install.
+.PHONY: test-setup system-packages
+test-setup:
+	@$(MAKE) --no-print-directory -j2 system-packages $(VENV)/.installed-test
+
+# chromium, openssh-server and rsync, prometheus: the ones missing, in one apt-get run (as root;
+# elsewhere the chromium, sshd and prometheus targets below say what to do)
+system-packages:
+	@missing=""; \
+	[ -x "$(CHROMIUM)" ] || missing="$$missing chromium"; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v rsync >/dev/null 2>&1 || missing="$$missing rsync"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing$$missing (apt)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	fi
 
 test-fast: $(VENV)/.installed-test
 	$(PYTEST_MAIN) -m "not slow"

@@ -64,16 +64,17 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once: the multi-host lab (tests/lab) then the browser suite, into artifacts/test-*.log (printed
-# when they end), beside the rest of the main suite. Much of each stream's time is waiting — idle
-# windows, budgets, SSH, page loads — so on two cores they overlap (MAKE_TEST_SERIAL=1: one after
-# another, as `test-fast` and friends always run).
-test: test-setup lint chromium sshd prometheus lab-files
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
+# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite.
+# Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
+# they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
+test: test-setup lint chromium sshd prometheus
 	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
-	  $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
+	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
 	else \
-	  ( $(PYTEST_LAB) > artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc; \
+	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
+	    echo $$? > artifacts/test-lab.rc; \
 	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
 	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \

@@ -54,15 +54,20 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
         kernel.send_signal(signal.SIGKILL)       # mid-job: the kernel is gone, its job is not
         kernel.wait(10)
         record = registry.live("held")
-        listed = new_kernel("import gpugeek_jupyter as gg\nprint(gg.jobs('held').to_json(orient='records'))",
-                            gpugeek_home)
+        # another kernel lists the job, then (one process, one connection: not a new one per look)
+        # sees it finish
+        listed = new_kernel(
+            "import json, time\nimport gpugeek_jupyter as gg\n"
+            "def row():\n    return json.loads(gg.jobs('held').to_json(orient='records'))[0]\n"
+            "print(json.dumps(first := row()), flush=True)\ndeadline = time.monotonic() + 60\n"
+            "while (last := row())['state'] != 'finished' and time.monotonic() < deadline:\n"
+            "    time.sleep(0.5)\n"
+            "print(json.dumps(last))", gpugeek_home)
         assert listed.returncode == 0, listed.stderr[-3000:]
-        row = json.loads(listed.stdout.strip().splitlines()[-1])[0]
+        row, last = (json.loads(line) for line in listed.stdout.strip().splitlines()[-2:])
         # running, unless a busy machine took longer to start the new kernel than the job had left
         assert row["name"] == "held" and row["state"] in ("running", "finished"), row
-        wait_until(lambda: json.loads(new_kernel(
-            "import gpugeek_jupyter as gg\nprint(gg.jobs('held').to_json(orient='records'))",
-            gpugeek_home).stdout.strip().splitlines()[-1])[0]["state"] == "finished", 60, "the job to finish")
+        assert last["state"] == "finished", last
         attached = new_kernel(
             "import gpugeek_jupyter as gg\nfrom gpugeek_jupyter.cells import attach\nseen = []\n"
             "class Monitor:\n    def __init__(self, **job): pass\n"

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from .. import ports
 from ..cluster import processes
 from ..errors import GpugeekError
+from ..onhost.script import HEAD_START
 from ..raynodes import HEAD_ENV, use_token_auth
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
@@ -65,12 +66,11 @@ def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | 
     was taken before Ray could bind it. ``port_chosen(port)`` hears the GCS port before
     each try (the sim backend's autoscaler config names it)."""
     for attempt in range(1, START_TRIES + 1):
-        port, client_port, dashboard_port = ports.free_ports(3)   # three at once: never one twice
+        port, dashboard_port = ports.free_ports(2)   # both at once: never one twice
         if port_chosen is not None:
             port_chosen(port)
         try:
-            return _start_head(temp_dir, marker, port=port, client_port=client_port,
-                               dashboard_port=dashboard_port, **kwargs)
+            return _start_head(temp_dir, marker, port=port, dashboard_port=dashboard_port, **kwargs)
         except _PortTaken as exc:
             if attempt == START_TRIES:
                 raise GpugeekError(str(exc)) from None
@@ -84,14 +84,14 @@ def start_head(temp_dir: str, marker: str, port_chosen: Callable[[int], None] | 
 
 def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_gpus: int | None = None,
                 autoscaling_config: Path | None = None, env: dict[str, str] | None = None,
-                port: int, client_port: int, dashboard_port: int, dashboard: bool = False) -> Head:
+                port: int, dashboard_port: int, dashboard: bool = False) -> Head:
     """``dashboard``: Ray's dashboard on ``dashboard_port`` of 127.0.0.1 (token-protected like the
-    rest)."""
+    rest). No Ray Client server (``HEAD_START``, as on a remote head): a kernel here joins as a
+    driver, so it would be a process of ~100 MB and an open port that nothing uses."""
     dashboard_port = dashboard_port if dashboard else None
     cmd = [
-        sys.executable, "-c", "from ray.scripts.scripts import main; main()",
-        "start", "--head", f"--node-ip-address={HOST}", f"--port={port}",
-        f"--ray-client-server-port={client_port}", "--dashboard-agent-listen-port=0",
+        sys.executable, "-c", HEAD_START,
+        "start", "--head", f"--node-ip-address={HOST}", f"--port={port}", "--dashboard-agent-listen-port=0",
         "--disable-usage-stats", f"--temp-dir={temp_dir}",
     ]
     if dashboard_port:

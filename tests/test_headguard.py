@@ -199,7 +199,7 @@ def test_the_heads_heartbeat_follows_only_a_look_that_saw_the_cluster(gpugeek_ho
     """A head watchdog that fails every look must not pass for alive (the laptop's watchdog stops
     enforcing while the heartbeat is fresh): no heartbeat after a failed look, one after a good one;
     after 3 failed looks its failing state is written for the readers."""
-    from gpugeek_jupyter.guard import headwatch, health
+    from gpugeek_jupyter.guard import clusterjobs, headwatch, health
     from gpugeek_jupyter.guard.watchdog import run
 
     now = time.time()
@@ -209,6 +209,8 @@ def test_the_heads_heartbeat_follows_only_a_look_that_saw_the_cluster(gpugeek_ho
     beats, failing = [], {"on": True}
     monkeypatch.setattr(headwatch, "kv_get", lambda *a, **k: None)
     monkeypatch.setattr(headwatch, "kv_put", lambda gcs, key, value, **k: beats.append(key))
+    # no jobs in a KV store: nothing listens at 127.0.0.1:1, and Ray's client would wait ~40 s to say so
+    monkeypatch.setattr(clusterjobs, "kv_all", lambda *args, **kwargs: {})
 
     def nodes(*args, **kwargs):
         if failing["on"]:

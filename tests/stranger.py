@@ -28,7 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 JOIN_TIMEOUT_S = 45
-PARALLEL = 3           # tries at once: each is a Python process that loads Ray (on a machine of 2 cores)
+PARALLEL = 6           # tries at once: each a Python process that loads Ray, then mostly waits on its bounds
 RAN = "STRANGER-RAN"
 # a driver off the cluster's nodes gets this far only once the GCS has answered it (the session's
 # raylet socket is the next thing it looks for, on its own machine): the GCS gave out its session
@@ -120,7 +120,9 @@ def main(argv: list[str]) -> None:
     patience = float(argv[argv.index("--patience") + 1]) if "--patience" in argv else JOIN_TIMEOUT_S
     address, ports = argv[0], [int(p) for p in argv[1:argv.index("--touch")]]
 
-    found = {port: {"tcp": tcp(address, port), "http": http(address, port)} for port in ports}
+    with ThreadPoolExecutor(max_workers=len(ports) or 1) as pool:     # each port's GETs wait on their own
+        found = dict(zip(ports, pool.map(lambda port: {"tcp": tcp(address, port), "http": http(address, port)},
+                                         ports), strict=True))
     tries = [(port, how) for port in ports for how in ("driver", "client")
              if speaks_grpc_or_unknown(found[port]["http"])]
     for port in ports:

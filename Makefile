@@ -26,10 +26,6 @@ export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
-# main-suite modules that run after the browser suite, in its stream (make test): minutes of kernels
-# waiting on their jobs, which the main stream need not wait for
-BESIDE := tests/test_notebooks.py tests/test_attach.py
-PYTEST_BESIDE := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider $(BESIDE)
 
 .PHONY: lab labextension lint test test-fast test-browser chromium sshd prometheus bench clean
 
@@ -67,28 +63,22 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
-# Lint first; then every suite runs, and `make test` fails if any of them does. Three streams run
-# at once: the main suite; the multi-host lab (tests/lab); and the browser suite, then the main
-# suite's $(BESIDE). The lab's files (lab-files, below) are made first for the last two, which build
-# labs of their own (apart: each on a free subnet). Their logs go to artifacts/test-*.log, printed
-# when they end. Much of each stream's time is waiting — idle windows, budgets, SSH, page loads —
-# so on two cores they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends
-# always run).
+# Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
+# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite.
+# Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
+# they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-*.log artifacts/test-*.rc; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
 	else \
-	  ( if $(MAKE) --no-print-directory lab-files > artifacts/test-lab-files.log 2>&1; then \
-	      ( $(PYTEST_LAB) > artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc ) & \
-	      ( $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
-	        $(PYTEST_BESIDE) > artifacts/test-beside.log 2>&1; echo $$? > artifacts/test-beside.rc ) & \
-	      wait; \
-	    else cat artifacts/test-lab-files.log; for s in lab browser beside; do echo 1 > artifacts/test-$$s.rc; done; fi ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab $(addprefix --ignore=,$(BESIDE)); main=$$?; wait; \
-	  for s in lab browser beside; do echo "== tests: $$s"; cat artifacts/test-$$s.log 2>/dev/null; done; \
+	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
+	    echo $$? > artifacts/test-lab.rc; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
+	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
-	  beside=$$(cat artifacts/test-beside.rc); test $$beside -eq 0 || main=$$beside; \
 	fi; \
 	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
 	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0

@@ -12,7 +12,7 @@ class AttachBackend(Backend):
     name = "attach"
     launches = watched = False  # someone else's cluster: theirs to size and stop
     grows = True                # … and it may have an autoscaler
-    confirm = runs_here = tunnelled = simulated = from_offers = your_hosts = local_price = dashboard = False
+    confirm = runs_here = tunnelled = simulated = from_offers = your_hosts = local_price = False
     kernel_joins = "driver"     # or a Ray Client at a ray:// address
     notices = provider = None
     cannot = MappingProxyType({

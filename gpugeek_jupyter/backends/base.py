@@ -80,8 +80,12 @@ class Backend:
     your_hosts: bool        # its machines are the --hosts you name, Ray on each in a runtime we make there
     local_price: bool       # it costs what config.toml says this machine costs (local_usd_per_hour)
     provider: str | None    # the cloud that rents you its machines and bills for them (None: no cloud)
-    dashboard: bool         # --dashboard starts Ray's dashboard on its head
     cannot = MappingProxyType({})   # each Feature it lacks: why, and what to do instead
+
+    @property
+    def dashboard(self) -> bool:
+        """--dashboard starts Ray's dashboard on its head: what ``cannot`` does not refuse."""
+        return Feature.DASHBOARD not in self.cannot
 
     def check(self, *wanted: Feature) -> None:
         """One line for the first of ``wanted`` this backend cannot do, saying why."""

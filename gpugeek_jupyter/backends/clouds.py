@@ -24,7 +24,7 @@ class LauncherBackend(Backend):
 
     launches = confirm = watched = tunnelled = from_offers = True
     grows = True                # up to --max-workers, by Ray's autoscaler
-    runs_here = simulated = your_hosts = local_price = dashboard = False
+    runs_here = simulated = your_hosts = local_price = False
     kernel_joins = "line"
     cannot = MappingProxyType({
         Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "

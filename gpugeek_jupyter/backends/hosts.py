@@ -180,7 +180,7 @@ class SshBackend(Backend):
 
     name = "ssh"
     launches = watched = tunnelled = your_hosts = True
-    confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
+    confirm = grows = runs_here = simulated = from_offers = local_price = False
     kernel_joins = "line"
     notices = provider = None
     cannot = MappingProxyType({

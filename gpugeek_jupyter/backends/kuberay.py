@@ -100,7 +100,7 @@ class KubeRayBackend(Backend):
                        "(`kubectl edit raycluster NAME`)",
         Feature.PREEMPT: REHEARSAL_ONLY,
     })
-    runs_here = tunnelled = simulated = your_hosts = local_price = dashboard = False
+    runs_here = tunnelled = simulated = your_hosts = local_price = False
     kernel_joins = None         # a kernel records itself attached, no more
     notices = provider = None
 

@@ -133,7 +133,7 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
 
 class LocalBackend(Backend):
     name = "local"
-    launches = watched = runs_here = local_price = dashboard = True
+    launches = watched = runs_here = local_price = True
     cannot = MappingProxyType({
         Feature.SCALE: "the local backend is this one machine — `up --backend sim` rehearses a cluster that scales",
         Feature.PREEMPT: REHEARSAL_ONLY,

@@ -66,7 +66,7 @@ class OnPremBackend(LauncherBackend):
 
     name = "onprem"
     launches = watched = tunnelled = your_hosts = True
-    confirm = grows = runs_here = simulated = from_offers = local_price = dashboard = False
+    confirm = grows = runs_here = simulated = from_offers = local_price = False
     kernel_joins = "line"
     notices = provider = None
     cannot = MappingProxyType({

@@ -87,7 +87,7 @@ def _start_head(temp_dir: str, marker: str, *, num_cpus: int | None = None, num_
                 port: int, dashboard_port: int, dashboard: bool = False) -> Head:
     """``dashboard``: Ray's dashboard on ``dashboard_port`` of 127.0.0.1 (token-protected like the
     rest). No Ray Client server (``HEAD_START``, as on a remote head): a kernel here joins as a
-    driver, so it would be a process of ~100 MB and an open port that nothing uses."""
+    driver, so it would be a Python process and an open port that nothing uses."""
     dashboard_port = dashboard_port if dashboard else None
     cmd = [
         sys.executable, "-c", HEAD_START,

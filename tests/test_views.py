@@ -64,6 +64,18 @@ def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(
         assert np.all(np.diff(group["usd"].to_numpy()) >= -1e-12)
 
 
+def test_the_curve_is_the_ledgers_sum_by_each_moment_worked_by_hand(cluster):
+    """15 min into the spot nodes: 2 × 900 s × $12/h = $6 spot and $16 at on-demand; 1 h in, spot1
+    has ended (30 min: $6) and spot2 runs on ($12); the on-demand node starts at 1900 s."""
+    rows = {(r["time"], r["node_type"]): r for r in ledger.spend_curve(cluster.id, [T0 + 960, T0 + 3660], NOW)}
+    assert rows[(T0 + 960, "a100-spot")]["usd"] == pytest.approx(6.0)
+    assert rows[(T0 + 960, "a100-spot")]["on_demand_usd"] == pytest.approx(16.0)
+    assert rows[(T0 + 960, "a100-od")]["usd"] == 0.0
+    assert rows[(T0 + 3660, "a100-spot")]["usd"] == pytest.approx(18.0)
+    assert rows[(T0 + 3660, "a100-od")]["usd"] == pytest.approx(1760 / 3600 * 32)
+    assert sum(r["usd"] for (t, _), r in rows.items() if t == NOW) == pytest.approx(ledger.spend(cluster.id, NOW))
+
+
 def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
     fig = cost_figure(nodes, NOW, title="views", simulated=True)

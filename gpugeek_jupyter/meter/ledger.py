@@ -12,6 +12,7 @@ import getpass
 import json
 import os
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -28,15 +29,18 @@ if TYPE_CHECKING:  # pandas loads with the first table: the watchdog and the ser
 
 
 
-def node_hours(until: str = "?", table: str = "") -> str:
-    """SQL: a node's hours, an open one counting up to ``until`` (an SQL expression)."""
-    return f"MAX(0.0, COALESCE({table}ended, {until}) - {table}started) / 3600.0"
+def node_hours(until: str = "?", table: str = "", at: str | None = None) -> str:
+    """SQL: a node's hours, an open one counting up to ``until`` (an SQL expression); with ``at``,
+    its hours by that moment (a point of the cost chart's curve)."""
+    end = f"COALESCE({table}ended, {until})"
+    return f"MAX(0.0, {f'MIN({end}, {at})' if at else end} - {table}started) / 3600.0"
 
 
-def node_usd(until: str = "?", table: str = "") -> str:
+def node_usd(until: str = "?", table: str = "", at: str | None = None, rate: str | None = None) -> str:
     """SQL: a node's dollars so far — the one formula of spend: Σ of it over a cluster's nodes is
-    what the ledger, the events, the status bar, the sidebar, ``status`` and the tables show."""
-    return f"{table}usd_per_hour * {node_hours(until, table)}"
+    what the ledger, the events, the status bar, the sidebar, ``status``, the tables and the cost
+    chart show. ``at`` and ``rate``: by an earlier moment, at another $/h (``spend_curve``)."""
+    return f"{rate or table + 'usd_per_hour'} * {node_hours(until, table, at)}"
 
 
 # a cluster's $ so far (the time open nodes count up to, the cluster): ``spend``, and each event's $
@@ -333,6 +337,21 @@ def spend(cluster_id: int, now: float | None = None) -> float:
     ``nodes_frame``'s ``usd`` column adds up to, in SQL: the watchdog asks every few seconds)."""
     now = time.time() if now is None else now
     return float(store.query(_SPEND, (now, cluster_id))[0][0])
+
+
+_CURVE = f"""
+SELECT g.value AS time, n.node_type, n.pricing,
+       SUM({node_usd(":now", "n.", "g.value")}) AS usd,
+       SUM({node_usd(":now", "n.", "g.value", "COALESCE(n.on_demand_usd_per_hour, n.usd_per_hour)")}) AS on_demand_usd
+FROM json_each(:times) AS g JOIN nodes AS n ON n.cluster_id = :cluster
+GROUP BY n.node_type, n.pricing, g.key ORDER BY n.node_type, n.pricing, g.key"""
+
+
+def spend_curve(cluster_id: int, times: Iterable[float], now: float) -> list[sqlite3.Row]:
+    """Dollars spent by each of ``times`` (ascending), by node type and pricing: ``spend``'s
+    formula at earlier moments, and what the same hours cost at on-demand prices. Its last point
+    at ``now`` is ``spend``."""
+    return store.query(_CURVE, {"now": now, "cluster": cluster_id, "times": json.dumps([float(t) for t in times])})
 
 
 def burn_rate(cluster_id: int) -> float:

@@ -1,8 +1,8 @@
 """Cost figures from the ledger's node rows: cumulative $ by node type and pricing over time,
 what on-demand would have cost (the spot saving is the gap), and spend projected to the budget.
 
-Every curve is Σ $/h × hours over the ledger's node lifetimes, so its last point is exactly the
-ledger's total for that group. A cluster whose every node bills $0/h has no $ to chart: its
+Every curve is the ledger's own sum (Σ $/h × hours over its node lifetimes) at each moment, so its
+last point is exactly the ledger's total for that group. A cluster whose every node bills $0/h has no $ to chart: its
 figures are one line that says so, not a flat $0 line.
 """
 
@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..config import BUDGET_WARN_AT as WARN_AT  # where the watchdog warns
+from ..meter import ledger
 
 
 def dollars(text: str) -> str:
@@ -53,15 +54,9 @@ def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:
                                      start, end]))
 
 
-def _accrued(group: pd.DataFrame, grid: np.ndarray, now: float, rate_column: str) -> np.ndarray:
-    s = group["started"].astype(float).to_numpy()[:, None]
-    e = group["ended"].fillna(now).astype(float).to_numpy()[:, None]
-    rate = group[rate_column].astype(float).to_numpy()[:, None]
-    return (np.clip(np.minimum(grid, e) - s, 0, None) * rate / 3600.0).sum(axis=0)
-
-
 def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
-    """$ spent so far by (node type, pricing), on a time grid plus every start/end instant.
+    """$ spent so far by (node type, pricing), on a time grid plus every start/end instant: the
+    ledger's own sum at each moment (``ledger.spend_curve``), drawn here, not computed again.
 
     Columns: time, node_type, pricing, label, usd, on_demand_usd (what the same hours cost at
     on-demand prices: equal to usd except for spot nodes).
@@ -69,18 +64,10 @@ def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.Da
     columns = ["time", "node_type", "pricing", "label", "usd", "on_demand_usd"]
     if nodes.empty:
         return pd.DataFrame(columns=columns)
-    grid = _grid(nodes, now, points)
-    nodes = nodes.assign(on_demand_rate=nodes["on_demand_usd_per_hour"].astype(float)
-                         .fillna(nodes["usd_per_hour"].astype(float)))
-    frames = []
-    for (node_type, pricing), group in nodes.groupby(["node_type", "pricing"], sort=True):
-        frames.append(pd.DataFrame({
-            "time": pd.to_datetime(grid, unit="s"), "node_type": node_type, "pricing": pricing,
-            "label": f"{node_type} · {pricing}",
-            "usd": _accrued(group, grid, now, "usd_per_hour"),
-            "on_demand_usd": _accrued(group, grid, now, "on_demand_rate"),
-        }))
-    return pd.concat(frames, ignore_index=True)[columns]
+    rows = ledger.spend_curve(int(nodes["cluster_id"].iloc[0]), _grid(nodes, now, points), now)
+    curve = pd.DataFrame([dict(r) for r in rows])
+    return curve.assign(time=pd.to_datetime(curve["time"], unit="s"),
+                        label=curve["node_type"] + " · " + curve["pricing"])[columns]
 
 
 def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool) -> go.Figure:

@@ -63,36 +63,22 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
-# Main-suite modules that run in a third stream (make test), before the browser suite: most of
-# their minutes are waits (a budget's last seconds, a job's paced steps, a new kernel), which the
-# main stream need not sit through.
-BESIDE := tests/test_guard_failing.py tests/test_attach.py
-PYTEST_BESIDE := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider $(BESIDE)
-
-# Lint first; then every suite runs, and `make test` fails if any of them does. Three streams run
-# at once, their logs into artifacts/test-*.log (printed when they end):
-# - the main suite, but for $(BESIDE);
-# - the lab's files (lab-files, below), then the multi-host lab (tests/lab);
-# - $(BESIDE), then the browser suite (once the lab's files are made: it builds labs of its own).
+# Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
+# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite.
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-*.log artifacts/test-*.rc artifacts/lab-files.done; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
 	else \
-	  ( if $(MAKE) --no-print-directory lab-files > artifacts/test-lab.log 2>&1; then touch artifacts/lab-files.done; \
-	      $(PYTEST_LAB) >> artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc; \
-	    else echo 1 > artifacts/test-lab.rc; echo failed > artifacts/lab-files.done; fi ) & \
-	  ( $(PYTEST_BESIDE) > artifacts/test-beside.log 2>&1; echo $$? > artifacts/test-beside.rc; \
-	    while [ ! -e artifacts/lab-files.done ]; do sleep 2; done; \
-	    if [ -s artifacts/lab-files.done ]; then echo "the lab's files were not made" > artifacts/test-browser.log; \
-	      echo 1 > artifacts/test-browser.rc; \
-	    else $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; fi ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab $(addprefix --ignore=,$(BESIDE)); main=$$?; wait; \
-	  for s in beside lab browser; do echo "== tests: $$s"; cat artifacts/test-$$s.log; done; \
+	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
+	    echo $$? > artifacts/test-lab.rc; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
+	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
-	  beside=$$(cat artifacts/test-beside.rc); test $$beside -eq 0 || main=$$beside; \
 	fi; \
 	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
 	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0

@@ -291,13 +291,14 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
     nodes = ledger.nodes_frame(record.id, now)
     samples = node_samples_frame(record.id, metrics=("gpu_util", "cpu_percent"))
     idle = idle_dollars(samples, nodes, now=now)
+    curve = ledger.spend_curve(nodes, now)
     return CostReport(
         name=record.name, by=by, table=table,
-        figure=cost_figure(nodes, now, title=f"{record.name}: cumulative cost by node type and pricing",
+        figure=cost_figure(nodes, curve, title=f"{record.name}: cumulative cost by node type and pricing",
                            simulated=record.simulated),
         total_usd=float(nodes["usd"].sum()), spot_saved_usd=float(nodes["spot_saved_usd"].sum()),
         simulated=record.simulated, budget_usd=record.budget_usd,
-        budget_figure=budget_figure(nodes, now, record.budget_usd, title=f"{record.name}: spend and budget",
+        budget_figure=budget_figure(nodes, curve, now, record.budget_usd, title=f"{record.name}: spend and budget",
                                     simulated=record.simulated),
         utilisation_figure=utilisation_heatmap(samples, nodes, now=now, simulated=record.simulated, idle=idle),
         idle=idle, live=record.live,

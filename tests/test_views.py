@@ -12,7 +12,7 @@ import pytest
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.raynodes import RayNode
-from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, cumulative_cost, spend_note
+from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, spend_note
 from gpugeek_jupyter.views.jobs import FIGURE, MAX_POINTS, job_figure, job_summary, measured_rates
 from gpugeek_jupyter.views.utilisation import idle_dollars, utilisation_heatmap
 from gpugeek_jupyter.vocab import NodePrice
@@ -48,7 +48,7 @@ NOW = T0 + 3660.0      # spot2: 1 h × $12; od1: 1760 s × $32/h
 
 def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
-    curve = cumulative_cost(nodes, NOW)
+    curve = ledger.spend_curve(nodes, NOW)
     last = curve.groupby(["node_type", "pricing"])["usd"].last()
     table = nodes.groupby(["node_type", "pricing"])["usd"].sum()
     for key, usd in table.items():
@@ -67,7 +67,7 @@ def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(
 def test_the_curve_is_the_ledgers_sum_by_each_moment_worked_by_hand(cluster):
     """15 min into the spot nodes: 2 × 900 s × $12/h = $6 spot and $16 at on-demand; 1 h in, spot1
     has ended (30 min: $6) and spot2 runs on ($12); the on-demand node starts at 1900 s."""
-    rows = {(r["time"], r["node_type"]): r for r in ledger.spend_curve(cluster.id, [T0 + 960, T0 + 3660], NOW)}
+    rows = {(r["time"], r["node_type"]): r for r in ledger.spend_by(cluster.id, [T0 + 960, T0 + 3660], NOW)}
     assert rows[(T0 + 960, "a100-spot")]["usd"] == pytest.approx(6.0)
     assert rows[(T0 + 960, "a100-spot")]["on_demand_usd"] == pytest.approx(16.0)
     assert rows[(T0 + 960, "a100-od")]["usd"] == 0.0
@@ -78,7 +78,7 @@ def test_the_curve_is_the_ledgers_sum_by_each_moment_worked_by_hand(cluster):
 
 def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
-    fig = cost_figure(nodes, NOW, title="views", simulated=True)
+    fig = cost_figure(nodes, ledger.spend_curve(nodes, NOW), title="views", simulated=True)
     stacked = [t for t in fig.data if t.stackgroup == "cost"]
     assert "$" not in fig.layout.title.text, "plotly.js would read the text between two $ as LaTeX"
     # the head at $0/h adds nothing: drawn, its trace would run along the total's edge
@@ -97,16 +97,17 @@ def test_budget_projection_reaches_the_budget_when_the_burn_says(cluster):
     spent = ledger.spend(cluster.id, NOW)
     burn = ledger.burn_rate(cluster.id)
     assert burn == 12.0 + 32.0
-    data = budget_projection(nodes, NOW, 100.0)
+    curve = ledger.spend_curve(nodes, NOW)
+    data = budget_projection(nodes, curve, NOW, 100.0)
     projected = data[data["kind"] == "projected"]
     assert round(projected["usd"].iloc[0], 2) == round(spent, 2)
     assert round(projected["usd"].iloc[-1], 2) == 100.00
     hours = (projected["time"].iloc[-1] - projected["time"].iloc[0]).total_seconds() / 3600
     assert math.isclose(hours, (100.0 - spent) / burn, rel_tol=1e-6)
-    fig = budget_figure(nodes, NOW, 100.0, title="b", simulated=True)
+    fig = budget_figure(nodes, curve, NOW, 100.0, title="b", simulated=True)
     assert {s.y0 for s in fig.layout.shapes} == {100.0, 80.0}
     # no budget: 24 h at the same burn
-    free = budget_projection(nodes, NOW, None)
+    free = budget_projection(nodes, curve, NOW, None)
     assert round(free["usd"].iloc[-1], 2) == round(spent + 24 * burn, 2)
 
 
@@ -213,21 +214,24 @@ def test_a_free_cluster_draws_no_spend_chart_and_says_so_in_one_line():
     record = registry.create("free", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
     ledger.sync_nodes(record.id, [node("head0", "", T0, gpus=0, head=True)], PRICES)
     nodes = ledger.nodes_frame(record.id, NOW)
-    for fig in (cost_figure(nodes, NOW, title="free: cumulative cost", simulated=False),
-                budget_figure(nodes, NOW, None, title="free: spend and budget", simulated=False)):
+    curve = ledger.spend_curve(nodes, NOW)
+    for fig in (cost_figure(nodes, curve, title="free: cumulative cost", simulated=False),
+                budget_figure(nodes, curve, NOW, None, title="free: spend and budget", simulated=False)):
         assert list(fig.data) == [], [t.name for t in fig.data]
         assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible
         assert "free" in title(fig) and "no $ to chart" in title(fig)
         assert "<br>" not in title(fig)           # one line
         assert spend_note(fig) == "free: every node at $0/h, no $ to chart"
-    assert spend_note(cost_figure(ledger.nodes_frame(record.id, NOW).iloc[0:0], NOW, title="t",
+    empty = ledger.nodes_frame(record.id, NOW).iloc[0:0]
+    assert spend_note(cost_figure(empty, ledger.spend_curve(empty, NOW), title="t",
                                   simulated=False)) is None      # nothing metered yet: not "free"
 
 
 def test_a_cluster_that_costs_something_keeps_its_spend_charts(cluster):
     nodes = ledger.nodes_frame(cluster.id, NOW)
-    assert spend_note(cost_figure(nodes, NOW, title="t", simulated=True)) is None
-    assert spend_note(budget_figure(nodes, NOW, 100.0, title="b", simulated=True)) is None
+    curve = ledger.spend_curve(nodes, NOW)
+    assert spend_note(cost_figure(nodes, curve, title="t", simulated=True)) is None
+    assert spend_note(budget_figure(nodes, curve, NOW, 100.0, title="b", simulated=True)) is None
 
 
 def test_memory_and_throughput_axes_start_at_zero():

@@ -12,7 +12,6 @@ import getpass
 import json
 import os
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -347,11 +346,32 @@ FROM json_each(:times) AS g JOIN nodes AS n ON n.cluster_id = :cluster
 GROUP BY n.node_type, n.pricing, g.key ORDER BY n.node_type, n.pricing, g.key"""
 
 
-def spend_curve(cluster_id: int, times: Iterable[float], now: float) -> list[sqlite3.Row]:
-    """Dollars spent by each of ``times`` (ascending), by node type and pricing: ``spend``'s
-    formula at earlier moments, and what the same hours cost at on-demand prices. Its last point
-    at ``now`` is ``spend``."""
+def spend_by(cluster_id: int, times: Iterable[float], now: float) -> list:
+    """Rows (time, node_type, pricing, usd, on_demand_usd): the dollars spent by each of ``times``,
+    by node type and pricing — ``spend``'s formula at earlier moments; at ``now`` they add up to it."""
     return store.query(_CURVE, {"now": now, "cluster": cluster_id, "times": json.dumps([float(t) for t in times])})
+
+
+def spend_curve(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
+    """Dollars spent by each moment of a time grid (``points`` from the first node's start to
+    ``now``, plus every start and end), by node type and pricing: ``spend``'s own SQL at earlier
+    moments, and what the same hours cost at on-demand prices (the gap is the spot saving). Its
+    last point is ``spend``. ``nodes``: the cluster's ``nodes_frame``.
+
+    Columns: time, node_type, pricing, label, usd, on_demand_usd.
+    """
+    import numpy as np
+    import pandas as pd
+
+    columns = ["time", "node_type", "pricing", "label", "usd", "on_demand_usd"]
+    if nodes.empty:
+        return pd.DataFrame(columns=columns)
+    start = nodes["started"].astype(float).to_numpy()
+    end = nodes["ended"].fillna(now).astype(float).to_numpy()
+    grid = np.unique(np.concatenate([np.linspace(start.min(), max(end.max(), start.min() + 1), points), start, end]))
+    curve = pd.DataFrame([dict(r) for r in spend_by(int(nodes["cluster_id"].iloc[0]), grid.tolist(), now)])
+    return curve.assign(time=pd.to_datetime(curve["time"], unit="s"),
+                        label=curve["node_type"] + " · " + curve["pricing"])[columns]
 
 
 def burn_rate(cluster_id: int) -> float:

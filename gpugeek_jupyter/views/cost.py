@@ -1,19 +1,18 @@
 """Cost figures from the ledger's node rows: cumulative $ by node type and pricing over time,
 what on-demand would have cost (the spot saving is the gap), and spend projected to the budget.
 
-Every curve is the ledger's own sum (Σ $/h × hours over its node lifetimes) at each moment, so its
-last point is exactly the ledger's total for that group. A cluster whose every node bills $0/h has no $ to chart: its
-figures are one line that says so, not a flat $0 line.
+The curves are drawn from the ledger's ``spend_curve`` — its own sum (Σ $/h × hours over the node
+lifetimes) by each moment, computed there — so each last point is exactly the ledger's total for
+that group. A cluster whose every node bills $0/h has no $ to chart: its figures are one line that
+says so, not a flat $0 line.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from ..config import BUDGET_WARN_AT as WARN_AT  # where the watchdog warns
-from ..meter import ledger
 
 
 def dollars(text: str) -> str:
@@ -47,35 +46,12 @@ def spend_note(figure: go.Figure) -> str | None:
     return meta.get("no_spend") if isinstance(meta, dict) else None
 
 
-def _grid(nodes: pd.DataFrame, now: float, points: int) -> np.ndarray:
-    start = nodes["started"].astype(float).to_numpy()
-    end = nodes["ended"].fillna(now).astype(float).to_numpy()
-    return np.unique(np.concatenate([np.linspace(start.min(), max(end.max(), start.min() + 1), points),
-                                     start, end]))
-
-
-def cumulative_cost(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
-    """$ spent so far by (node type, pricing), on a time grid plus every start/end instant: the
-    ledger's own sum at each moment (``ledger.spend_curve``), drawn here, not computed again.
-
-    Columns: time, node_type, pricing, label, usd, on_demand_usd (what the same hours cost at
-    on-demand prices: equal to usd except for spot nodes).
-    """
-    columns = ["time", "node_type", "pricing", "label", "usd", "on_demand_usd"]
-    if nodes.empty:
-        return pd.DataFrame(columns=columns)
-    rows = ledger.spend_curve(int(nodes["cluster_id"].iloc[0]), _grid(nodes, now, points), now)
-    curve = pd.DataFrame([dict(r) for r in rows])
-    return curve.assign(time=pd.to_datetime(curve["time"], unit="s"),
-                        label=curve["node_type"] + " · " + curve["pricing"])[columns]
-
-
-def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool) -> go.Figure:
-    """Stacked cumulative $ per node type and pricing; with spot nodes, a dashed line shows what
-    on-demand would have cost, and the title carries total and saving. Simulated says so."""
+def cost_figure(nodes: pd.DataFrame, curve: pd.DataFrame, *, title: str, simulated: bool) -> go.Figure:
+    """Stacked cumulative $ per node type and pricing (``curve``: the ledger's ``spend_curve``);
+    with spot nodes, a dashed line shows what on-demand would have cost, and the title carries
+    total and saving. Simulated says so."""
     if note := no_spend(nodes):
         return note_figure(title, note)
-    curve = cumulative_cost(nodes, now)
     fig = go.Figure()
     free = []       # a group at $0/h adds nothing: drawn, it would trace the total's edge
     for label, group in curve.groupby("label", sort=False):
@@ -102,15 +78,15 @@ def cost_figure(nodes: pd.DataFrame, now: float, *, title: str, simulated: bool)
     return fig
 
 
-def budget_projection(nodes: pd.DataFrame, now: float, budget: float | None,
+def budget_projection(nodes: pd.DataFrame, curve: pd.DataFrame, now: float, budget: float | None,
                       horizon_h: float = 24.0) -> pd.DataFrame:
-    """Spent so far (time, usd, kind="spent") and the same burn continued (kind="projected") from
-    now until the budget is reached — or ``horizon_h`` hours with no budget or no burn."""
-    spent_curve = cumulative_cost(nodes, now)
-    if spent_curve.empty:
+    """Spent so far (time, usd, kind="spent": the ledger's ``curve``, summed) and the same burn
+    continued (kind="projected") from now until the budget is reached — or ``horizon_h`` hours
+    with no budget or no burn."""
+    if curve.empty:
         spent = pd.DataFrame({"time": [pd.Timestamp(now, unit="s")], "usd": [0.0]})
     else:
-        spent = spent_curve.groupby("time", as_index=False)["usd"].sum()
+        spent = curve.groupby("time", as_index=False)["usd"].sum()
     total = float(nodes["usd"].sum()) if not nodes.empty else 0.0
     burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
     hours = horizon_h
@@ -122,12 +98,12 @@ def budget_projection(nodes: pd.DataFrame, now: float, budget: float | None,
     return pd.concat([spent.assign(kind="spent"), projected.assign(kind="projected")], ignore_index=True)
 
 
-def budget_figure(nodes: pd.DataFrame, now: float, budget: float | None, *, title: str,
+def budget_figure(nodes: pd.DataFrame, curve: pd.DataFrame, now: float, budget: float | None, *, title: str,
                   simulated: bool) -> go.Figure:
     """Spend so far and projected at the current burn, against the budget and its 80 % warning."""
     if note := no_spend(nodes):
         return note_figure(title, note)
-    data = budget_projection(nodes, now, budget)
+    data = budget_projection(nodes, curve, now, budget)
     spent, projected = data[data["kind"] == "spent"], data[data["kind"] == "projected"]
     burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
     fig = go.Figure()

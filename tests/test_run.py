@@ -11,6 +11,7 @@ import pytest
 from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cells import group
 from gpugeek_jupyter.cells.driving import RayDriver
 from gpugeek_jupyter.cells.results import Interrupted, RemoteError
 from gpugeek_jupyter.cluster import registry
@@ -444,6 +445,9 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
     def refused(pg):
         raise RuntimeError("the GCS did not take the removal")
     monkeypatch.setattr(rays, "remove_placement_group", refused)
+    # no room comes while it is held, and each removal is refused: how long and how often is not the point
+    monkeypatch.setattr(group, "HELD_WAIT_S", 2.0)
+    monkeypatch.setattr(placement, "PG_REMOVE_TRIES", 1)
     with pytest.raises(GpugeekError) as told:     # a new shape: the old group goes, but its group will not
         gg.run("x = 2", workers=cpus, collective_timeout=61, monitor=False)
     said = str(told.value)

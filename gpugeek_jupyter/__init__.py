@@ -1,13 +1,18 @@
 """gpugeek-jupyter: price → plan → provision → run → meter → view, from a notebook.
 
 ``%load_ext gpugeek_jupyter`` registers ``%gpugeek``; the same steps are plain functions here.
-Importing the package loads none of its layers: a Ray worker, the watchdog and the Jupyter
+Importing the package loads none of its layers (only ``lean``, which keeps a slow optional
+import out of the kernel's ``import ray``): a Ray worker, the watchdog and the Jupyter
 server import only the modules they use, and ``gpugeek_jupyter.up`` (say) loads the API on first
 use. This is also where the notebook layer plugs itself in: in a kernel, the first use of the
 API (or ``%load_ext``) registers the widgets that the API's results show as.
 """
 
 from __future__ import annotations
+
+from .lean import leave_out_slow_optional_imports
+
+leave_out_slow_optional_imports()       # before anything imports Ray: seconds of CPU no kernel needs
 
 API = ("Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
        "attach", "backend_features", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan",

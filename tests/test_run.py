@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import _thread
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -533,3 +535,26 @@ dist.all_gather_object(lean, ("jsonschema" in sys.modules, "rfc3987_syntax" in s
     agents = [p for p in psutil.process_iter(["cmdline"]) if "dashboard/agent.py" in " ".join(p.info["cmdline"] or [])
               and os.getsid(p.pid) == head.session_id]
     assert agents and all("lean_imports" in p.environ().get("PYTHONPATH", "") for p in agents)
+
+
+def test_a_kernel_imports_ray_without_the_slow_parsers_and_anyone_else_still_gets_them():
+    """The kernel's side of the same: ``import gpugeek_jupyter`` first, and jsonschema (under
+    ``import ray``) goes without ``rfc3987_syntax``; the user's own import of it still works. In a
+    process without us, jsonschema still asks for it from ``jsonschema._format``: when that moves,
+    this says so, and ``gpugeek_jupyter/lean.py`` can go."""
+    import importlib.util
+
+    if importlib.util.find_spec("rfc3987_syntax") is None:
+        pytest.skip("rfc3987_syntax is not installed here: nothing to leave out")
+    probe = ("import sys, time\n{first}began = time.process_time()\nimport ray\n"
+             "print(round(time.process_time() - began, 2), 'rfc3987_syntax' in sys.modules)\n"
+             "import rfc3987_syntax\nprint('direct', rfc3987_syntax.__name__)")
+    ours, plain = (subprocess.run([sys.executable, "-c", probe.format(first=first)], capture_output=True, text=True,
+                                  timeout=120) for first in ("import gpugeek_jupyter\n", ""))
+    assert ours.returncode == 0 and plain.returncode == 0, (ours.stderr[-2000:], plain.stderr[-2000:])
+    (ours_cpu, ours_loaded), (plain_cpu, plain_loaded) = (out.stdout.split("\n")[0].split() for out in (ours, plain))
+    assert plain_loaded == "True", ("jsonschema no longer imports rfc3987_syntax when Ray loads it: "
+                                    "gpugeek_jupyter/lean.py's SLOW_OPTIONAL has nothing left to do")
+    assert ours_loaded == "False", ours.stdout
+    assert "direct rfc3987_syntax" in ours.stdout and "direct rfc3987_syntax" in plain.stdout
+    print(f"import ray: {ours_cpu} CPU-s after gpugeek_jupyter, {plain_cpu} CPU-s without")

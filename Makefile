@@ -27,7 +27,7 @@ PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 
-.PHONY: lab labextension lint test test-fast test-browser chromium sshd prometheus bench clean
+.PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -43,19 +43,25 @@ LABEXT_SOURCES := $(shell find labextension/src labextension/style labextension/
 # pip took ~150 s), from the sources pip is configured with (tests/uv_sources.py).
 UV := $(VENV)/bin/uv
 $(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -qq --upgrade pip uv
-	$(UV) pip install -q --python $(PY) $$($(PY) tests/uv_sources.py) \
-	  "$(TORCH_SPEC)" "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables
-	$(MAKE) --no-print-directory labextension
+	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error > .npm-ci.log 2>&1 & npm=$$!; \
+	  { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && $(PIP) install -qq --upgrade pip uv && \
+	  $(UV) pip install -q --python $(PY) $$($(PY) tests/uv_sources.py) \
+	    "$(TORCH_SPEC)" "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables; \
+	  venv=$$?; wait $$npm; npm_rc=$$?; cat labextension/.npm-ci.log; rm -f labextension/.npm-ci.log; \
+	  test $$venv -eq 0 && test $$npm_rc -eq 0
+	$(MAKE) --no-print-directory labextension-build
 	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --python $(PY) $$($(PY) tests/uv_sources.py) \
 	  --no-build-isolation -e ".[test]"
 	touch $@
 
 # `npm ci` installs exactly the committed package-lock.json
 labextension:
-	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error && \
-	  PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
+	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error
+	$(MAKE) --no-print-directory labextension-build
+
+# (the venv's install runs `npm ci` beside its own, then this)
+labextension-build:
+	cd labextension && PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
 
 # opens on the quickstart notebook (the URL it prints goes there)
 lab: $(VENV)/.installed-test

@@ -78,6 +78,11 @@ def cost_figure(nodes: pd.DataFrame, curve: pd.DataFrame, *, title: str, simulat
     return fig
 
 
+def burn_per_hour(nodes: pd.DataFrame) -> float:
+    """$/h of the nodes alive now (the ledger's rates)."""
+    return float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
+
+
 def budget_projection(nodes: pd.DataFrame, curve: pd.DataFrame, now: float, budget: float | None,
                       horizon_h: float = 24.0) -> pd.DataFrame:
     """Spent so far (time, usd, kind="spent": the ledger's ``curve``, summed) and the same burn
@@ -88,7 +93,7 @@ def budget_projection(nodes: pd.DataFrame, curve: pd.DataFrame, now: float, budg
     else:
         spent = curve.groupby("time", as_index=False)["usd"].sum()
     total = float(nodes["usd"].sum()) if not nodes.empty else 0.0
-    burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
+    burn = burn_per_hour(nodes)
     hours = horizon_h
     if budget and burn > 0:
         hours = max(0.0, budget - total) / burn
@@ -105,7 +110,7 @@ def budget_figure(nodes: pd.DataFrame, curve: pd.DataFrame, now: float, budget: 
         return note_figure(title, note)
     data = budget_projection(nodes, curve, now, budget)
     spent, projected = data[data["kind"] == "spent"], data[data["kind"] == "projected"]
-    burn = float(nodes.loc[nodes["alive"], "usd_per_hour"].sum()) if not nodes.empty else 0.0
+    burn = burn_per_hour(nodes)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=spent["time"], y=spent["usd"], name="spent", mode="lines",
                              line={"color": "#1f77b4"}))

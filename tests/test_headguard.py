@@ -4,6 +4,7 @@ gone, in tests/lab/test_head_guard.py.)"""
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import subprocess
@@ -31,7 +32,14 @@ def test_the_heads_package_is_exactly_what_its_watchdog_imports():
     (``ssh.ONHOST``); every entry holds one of them — no stale name, nothing extra."""
     from test_layers import ROOT, graph, reachable
 
-    needed = reachable(f"{ROOT}.guard.headwatch", graph())
+    edges = graph()
+    needed = reachable(f"{ROOT}.guard.headwatch", edges)
+    # any import of ours runs the package's __init__ first: its module-level imports are needed too
+    # (the imports in its functions load on first use, which the head never makes)
+    first = ast.parse((headguard.PACKAGE / "__init__.py").read_text())
+    for node in first.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            needed |= reachable(f"{ROOT}.{node.module}", edges)
     read = ssh.ONHOST.relative_to(headguard.PACKAGE)
     watchdogs = headguard.head_files(headguard.HEAD_PACKAGE)
     assert read in watchdogs, f"the head's watchdog reads {read}, which HEAD_PACKAGE leaves out"

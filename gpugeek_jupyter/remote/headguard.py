@@ -31,8 +31,8 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # and the host script it reads as text (remote/ssh.py's ONHOST: each node's stop runs it), not
 # imported. tests/test_headguard.py holds this list against the imports it reaches and runs the
 # watchdog from the archive alone.
-HEAD_PACKAGE = ("__init__.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py", "ports.py",
-                "versions.py",
+HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py",
+                "ports.py", "versions.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py",

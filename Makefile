@@ -40,17 +40,19 @@ LABEXT_SOURCES := $(shell find labextension/src labextension/style labextension/
 # built extension and the server extension's switch into the venv. A change under labextension/
 # redoes these steps.
 # The installs go through uv (pip's resolver, with downloads and installs in parallel: ~20 s where
-# pip took ~150 s), from the sources pip is configured with (tests/uv_sources.py).
+# pip took ~150 s), from the sources pip is configured with (tests/uv_sources.py). Compiled to
+# bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile
+# every module it imports (torch's, Ray's) again, every time.
 UV := $(VENV)/bin/uv
 $(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
 	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error > .npm-ci.log 2>&1 & npm=$$!; \
 	  { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && $(PIP) install -qq --upgrade pip uv && \
-	  $(UV) pip install -q --python $(PY) $$($(PY) tests/uv_sources.py) \
+	  $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
 	    "$(TORCH_SPEC)" "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables; \
 	  venv=$$?; wait $$npm; npm_rc=$$?; cat labextension/.npm-ci.log; rm -f labextension/.npm-ci.log; \
 	  test $$venv -eq 0 && test $$npm_rc -eq 0
 	$(MAKE) --no-print-directory labextension-build
-	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --python $(PY) $$($(PY) tests/uv_sources.py) \
+	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
 	  --no-build-isolation -e ".[test]"
 	touch $@
 

@@ -3,10 +3,11 @@
     python benchmarks/bench_imports.py [--against REV] [--rounds 5]
 
 For each entry point — ``import gpugeek_jupyter``, a Ray worker unpickling the worker actor, the
-watchdog, the Jupyter server answering its first ``/gpugeek/clusters`` — a fresh interpreter
-imports it and reports wall time and which heavy modules it loaded. With ``--against REV`` the
-same entries run on that git revision too (a temporary worktree), alternated round by round with
-this tree, since the machine is shared and noisy; the figures are medians.
+watchdog, a kernel's ``import ray`` after ours, the Jupyter server answering its first
+``/gpugeek/clusters`` — a fresh interpreter imports it and reports wall time and which heavy
+modules it loaded. With ``--against REV`` the same entries run on that git revision too (a
+temporary worktree), alternated round by round with this tree, since the machine is shared and
+noisy; the figures are medians.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ENTRIES = {
     "import gpugeek_jupyter": "import gpugeek_jupyter",
     "a Ray worker": "import gpugeek_jupyter.{workers}.worker",
     "the watchdog": "import gpugeek_jupyter.guard.watchdog",
+    "a kernel's first `import ray`": "import gpugeek_jupyter\nimport ray",
     "the Jupyter server": ("import gpugeek_jupyter.server.handlers\n"
                            "from gpugeek_jupyter.guard import board\nboard.overview()"),
 }

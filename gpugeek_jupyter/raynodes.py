@@ -28,7 +28,11 @@ HEALTH_CHECK_MISSES = 5
 # workers run at the host's normal priority (``benchmarks/bench_remote.py`` part B measured it).
 # Ray's own Prometheus export listens on every interface with no token (anyone on the hosts'
 # network reads it); our telemetry and the ledger's /gpugeek/metrics do not need it, so it is off.
-NODE_ENV = {"RAY_worker_niceness": "0", "RAY_enable_metrics_collection": "0"}
+# When the first driver connects, a raylet starts one idle worker per CPU for tasks to come; ours
+# never take them (a rank needs its own environment; a node's sampler and probe start once), so
+# each would boot Ray, idle, and be reaped: CPU and memory a node spends for nothing.
+NODE_ENV = {"RAY_worker_niceness": "0", "RAY_enable_metrics_collection": "0",
+            "RAY_prestart_worker_first_driver": "0"}
 HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
             "RAY_health_check_timeout_ms": "10000",
             "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}

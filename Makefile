@@ -76,34 +76,25 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
-# Lint first; then every suite runs, and `make test` fails if any of them does. Three streams run at
-# once, into artifacts/test-*.log (printed when they end): the multi-host lab (tests/lab, after the
-# lab's files: lab-files, below); the main suite's files named in MAIN_BESIDE and then the browser
-# suite; and the rest of the main suite. Much of each stream's time is waiting — idle windows,
-# budgets, SSH, page loads, kernels starting — and a third stream fills two cores that two left
-# idle a sixth of the time (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
-MAIN_BESIDE ?= tests/test_attach.py tests/test_notebooks.py
-PYTEST_BESIDE := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider $(MAIN_BESIDE)
-# the lab and the browser streams both need the lab's files: whichever comes first makes them
-LAB_FILES := mkdir -p .cache && flock .cache/.lab-files.lock $(MAKE) --no-print-directory lab-files
+# Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
+# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite.
+# Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
+# they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-*.log artifacts/test-*.rc; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
-	  beside=0; \
 	else \
-	  ( { $(LAB_FILES) && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc ) & \
-	  ( $(PYTEST_BESIDE) > artifacts/test-beside.log 2>&1; echo $$? > artifacts/test-beside.rc; \
-	    { $(LAB_FILES) && $(PYTEST_BROWSER); } > artifacts/test-browser.log 2>&1; \
-	    echo $$? > artifacts/test-browser.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab $(addprefix --ignore=,$(MAIN_BESIDE)); main=$$?; wait; \
-	  echo "== $(MAIN_BESIDE)"; cat artifacts/test-beside.log; \
+	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
+	    echo $$? > artifacts/test-lab.rc; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
-	  beside=$$(cat artifacts/test-beside.rc); \
 	fi; \
-	echo "make test: main suite exit $$main (beside it $$beside), lab suite exit $$lab, browser suite exit $$browser"; \
-	test $$main -eq 0 && test $$beside -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
+	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
+	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
 
 # What the suites need, made at once: the Debian packages (one apt-get run for all that are
 # missing) beside the venv, the extension build and the package's install.

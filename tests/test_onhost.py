@@ -1,9 +1,11 @@
 """The host script's idea of "ours", on this machine's own processes: every process in a session
 that a process carrying the cluster's marker is in — also one that dropped its environment, as
-Ray's agents do — and nothing of a session without the marker."""
+Ray's agents do — and nothing of a session without the marker. And a node whose raylet misses Ray's
+fixed startup wait is started again, up to three times."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,3 +52,30 @@ def test_a_process_without_the_marker_in_a_marked_session_is_ours_and_a_stranger
             except ProcessLookupError:
                 pass
             proc.wait(timeout=10)
+
+
+# `ray start` as a busy host's: Ray's own line for a raylet that missed its 30 s, the first MISSES times
+MISSING = ("import pathlib, sys\n"
+           "count = pathlib.Path({count!r})\n"
+           "count.write_text(str(tries := int(count.read_text() or 0) + 1))\n"
+           "if tries <= {misses}:\n"
+           "    print('Exception: The current node timed out during startup. This could happen because ...')\n"
+           "    sys.exit(1)\n")
+
+
+def test_a_node_that_misses_rays_startup_wait_is_started_again_and_the_third_miss_is_the_error(
+        tmp_path, monkeypatch):
+    token = tmp_path / "auth_token"
+    token.write_text("t" * 32)
+    count = tmp_path / "count"
+    order = json.dumps({"role": "worker", "marker": f"test-{os.getpid()}", "head": "127.0.0.1:6379",
+                        "ip": "127.0.0.1", "port": 6379, "temp_dir": str(tmp_path / "ray"),
+                        "token_path": str(token)})
+    for misses, ok in ((2, True), (3, False)):
+        count.write_text("")
+        monkeypatch.setattr(script, "RAY_START", MISSING.format(count=str(count), misses=misses))
+        said = script.start([order])
+        assert int(count.read_text()) == script.START_TRIES == 3
+        assert said["ok"] is ok, said
+        if not ok:
+            assert "timed out during startup" in said["error"] and "\n" not in said["error"]

@@ -43,6 +43,9 @@ MARKER = "GPUGEEK_CLUSTER"    # cluster/processes.py's, which the head's watchdo
 # through its keeper, and nothing of ours listens for a Ray Client. (``ray.scripts.scripts`` asks
 # ``get_ray_client_dependency_error`` whether to start it; tests/test_onhost.py holds that.)
 RAY_START = "from ray.scripts.scripts import main; main()"
+# Ray gives a raylet 30 s to register (fixed): a busy host can miss that, once or twice; only the
+# third miss is the error (as a local head's, ``backends/local.py``)
+START_TRIES = 3
 HEAD_START = ("import ray.scripts.scripts as cli\n"
               "cli.get_ray_client_dependency_error = lambda: 'the cluster is reached through its keeper'\n"
               "cli.main()")
@@ -175,7 +178,7 @@ def start(args):
     env.pop("RAY_AUTH_TOKEN", None)
     env.update(_closed_metric_ports(spec["port"]) if spec["role"] == "head" else {})
     log = os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")
-    for attempt in (1, 2):    # Ray gives a raylet 30 s to register: a busy host can miss that once
+    for attempt in range(1, START_TRIES + 1):
         with open(log, "ab") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
@@ -185,7 +188,7 @@ def start(args):
         stop([marker, "1"])
         with open(log, "rb") as f:
             tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
-        if attempt == 2 or "timed out during startup" not in " ".join(tail):
+        if attempt == START_TRIES or "timed out during startup" not in " ".join(tail):
             return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
     return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "keeper_port": spec.get("keeper_port")}
 

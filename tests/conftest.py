@@ -102,3 +102,22 @@ def no_ray_process_left_behind(tmp_path_factory):
     if left:
         our_processes(base, start, stop=True)
     assert not left, f"processes left behind: {left}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._gpugeek_exit = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The verdict is in and printed: leave without the interpreter's teardown when this process was
+    a Ray driver. Ray 2.60's C++ logger, whose last session folder a test's ``down`` removed, can
+    crash the process in that teardown (seen once in six runs: "[ray_log_sink] Failed writing to
+    file …/logs/python-core-driver-…", then SIGSEGV after "561 passed"), which would turn a passed
+    suite into exit 139."""
+    if "ray" in sys.modules and hasattr(config, "_gpugeek_exit"):
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config._gpugeek_exit)

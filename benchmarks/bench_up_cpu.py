@@ -14,18 +14,17 @@ default, ours, …) so the machine's noise hits both alike; medians.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 
+import bench_cluster  # its trial(): a fresh process, the figures from its last line
+
 TRIAL = """
-import json, os, sys, time
+import json, os, time
 from gpugeek_jupyter import raynodes
-if sys.argv[1] == "rays-default":   # the same dict the backends read: Ray's default again
+if "VARIANT" == "rays-default":   # the same dict the backends read: Ray's default again
     raynodes.HEAD_ENV.pop("RAY_prestart_worker_first_driver")
 import gpugeek_jupyter as gg
 def cpu():
@@ -41,12 +40,7 @@ print(json.dumps({"cpu": cpu() - c, "wall": time.perf_counter() - t}))
 
 
 def trial(variant: str, home: str) -> dict:
-    env = {**os.environ, "GPUGEEK_HOME": home}
-    done = subprocess.run([sys.executable, "-c", TRIAL, variant], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if done.returncode != 0:
-        raise SystemExit(f"trial failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return bench_cluster.trial(TRIAL.replace("VARIANT", variant), home)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """A stranger on the hosts' network: a machine beside the cluster's hosts that is not in the
 cluster and has no token, trying every port a host listens on.
 
-    python tests/stranger.py ADDRESS PORT [PORT …] --touch PATH [--token FILE] [--patience S]
+    python tests/stranger.py ADDRESS PORT [PORT …] --touch PATH [--token FILE] [--patience S] [--only HOW]
 
 For each port: a TCP connect, an HTTP GET of ``/`` and ``/metrics``, a Ray driver join
 (``ray.init(address=ADDRESS:PORT)``) and a Ray Client connect (``ray://ADDRESS:PORT``). A join
@@ -13,7 +13,7 @@ which loads Ray once), killed at the end.
 ``--token FILE`` is the control: the same joins holding the cluster's token, which must work.
 A port whose server answered the GET as HTTP/1 or as SSH gets no Ray tries: Ray's drivers and
 clients speak gRPC (HTTP/2), which such a server cannot be. ``--patience S`` bounds each try
-(default ``JOIN_TIMEOUT_S``).
+(default ``JOIN_TIMEOUT_S``); ``--only driver`` (or ``client``) makes only that kind of Ray try.
 """
 
 from __future__ import annotations
@@ -181,15 +181,18 @@ def main(argv: list[str]) -> None:
     touch = argv[argv.index("--touch") + 1]
     token = argv[argv.index("--token") + 1] if "--token" in argv else None
     patience = float(argv[argv.index("--patience") + 1]) if "--patience" in argv else JOIN_TIMEOUT_S
+    hows = (argv[argv.index("--only") + 1],) if "--only" in argv else ("driver", "client")
     address, ports = argv[0], [int(p) for p in argv[1:argv.index("--touch")]]
 
     with ThreadPoolExecutor(max_workers=len(ports) or 1) as pool:     # each port's GETs wait on their own
         found = dict(zip(ports, pool.map(lambda port: {"tcp": tcp(address, port), "http": http(address, port)},
                                          ports), strict=True))
-    tries = [(port, how) for port in ports for how in ("driver", "client")
-             if speaks_grpc_or_unknown(found[port]["http"])]
+    tries = [(port, how) for port in ports for how in hows if speaks_grpc_or_unknown(found[port]["http"])]
+    # a port whose GET got no answer at all is the one whose tries wait out their whole bound: first
+    tries.sort(key=lambda t: "Timeout" not in str(found[t[0]]["http"]))
     for port in ports:
-        found[port].update(driver="not tried: not gRPC", client="not tried: not gRPC")
+        found[port].update({how: "not tried: not gRPC" if how in hows else f"not tried: --only {hows[0]}"
+                            for how in ("driver", "client")})
     stranger_env(token)
     joined = joins([f"{'ray://' if how == 'client' else ''}{address}:{port}" for port, how in tries], touch, patience)
     for (port, how), said in zip(tries, joined, strict=True):

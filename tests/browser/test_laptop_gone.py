@@ -31,12 +31,12 @@ RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
 AHEAD_S = 35.0        # the cap is set this far ahead of the spend when the laptop goes
 # how long a reader's $ must stay put while the cluster is not heard from, and how long after the
-# first time the readers are asked again: a minute each in `make laptop-gone`; in `make test` 20 s,
-# in which the 3 hosts' 30 cents a second would show $6 that should not be there, and every reader
-# (the sidebar polls each 5 s) has looked again several times
+# first time the readers are asked again: a minute each in `make laptop-gone`; in `make test` 12 s,
+# in which the 3 hosts' 30 cents a second would show $3.60 that should not be there, and every
+# reader (the sidebar polls each 5 s) has looked again at least twice
 TRIALS_RUN = "GPUGEEK_LAPTOP_GONE_TRIALS" in os.environ
-HELD_S = 60.0 if TRIALS_RUN else 20.0
-AGAIN_S = 60.0 if TRIALS_RUN else 20.0
+HELD_S = 60.0 if TRIALS_RUN else 12.0
+AGAIN_S = 60.0 if TRIALS_RUN else 12.0
 READ_WITHIN_S = 30.0  # every reader has the head's word this soon after the link is back
 READERS = ("clusters", "cost", "sidebar", "kernel")
 # `make laptop-gone` measures the stop against one interval; in `make test` the other suites share

@@ -22,7 +22,7 @@ from gpugeek_jupyter.cluster import registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not os.environ.get("GPUGEEK_LID"), reason="the lid closed for two minutes takes five: `make lid` runs it "
-    "(make test rides out a 45 s cut in test_head_guard.py)")]
+    "(make test rides out a cut past the tunnel's keepalive in test_head_guard.py)")]
 
 STEPS = 150
 PAUSE_S = 1.0          # a step's pause: the job takes STEPS × PAUSE_S

@@ -78,9 +78,10 @@ def answered(result: dict) -> list[str]:
 
 def stranger(lab, address: str, ports: list[int], touch: str, token: str | None = None) -> dict[int, dict]:
     """The probe, run in h3's network namespace (h3 is in no cluster) with this machine's Ray. The
-    control, holding the token, is given longer: under load a Ray Client's first connection waits
-    for the head to start a server process for it, and a slow yes must not read as a no."""
-    args = [str(p) for p in ports] + ["--touch", touch] + (["--token", token, "--patience", "180"] if token else [])
+    control, holding the token, makes the driver's try only (what it must show: the GCS answers a
+    driver holding the token), and is given longer: a slow yes must not read as a no."""
+    args = [str(p) for p in ports] + ["--touch", touch] + (
+        ["--token", token, "--patience", "180", "--only", "driver"] if token else [])
     done = subprocess.run(["ip", "netns", "exec", lab.hosts[2].netns, sys.executable, str(PROBE), address, *args],
                           capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
     return {int(port): result for port, result in json.loads(done.stdout.splitlines()[-1]).items()}

@@ -36,6 +36,29 @@ for step in range(1, {STEPS} + 1):
     time.sleep(PAUSE)
 final = w.tolist()
 """
+# a job that runs until the test opens its gate (a file the local workers see)
+GATED = """
+import os, time
+step = 0
+while not os.path.exists(GATE):
+    step += 1
+    gg.log(loss=float(step))
+    print("step", step, flush=True)
+    time.sleep(0.5)
+"""
+
+
+def _uninterrupted() -> list:
+    """``final`` of a run of ``CELL`` nobody interrupted: its arithmetic is plain and deterministic, so
+    it is worked out here, without its pauses (and without a cluster)."""
+    import contextlib
+    import io
+    import types
+
+    scope = {"gg": types.SimpleNamespace(log=lambda **_: None)}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(CELL.replace("PAUSE", "0"), scope)
+    return scope["final"]
 
 
 @pytest.mark.parametrize("backend", ["local", "sim"])
@@ -82,10 +105,10 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
         assert attached.returncode == 0, attached.stderr[-3000:]
         out = attached.stdout.splitlines()
         assert [int(x.split()[1]) for x in out if x.startswith("step ")] == list(range(1, STEPS + 1)), out
-        plain = gg.run(CELL.replace("PAUSE", "0"), workers=1, pull=["final"])
-        assert next(x for x in out if x.startswith("pulled")) == f"pulled {plain.pulled['final']}"
+        plain = _uninterrupted()
+        assert next(x for x in out if x.startswith("pulled")) == f"pulled {plain}"
         assert f"note: this kernel's cells now run on job {row['job']!r}'s worker group, with its variables" in out
-        assert next(x for x in out if x.startswith("kept")) == f"kept ({STEPS}, {plain.pulled['final']})"
+        assert next(x for x in out if x.startswith("kept")) == f"kept ({STEPS}, {plain})"
         # the monitor had the whole curve, from before this kernel came: every step of both ranks
         assert "monitor finished" in out
         assert next(x for x in out if x.startswith("curve")) == f"curve {[0] * STEPS + [1] * STEPS}"
@@ -194,16 +217,17 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
 
 
 def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_room(
-        gpugeek_home, capsys, monkeypatch):
+        gpugeek_home, tmp_path, capsys, monkeypatch):
     """Nobody adopted it. A new group that finds no room says which job holds it while it runs;
     once it ended the group is kept for `attach`, until a new group needs its room — then it is
     removed, and says so: its workers' processes, seen by pid, end. Never before its job ended."""
     import psutil
 
+    gate = tmp_path / "left-may-end"
     kernel = subprocess.Popen(
         [sys.executable, "-c", "import gpugeek_jupyter as gg\ngg.up('orph')\n"
                                "gg.run('import os\\nprint(\"pid\", os.getpid())', workers=2, all_ranks=True)\n"
-                               f"gg.run({CELL.replace('PAUSE', '2.0')!r}, workers=2, name='left')\n"],
+                               f"gg.run({GATED.replace('GATE', repr(str(gate)))!r}, workers=2, name='left')\n"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         pids = []
@@ -233,6 +257,7 @@ def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_roo
         said = capsys.readouterr().out
         assert f"note: waiting for room on the cluster: job 'left' ({job}) of kernel " in said, said
         assert "(gone) runs on 2 workers, at step " in str(refused.value), refused.value
+        gate.touch()                                         # its job may end now
         wait_until(lambda: gg.jobs("orph").set_index("name").loc["left", "state"] == "finished", 60,
                    "the gone kernel's job to finish")
         # ended, nobody attached: kept for `attach` through its window while no cell needs the room

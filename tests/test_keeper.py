@@ -85,6 +85,23 @@ def notebook_function(source: str):
     return next(v for k, v in namespace.items() if callable(v) and not k.startswith("__"))
 
 
+def test_a_module_and_a_folder_of_the_notebooks_reach_the_workers_through_the_keeper(kept, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """A module beside the notebook that the workers lack goes to the keeper, which gives it to the
+    next group; so does ``up --working-dir``'s folder, each cell starting in its copy there."""
+    (tmp_path / "notebook_helper.py").write_text("ANSWER = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.csv").write_text("x\n1\n")
+    current().line.call(m.Ship(working_dir=environment.packed_folder(str(folder))), 60)
+    jobs.reset()                       # the next group takes the folder (first in this file: the
+    #                                    group it starts goes on to run the tests after it)
+    value = gg.run("import notebook_helper\n(notebook_helper.ANSWER + 1, open('train.csv').read())", workers=2)
+    assert value.shown() == (42, "x\n1\n")
+    assert "sending notebook_helper (local" in capsys.readouterr().out
+
+
 def test_a_cell_goes_as_source_and_comes_back_as_data(kept, capsys):
     import pandas as pd
     import ray
@@ -109,22 +126,6 @@ def test_a_cell_goes_as_source_and_comes_back_as_data(kept, capsys):
     assert on_head and not [c for c in on_head if "ray_client_server" in c], on_head
     assert any("gpugeek_jupyter.keeper.serve" in c for c in on_head), "no keeper among the head's processes"
     assert "no lead line" not in kept.head.keeper_log, "the keeper reaches rank 0 by Ray calls, not its lead line"
-
-
-def test_a_module_and_a_folder_of_the_notebooks_reach_the_workers_through_the_keeper(kept, tmp_path, monkeypatch,
-                                                                                       capsys):
-    """A module beside the notebook that the workers lack goes to the keeper, which gives it to the
-    next group; so does ``up --working-dir``'s folder, each cell starting in its copy there."""
-    (tmp_path / "notebook_helper.py").write_text("ANSWER = 41\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    folder = tmp_path / "data"
-    folder.mkdir()
-    (folder / "train.csv").write_text("x\n1\n")
-    current().line.call(m.Ship(working_dir=environment.packed_folder(str(folder))), 60)
-    jobs.reset()                       # the next group takes the folder
-    value = gg.run("import notebook_helper\n(notebook_helper.ANSWER + 1, open('train.csv').read())", workers=2)
-    assert value.shown() == (42, "x\n1\n")
-    assert "sending notebook_helper (local" in capsys.readouterr().out
 
 
 def test_a_function_the_notebook_cannot_send_is_named_in_one_line(kept):

@@ -423,6 +423,32 @@ for _ in gg.steps(range(6)):
     gg.reset()
 
 
+def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
+    """Where waiting can help (an autoscaler adds nodes), the wait says at once what it is for."""
+    import ray
+
+    from gpugeek_jupyter.cells import orphans, placement
+
+    gg.reset()          # no group of this kernel holds room: the wait is for the cluster to grow (the
+    # test before this one ends with a reset too: here, no group is started only to be stopped)
+
+    @ray.remote(num_cpus=0)
+    def never_ready():
+        time.sleep(30)      # stands for a placement group that is not ready within the wait
+
+    ready = never_ready.remote()
+    try:
+        began = time.monotonic()
+        assert not orphans.wait_for_room(RayDriver(), ready, 2.0, "no-such-group",
+                                         growing=lambda: placement.growing(4, 1))
+        assert time.monotonic() - began < 4
+    finally:
+        ray.cancel(ready, force=True)
+    out = capsys.readouterr().out
+    assert "note: waiting for the cluster to make room for 4 workers × 1 GPU (0 GPUs free now): it starts nodes " \
+           "for them by itself, or a group that holds them ends — this cell waits up to 2 s in all" in out, out
+
+
 def test_changing_training_flags_keeps_the_workers_variables(ipython):
     gg.run("kept = 42 + rank", workers=2)
     assert gg.run("kept", workers=2, amp="bf16", accumulate=2, clip=1.0).shown() == 42
@@ -488,31 +514,6 @@ def test_a_group_that_can_never_fit_a_cluster_that_does_not_grow_is_refused_at_o
     took = time.monotonic() - began
     assert took <= 2.0, f"refused after {took:.1f} s"
     assert gg.run("kept", workers=2).shown() == 7, "refused before the warm group went: its variables are there"
-
-
-def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
-    """Where waiting can help (an autoscaler adds nodes), the wait says at once what it is for."""
-    import ray
-
-    from gpugeek_jupyter.cells import orphans, placement
-
-    gg.reset()          # no group of this kernel holds room: the wait is for the cluster to grow
-
-    @ray.remote(num_cpus=0)
-    def never_ready():
-        time.sleep(30)      # stands for a placement group that is not ready within the wait
-
-    ready = never_ready.remote()
-    try:
-        began = time.monotonic()
-        assert not orphans.wait_for_room(RayDriver(), ready, 2.0, "no-such-group",
-                                         growing=lambda: placement.growing(4, 1))
-        assert time.monotonic() - began < 4
-    finally:
-        ray.cancel(ready, force=True)
-    out = capsys.readouterr().out
-    assert "note: waiting for the cluster to make room for 4 workers × 1 GPU (0 GPUs free now): it starts nodes " \
-           "for them by itself, or a group that holds them ends — this cell waits up to 2 s in all" in out, out
 
 
 def test_the_clusters_processes_leave_out_the_parsers_that_cost_seconds_to_import(ipython):

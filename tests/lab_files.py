@@ -79,16 +79,20 @@ def index(folder: Path) -> None:
 
 
 def image(folder: Path, wheels: Path) -> None:
+    """Compiled to bytecode, as pip installs (and as a machine image ships): the hosts mount it read-only,
+    so a Python there could never write the bytecode it lacks, and every ``import torch`` on a host
+    would compile torch's modules again (4.0 s of CPU against 2.4 s)."""
     versions = {k: v for k, v in wanted().items() if k in ("torch", "numpy")}
-    if _made(folder, versions):
+    made = {**versions, "bytecode": True}
+    if _made(folder, made):
         return
     shutil.rmtree(folder, ignore_errors=True)
     subprocess.run([BASE_PYTHON, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     uv = Path(sys.executable).parent / "uv"
-    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(folder / "bin" / "python"), "--no-index",
-                    "--find-links", str(wheels / "files"), *(f"{k}=={v}" for k, v in versions.items())],
+    subprocess.run([str(uv), "pip", "install", "-q", "--compile-bytecode", "--python", str(folder / "bin" / "python"),
+                    "--no-index", "--find-links", str(wheels / "files"), *(f"{k}=={v}" for k, v in versions.items())],
                    check=True, timeout=600)
-    (folder / "made.json").write_text(json.dumps(versions))
+    (folder / "made.json").write_text(json.dumps(made))
 
 
 # what the package imports in a kernel besides Ray, torch, numpy and pandas (pyproject's

@@ -27,6 +27,20 @@ def gpugeek_home(request, tmp_path, monkeypatch):
             print(f"could not down the failed test's clusters: {exc}")
 
 
+@pytest.fixture
+def stop_button():
+    """The notebook's stop button, as Jupyter presses it: SIGINT to the kernel's process, whose handler
+    raises KeyboardInterrupt (ipykernel sets ``default_int_handler`` around each cell). Gives the
+    press; a real signal, so a wait in the main thread ends at once, as in a kernel. A suite started
+    in the background (``make test &``, CI) inherits SIGINT ignored: the handler is set here."""
+    import os
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield lambda: os.kill(os.getpid(), signal.SIGINT)
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Keeps the call's report on the test, for ``gpugeek_home`` to know it failed."""

@@ -6,7 +6,6 @@ their own, on another Python: tests/lab/test_other_python.py.)"""
 
 from __future__ import annotations
 
-import _thread
 import linecache
 import os
 import signal
@@ -198,9 +197,9 @@ def test_the_keeper_killed_mid_cell_starts_again_and_the_cell_picks_up(kept, cap
     assert gg.run("rank + 1", workers=2).shown() == 1, "the group was not found again"
 
 
-def test_the_stop_button_stops_every_rank_through_the_keeper(kept):
+def test_the_stop_button_stops_every_rank_through_the_keeper(kept, stop_button):
     gg.run("kept_variable = 5", workers=2)
-    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer = threading.Timer(2.0, stop_button)
     timer.start()
     began = time.monotonic()
     with pytest.raises(Interrupted, match="interrupted on all 2 workers; the group is ready"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import os
 import subprocess
 import sys
@@ -233,7 +232,7 @@ dist.all_reduce(torch.ones(1))   # rank 0 waits here for rank 1
 """
 
 
-def test_rank_0_leading_the_cell_over_its_cell_line_stops_failures(ipython, capsys):
+def test_rank_0_leading_the_cell_over_its_cell_line_stops_failures(ipython, capsys, stop_button):
     """The notebook sends the cell to rank 0 alone, which hands it on over the cell line
     (``execute_all``): it fails, gets stuck and is interrupted as above, and a rank's death is
     seen at once."""
@@ -245,7 +244,7 @@ def test_rank_0_leading_the_cell_over_its_cell_line_stops_failures(ipython, caps
     assert sorted(capsys.readouterr().out.splitlines()) == ["[rank 0] from 0", "[rank 1] from 1"]
     with pytest.raises(RemoteError, match="rank 1: ValueError: bad batch"):
         gg.run("if rank == 1:\n    raise ValueError('bad batch')\n", workers=2)
-    threading.Timer(1.0, _thread.interrupt_main).start()
+    threading.Timer(1.0, stop_button).start()
     with pytest.raises(Interrupted, match="the group is ready"):
         gg.run("import time\nfor _ in range(600):\n    time.sleep(0.05)\n", workers=2)
     start = time.monotonic()
@@ -260,10 +259,10 @@ def test_rank_0_leading_the_cell_over_its_cell_line_stops_failures(ipython, caps
     assert gg.run("world_size", workers=2).shown() == 2
 
 
-def test_interrupt_stops_every_worker_and_keeps_the_group(ipython):
+def test_interrupt_stops_every_worker_and_keeps_the_group(ipython, stop_button):
     gg.run("import os, time\nkept = 41", workers=2)
     pids = gg.run("os.getpid()", workers=2).shown()
-    threading.Timer(1.0, _thread.interrupt_main).start()
+    threading.Timer(1.0, stop_button).start()
     start = time.monotonic()
     with pytest.raises(Interrupted, match="interrupted on all 2 workers; the group is ready"):
         gg.run("for _ in range(600):\n    time.sleep(0.05)\n", workers=2)

@@ -61,7 +61,9 @@ def test_hosts_deleted_under_a_live_cluster_then_forgotten(doomed, gpugeek_home)
     ours = of_cluster(record)          # this machine's watchdog and tunnel, by session
     subnet = doomed.subnet
     try:
-        wait_until(lambda: row(terminal(gpugeek_home, "clusters"), "acc")["nodes"] == 3, 30, "three metered nodes")
+        # three metered nodes, and the head's watchdog heard: the record names it once the hosts are gone
+        wait_until(lambda: (seen := row(terminal(gpugeek_home, "clusters"), "acc"))["nodes"] == 3
+                   and (seen.get("guard") or {}).get("by") == "head", 30, "three metered nodes and the head's watchdog")
 
         # the provider's console: every host ended, its address gone; a listening port stays on the
         # bridge, and sees every frame sent towards their addresses (an ARP request, first of all)

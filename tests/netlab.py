@@ -223,10 +223,10 @@ class Lab:
         A connection still open here is left alone. Returns how many were reset."""
         reset = 0
         for host in self.hosts:
-            open_here = {line.split()[3].rsplit(":", 1)[1] for line in _run(
+            open_here = {line.split()[-2].rsplit(":", 1)[1] for line in _run(     # local address:port
                 "ss", "-tnH", "state", "established", "dst", host.address, "dport", "=", ":22").stdout.splitlines()
                 if line.strip()}
-            on_host = [line.split()[-1].rsplit(":", 1)[1] for line in host.ns(
+            on_host = [line.split()[-1].rsplit(":", 1)[1] for line in host.ns(      # the peer: this machine
                 "ss", "-tnH", "dst", self.gateway, "sport", "=", ":22").stdout.splitlines() if line.strip()]
             for port in set(on_host) - open_here:
                 host.ns("ss", "-K", "-tnH", "dst", self.gateway, "dport", "=", f":{port}", "sport", "=", ":22")

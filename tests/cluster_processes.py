@@ -4,6 +4,7 @@ cluster we started, found by process session, for tests that stop it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +35,17 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# What only Ray itself prints: its daemons' records are prefixed "(raylet)", "(raylet, ip=…)",
+# "(pid=gcs_server)", "(autoscaler +3s)", a worker's "(pid=1234)" or "(RankWorker pid=1234, ip=…)";
+# none belongs in a cell.
+RAYS_OWN = re.compile(r"\((raylet|gcs_server|autoscaler|monitor)\b|\(pid=|\bpid=\d+[,)]|gcs_server")
+
+
+def rays_own_lines(*outputs: str) -> list[str]:
+    """The lines of a cell's captured output that Ray printed, not the cell or us."""
+    return [line for text in outputs for line in text.splitlines() if RAYS_OWN.search(line)]
 
 
 def of_cluster(record) -> list[psutil.Process]:

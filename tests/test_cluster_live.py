@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from cluster_processes import of_cluster, settings, wait_until
+from cluster_processes import of_cluster, rays_own_lines, settings, wait_until
 from models import logged_steps
 
 import gpugeek_jupyter as gg
@@ -117,8 +117,10 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     threading.Thread(target=notice, daemon=True).start()
     result = gg.run(STEADY + "\nfinal_step", workers=2, gpus_per_worker=1, push={"log": str(log)},
                     checkpoint_dir=str(ckpt), max_failures=0, monitor=False)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert result.shown() == 60, out
+    # the node went mid-job, its placement group's bundles with it: told in our words alone
+    assert not rays_own_lines(out, err), f"Ray's own lines reached the cell: {rays_own_lines(out, err)}"
     steps = [int(line.split()[0]) for line in log.read_text().splitlines()]
     assert steps == list(range(1, 61)), f"each step once, none lost: {steps}"
     at, said = noticed[0]
@@ -150,6 +152,38 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     assert by_pricing.loc["spot", "spot_saved_usd"] > 0
     kinds = [e["kind"] for e in ledger.events(record.id)]
     assert kinds.index("preempted") < kinds.index("spot-fallback")
+    assert not _leftovers(registry.get(record.id))
+
+
+def test_a_node_lost_mid_job_is_told_once_in_our_words_and_the_job_goes_on_on_the_node_left(capsys, tmp_path):
+    """A node taken away with no notice (its host lost power) while a rank runs on it: the cell
+    says the worker died and resumes from its checkpoint on the node left. Ray says it too — its
+    raylet's "A worker died or was killed…", its GCS's bundles of the group's placement — and none
+    of that reaches the cell: its whole output is read, until the cluster is down."""
+    from gpugeek_jupyter.kernel.session import current
+
+    gg.up("lost", backend="sim", gpu="A100", count=1, workers=2)
+    record = registry.live("lost")
+    log = tmp_path / "steps.log"
+    gg.run("pass", workers=2, gpus_per_worker=1)          # one GPU a node: a rank on each
+    victim = current().group.info[1]["node_id"]
+
+    def lose_the_node():       # at step 5, however long the busy machine takes to start the job
+        deadline = time.time() + 60
+        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+            time.sleep(0.05)
+        gg.preempt(victim[-6:])
+
+    loser = threading.Thread(target=lose_the_node, daemon=True)
+    loser.start()
+    result = gg.run(logged_steps(40, 0.1) + "\nfinal_step", workers=2, gpus_per_worker=1, push={"log": str(log)},
+                    checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=5, max_failures=1, monitor=False)
+    loser.join()
+    assert result.shown() == 40
+    gg.down("lost")
+    out, err = capsys.readouterr()
+    assert out.count("worker 1 died") == 1 and "resumed from step-" in out, out
+    assert not rays_own_lines(out, err), f"Ray's own lines reached the cell: {rays_own_lines(out, err)}"
     assert not _leftovers(registry.get(record.id))
 
 

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import netlab
 import pytest
-from cluster_processes import new_kernel, wait_until
+from cluster_processes import new_kernel, rays_own_lines, wait_until
 from models import logged_steps
 from netlab import described, left_on_hosts
 
@@ -436,7 +436,8 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
                         max_failures=1, monitor=False, name=f"killed-{trial}")
         took = time.monotonic() - began
         killer.join()
-        out = capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert not rays_own_lines(out, err), f"Ray's own lines reached the cell: {rays_own_lines(out, err)}"
         final_step, weights = result.shown()
         assert final_step == 40, out
         assert all(torch.equal(a, b) for a, b in zip(weights, clean[1], strict=True)), \

@@ -157,8 +157,8 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
 
 def test_a_node_lost_mid_job_is_told_once_in_our_words_and_the_job_goes_on_on_the_node_left(capsys, tmp_path):
     """A node taken away with no notice (its host lost power) while a rank runs on it: the cell
-    says the worker died and resumes from its checkpoint on the node left. Ray says it too — its
-    raylet's "A worker died or was killed…", its GCS's bundles of the group's placement — and none
+    says the worker died and resumes from its checkpoint on the node left. Ray often says it too —
+    its raylet's "A worker died or was killed…", its GCS's "Failed to remove … bundle(s)" — and none
     of that reaches the cell: its whole output is read, until the cluster is down."""
     from gpugeek_jupyter.kernel.session import current
 

@@ -40,7 +40,7 @@ def wait_until(predicate, timeout: float, what: str):
 # What only Ray itself prints: its daemons' records are prefixed "(raylet)", "(raylet, ip=…)",
 # "(pid=gcs_server)", "(autoscaler +3s)", a worker's "(pid=1234)" or "(RankWorker pid=1234, ip=…)";
 # none belongs in a cell.
-RAYS_OWN = re.compile(r"\((raylet|gcs_server|autoscaler|monitor)\b|\(pid=|\bpid=\d+[,)]|gcs_server")
+RAYS_OWN = re.compile(r"\((raylet|autoscaler)\b|\(pid=|\bpid=\d+[,)]|gcs_server")
 
 
 def rays_own_lines(*outputs: str) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -88,3 +91,11 @@ ips = [None] * world_size
 dist.all_gather_object(ips, __import__("ray").util.get_node_ip_address())
 (all(torch.equal(g, grads[0]) for g in grads), sorted(set(ips)))
 """
+
+
+def at_step(log: Path, step: int, timeout: float = 120) -> None:
+    """Back once rank 0 of a ``logged_steps`` cell has logged ``step`` steps (or after ``timeout``),
+    however long a busy machine takes to start the job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < step:
+        time.sleep(0.02)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from cluster_processes import of_cluster, rays_own_lines, settings, wait_until
-from models import logged_steps
+from models import at_step, logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import store
@@ -108,10 +108,8 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     victim = current().group.info[0]["node_id"]           # rank 0's node (both ranks: PACK)
     noticed = []
 
-    def notice():       # at step 5, however long the busy machine takes to start the job
-        deadline = time.time() + 60
-        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
-            time.sleep(0.05)
+    def notice():
+        at_step(log, 5, timeout=60)
         noticed.append((time.time(), gg.preempt(victim[-6:], notice=5)))
 
     threading.Thread(target=notice, daemon=True).start()
@@ -168,10 +166,8 @@ def test_a_node_lost_mid_job_is_told_once_in_our_words_and_the_job_goes_on_on_th
     gg.run("pass", workers=2, gpus_per_worker=1)          # one GPU a node: a rank on each
     victim = current().group.info[1]["node_id"]
 
-    def lose_the_node():       # at step 5, however long the busy machine takes to start the job
-        deadline = time.time() + 60
-        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
-            time.sleep(0.05)
+    def lose_the_node():
+        at_step(log, 5, timeout=60)
         gg.preempt(victim[-6:])
 
     loser = threading.Thread(target=lose_the_node, daemon=True)

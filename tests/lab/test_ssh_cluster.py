@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import netlab
 import pytest
 from cluster_processes import new_kernel, rays_own_lines, wait_until
-from models import logged_steps
+from models import at_step, logged_steps
 from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
@@ -388,13 +388,6 @@ def from_rank_0(state, bucket):
                     "model, optimizer = gg.prepare(model, optimizer)\n"
                     "model.register_comm_hook(None, from_rank_0)\n") + \
     "\n(final_step, [p.detach().clone() for p in model.parameters()])"
-
-
-def at_step(log: Path, step: int, timeout: float = 120) -> None:
-    """Back once rank 0 has logged ``step`` steps (or after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(log.read_text().splitlines() if log.exists() else []) < step:
-        time.sleep(0.02)
 
 
 HOST_LOSS_TRIALS = int(os.environ.get("GPUGEEK_HOST_LOSS_TRIALS", "1"))   # 5: the figures in the notes

@@ -135,29 +135,41 @@ def test_a_function_the_notebook_cannot_send_is_named_in_one_line(kept):
 
 
 def test_a_line_cut_again_and_again_loses_no_line_and_runs_the_cell_once(kept, capsys, tmp_path):
-    counter = tmp_path / "ran"
+    """Four cuts while the cell runs, each made once the line is back: the cell prints its lines,
+    then waits for the fourth cut (so a slow redial on a loaded machine cannot let it end first)."""
+    counter, cuts_done = tmp_path / "ran", tmp_path / "cut"
     line = current().line
     dialled = line.dialled
     stop = threading.Event()
 
     def cut():
-        while not stop.wait(0.7):
-            line.close()       # as an SSH tunnel dying does: the kernel's end breaks
+        at = -1                        # the dial count when the line was last cut
+        for _ in range(4):
+            wait_until(lambda at=at: line.up and line.dialled > at, 60, "the line to come back")
+            if stop.wait(0.7):
+                return
+            at = line.dialled
+            line.close()               # as an SSH tunnel dying does: the kernel's end breaks
+        cuts_done.touch()
 
     cutter = threading.Thread(target=cut, daemon=True)
     cutter.start()
+    numbered = NUMBERED.format(counter=str(counter), lines=40, every=0.1).removesuffix("rank * 10\n")
+    source = numbered + (f"import os\nfor _ in range(900):   # the cuts' end, or 90 s\n"
+                         f"    if os.path.exists({str(cuts_done)!r}):\n        break\n    time.sleep(0.1)\nrank * 10\n")
     try:
-        result = gg.run(NUMBERED.format(counter=str(counter), lines=40, every=0.1), workers=2)
+        result = gg.run(source, workers=2)
     finally:
         stop.set()
         cutter.join()
+    assert cuts_done.exists(), "the cell ended before the line was cut four times"
     assert result.shown() == 0
     out = capsys.readouterr().out.splitlines()
     shown = [x for x in out if x.startswith("line ")]
     assert shown == [f"line {i}" for i in range(40)], shown
     assert sorted(counter.read_text().split()) == ["0", "1"], "the cell ran more than once"
     redials = line.dialled - dialled
-    assert redials >= 3, f"the line was dialled {redials} times: the cuts missed it"
+    assert redials >= 4, f"the line was dialled {redials} times after four cuts"
     said = [x for x in out if "dropped" in x and "dialled again" in x]
     assert 1 <= len(said) <= redials, f"{len(said)} lines said the line dropped, for {redials} redials"
 

@@ -115,13 +115,23 @@ def token_text() -> str:
 
 
 @contextmanager
-def _answering(address: str):
+def _answering(address: str, timeout: float):
     """Only what means "nothing answered" — Ray's RPC failure (refused, timed out, GCS gone) and
     the OS's — becomes ``ClusterUnreachable``. Anything else (a TypeError after a Ray upgrade
     changed this private API, say) is a bug and surfaces: called "unreachable", it would have the
-    watchdog stop a healthy cluster."""
+    watchdog stop a healthy cluster.
+
+    Ray's client, made for a port where nothing listens (a head just stopped, a host gone), waits
+    ~40 s whatever the call's timeout before it says so (Ray 2.60); a watchdog stuck that long
+    misses its looks, a reader keeps the user waiting. So the port is dialled first, within ``timeout``."""
     from ray.exceptions import RpcError
 
+    from .ports import why_closed
+
+    host, _, port = address.rpartition(":")
+    closed = why_closed(host.strip("[]"), int(port), timeout) if port.isdigit() else None
+    if closed:
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({closed})")
     use_token_auth()
     try:
         yield
@@ -134,7 +144,7 @@ def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:
     ``ClusterUnreachable`` when nothing answers there; any other error is raised as it is."""
     from ray._raylet import GcsClient
 
-    with _answering(address):
+    with _answering(address, timeout):
         table = GcsClient(address=address).get_all_node_info(timeout=timeout)
     return [_node(info) for info in table.values()]
 
@@ -172,7 +182,7 @@ def held_by_placement_groups(address: str, timeout: float = 5.0) -> bool:
 
     from ray._raylet import GcsClient
 
-    with _answering(address):
+    with _answering(address, timeout):
         usage = GcsClient(address=address).get_all_resource_usage(timeout=timeout)
     for node in usage.resource_usage_data.batch:
         total, available = dict(node.resources_total), dict(node.resources_available)
@@ -207,7 +217,7 @@ def kv_put(address: str, key: str, value: dict, timeout: float = 5.0) -> None:
 
     from ray._raylet import GcsClient
 
-    with _answering(address):
+    with _answering(address, timeout):
         GcsClient(address=address).internal_kv_put(key.encode(), json.dumps(value).encode(), True,
                                                    NOTICE_NAMESPACE, timeout=timeout)
 
@@ -221,7 +231,7 @@ def kv_all(address: str, prefix: str, timeout: float = 5.0) -> dict[str, dict]:
 
     from ray._raylet import GcsClient
 
-    with _answering(address):
+    with _answering(address, timeout):
         client = GcsClient(address=address)
         keys = client.internal_kv_keys(prefix.encode(), NOTICE_NAMESPACE, timeout=timeout)
         out = {}
@@ -238,7 +248,7 @@ def kv_get(address: str, key: str, timeout: float = 5.0) -> dict | None:
 
     from ray._raylet import GcsClient
 
-    with _answering(address):
+    with _answering(address, timeout):
         raw = GcsClient(address=address).internal_kv_get(key.encode(), NOTICE_NAMESPACE, timeout=timeout)
     return json.loads(raw) if raw else None
 

@@ -5,6 +5,7 @@ moves one fails here, by name, rather than quietly in a cluster. Each is used fr
 from __future__ import annotations
 
 import inspect
+import time
 
 import pytest
 
@@ -97,3 +98,17 @@ def test_the_gcs_client_answers_what_raynodes_asks():
     for method in ("get_all_node_info", "get_all_resource_usage", "internal_kv_put", "internal_kv_get",
                    "internal_kv_keys"):
         assert hasattr(InnerGcsClient, method), f"ray._raylet.GcsClient.{method} moved (raynodes.py asks it)"
+
+
+def test_a_gcs_port_nothing_listens_at_is_unreachable_within_the_timeout_asked():
+    """A head just stopped: Ray's client would take ~40 s to say so; each read says it in time."""
+    from gpugeek_jupyter import ports
+    from gpugeek_jupyter.raynodes import ClusterUnreachable, held_by_placement_groups, kv_all, read_nodes
+
+    address = f"127.0.0.1:{ports.free_port()}"
+    for read in (read_nodes, held_by_placement_groups, lambda a, timeout: kv_all(a, "job/", timeout)):
+        began = time.monotonic()
+        with pytest.raises(ClusterUnreachable, match=rf"the Ray cluster at {address} does not answer \(.+\)"):
+            read(address, timeout=2.0)
+        took = time.monotonic() - began
+        assert took < 4.0, f"{read.__name__} took {took:.1f} s to find nothing at {address}"

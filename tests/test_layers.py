@@ -21,9 +21,9 @@ ROOT = "gpugeek_jupyter"
 # Lowest first. A module may import modules of its own unit (without a cycle) or of a unit in a
 # lower rank, never one in its own rank or above. docs/ARCHITECTURE.md draws the same picture.
 LAYERS: list[set[str]] = [
-    {"errors", "display", "onhost", "lean"},   # … | what runs on a bare host: the standard library alone
+    {"errors", "display", "onhost", "lean", "ports"},   # … | what runs on a bare host: the standard library alone
     {"units", "config", "vocab", "line"},   # … | the line between a kernel and a keeper
-    {"store", "raynodes", "blocks", "versions", "ports"},
+    {"store", "raynodes", "blocks", "versions"},
     {"catalog", "launch", "clouds"},   # offers | how a worker becomes a rank | each cloud provider
     {"meter", "views", "workers"},   # the ledger, telemetry | records → figures | what runs in the Ray workers
     {"sizing"},

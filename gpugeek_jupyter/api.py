@@ -108,8 +108,11 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
 def torchrun(script: str, *args: str, name: str | None = None, monitor: bool = True, **flags):
     """Run an existing ``torchrun``-style script (``train.py``) on the warm group as one job: every
     worker runs it as a rank, with ``sys.argv`` = [script, *args] and the variables ``torchrun``
-    sets, as ``torchrun --nproc-per-node … train.py ARGS`` would. ``flags`` are ``run``'s. The
-    script is read here; files it opens must be on the workers (``up --working-dir``)."""
+    sets, as ``torchrun --nproc-per-node … train.py ARGS`` would. ``flags`` are ``run``'s. As under
+    torchrun, the script's folder is first on ``sys.path`` (on a remote cluster the modules beside
+    it that it imports go with it) and it runs in the caller's folder: on a cluster on this
+    machine, the notebook's; elsewhere the job's own on the nodes, where the files it opens must
+    be (``up --working-dir``) and from which ``fetch`` brings back what it wrote."""
     from pathlib import Path
 
     from .cells import jobs
@@ -121,8 +124,20 @@ def torchrun(script: str, *args: str, name: str | None = None, monitor: bool = T
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not text"
         raise GpugeekError(f"torchrun {script}: cannot read it ({why}) — give the path of a Python script") from None
-    return jobs.run(source, argv=(script, *args), name=name or path.name, plan=current().last_plan,
+    return jobs.run(source, argv=(script, *args), script_dir=str(path.resolve().parent), name=name or path.name,
+                    plan=current().last_plan,
                     watch=display.view_maker(JobWatch) if monitor else None, **flags)
+
+
+def fetch(path: str, *, rank: int | None = None, all_ranks: bool = False, to: str | None = None,
+          overwrite: bool = False):
+    """Bring a file or folder a job wrote on the cluster's nodes (``path``: relative to the job's
+    folder there, or absolute) back beside the notebook: from rank 0's node, rank ``rank``'s, or
+    every rank's into ``rank-N/`` folders. Says its size and progress; returns where it landed.
+    Nothing is written under its name until the whole of it came."""
+    from .cells import fetching
+
+    return fetching.fetch(path, rank=rank, all_ranks=all_ranks, to=to, overwrite=overwrite)
 
 
 def jobs(name: str | None = None):

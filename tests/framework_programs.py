@@ -216,6 +216,23 @@ def under_torchrun(program: str, out: Path, *args: str, ranks: int = 2) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+EXAMPLE = Path(__file__).parent / "torchrun_example"   # a script with its modules beside it (its README line)
+
+
+def torchrun_in(folder: Path, script: Path, *args: str, ranks: int = 2) -> str:
+    """``torchrun --standalone --nproc-per-node RANKS SCRIPT ARGS``, run from ``folder``: its output."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(ranks), str(script), *args], env=env, capture_output=True, text=True,
+                          timeout=TORCHRUN_TIMEOUT_S, cwd=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
 def records(out: Path, ranks: int = 2) -> dict[int, dict]:
     return {r: json.loads((out / f"record-{r}.json").read_text()) for r in range(ranks)}
 

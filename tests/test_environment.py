@@ -166,7 +166,7 @@ def test_a_working_dir_goes_to_the_job_without_what_never_should_or_is_one_line(
 def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monkeypatch):
     """Run on, the cell could run the workers' own versions of the user's modules (someone
     else's code): a check that cannot be made refuses the cell, saying so."""
-    from gpugeek_jupyter.cells import jobs
+    from gpugeek_jupyter.cells import shipping
     from gpugeek_jupyter.kernel.session import Connection, current
 
     (tmp_path / "helper.py").write_text("A = 1\n")
@@ -182,7 +182,7 @@ def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monke
     monkeypatch.setattr(current(), "connection", Connection("ray://127.0.0.1:1", tmp_path / "db", -2, kind="client"))
     try:
         with pytest.raises(GpugeekError) as refused:
-            jobs._bring_modules(Record(), Group(), "import helper\nprint(helper.A)", None)
+            shipping.bring_modules(Record(), Group(), "import helper\nprint(helper.A)", None, None)
         said = str(refused.value)
         assert "\n" not in said and "helper" in said and "rank 1 did not answer" in said
         assert "the cell was not run" in said

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from framework_programs import (
     ACCELERATE,
+    EXAMPLE,
     PROGRAMS,
     SCRIPT,
     TRAINER,
     as_cell,
     as_script,
+    files_under,
     killed_once,
     params,
     records,
+    torchrun_in,
     under_torchrun,
     written,
 )
@@ -120,6 +124,35 @@ def test_a_torchrun_script_runs_as_one_job_twice_on_the_warm_group(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(params(out, 0), params(out, 1), strict=True))
     jobs = ledger.jobs_of(registry.live("frameworks").id)
     assert [j["status"] for j in jobs if j["name"] == "train.py"][-2:] == ["finished", "finished"]
+
+
+def test_a_torchrun_script_beside_its_modules_runs_from_the_notebooks_folder_and_resumes(tmp_path, monkeypatch,
+                                                                                         ipython, capsys):
+    """As under torchrun: the script's folder first on ``sys.path`` on every rank (its modules
+    import, though the notebook stood elsewhere at ``up``), and it runs in the caller's folder,
+    which the notebook left (``%cd``) after ``up``: its checkpoint folder lands there, and the
+    second run resumes from it — the same files and the same weights as torchrun's, run from a
+    folder of its own."""
+    examples = tmp_path / "examples" / "ddp"
+    shutil.copytree(EXAMPLE, examples)
+    notebook, reference = tmp_path / "notebook", tmp_path / "torchrun"
+    notebook.mkdir()
+    reference.mkdir()
+    monkeypatch.chdir(notebook)
+    said = []
+    for steps in (3, 6):
+        ipython.run_line_magic("gpugeek", f"torchrun --workers 2 --no-monitor ../examples/ddp/train.py --steps {steps}")
+        said.append(capsys.readouterr().out)
+    assert "no checkpoint: starting at step 0" in said[0] and f"trained to step 3 in {notebook}" in said[0], said[0]
+    assert "resumed from step 3" in said[1] and f"trained to step 6 in {notebook}" in said[1], said[1]
+    theirs = [torchrun_in(reference, examples / "train.py", "--steps", str(steps)) for steps in (3, 6)]
+    assert "resumed from step 3" in theirs[1], theirs[1]
+    assert files_under(notebook) == files_under(reference) == ["checkpoints/model.pt", "checkpoints/shard-0.pt",
+                                                              "checkpoints/shard-1.pt"]
+    ours, ref = (torch.load(f / "checkpoints" / "model.pt", weights_only=True) for f in (notebook, reference))
+    assert ours["step"] == ref["step"] == 6
+    assert all(torch.allclose(ours["model"][k], ref["model"][k], rtol=1e-5) for k in ref["model"])
+    assert not list((tmp_path / "examples").rglob("checkpoints")), "written beside the script"
 
 
 def test_a_script_that_exits_nonzero_fails_its_job_in_one_line(tmp_path):

@@ -10,6 +10,7 @@ variables come back — so a cell meant to survive failures defines what it trai
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import uuid
 from dataclasses import fields, replace
@@ -21,9 +22,8 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
-from ..kernel import connection, environment
+from ..kernel import connection
 from ..kernel.session import current
-from ..line.messages import Ship
 from ..meter import ledger, telemetry
 from ..provision.actions import Cluster
 from ..provision.up import up
@@ -31,8 +31,9 @@ from ..units import number
 from ..workers import oom
 from ..workers.cell import calls_gg
 from ..workers.options import Report, RunOptions, gg_only, options
-from . import away, orphans, placement
+from . import away, orphans, placement, shipping
 from .driving import NODE_DEATH_S, driver
+from .fetching import say_written
 from .group import WorkerGroup
 from .linegroup import LineGroup
 from .results import Interrupted, RemoteError, WorkerDied
@@ -226,6 +227,10 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     began = time.time()
     record = _cluster()
     opts = _checkpoints(opts, record, name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10])
+    # where the job runs: the notebook's folder on this machine, as torchrun runs a script in its
+    # caller's; on nodes that are not the notebook's, what it writes in its folder there is named
+    here = capable(record).runs_here
+    opts = replace(opts, folder=os.getcwd() if here else None, name_writes=not here)
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
     warm = current().group
@@ -258,7 +263,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     try:
         with connection.cell_running():     # the watcher never shuts Ray down under it
             group, record = group_for(opts, record)
-            if _bring_modules(record, group, source, push):
+            if shipping.bring_modules(record, group, source, push, opts.script_dir):
                 start_row()       # a new group is built: the job's work
                 group, record = group_for(opts)
             if (nodes := len({i["node_id"] for i in group.info})) != placed:
@@ -268,6 +273,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
                                        on_samples=on_samples, job=job, on_sent=start_row)
+                    say_written(result, record)
                     status = "finished"
                     return result
                 except WorkerDied as died:
@@ -334,49 +340,6 @@ def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOption
     if opts.checkpoint_every and not opts.checkpoint_dir:
         opts = replace(opts, checkpoint_dir=root or str(home() / "checkpoints" / key))
     return replace(opts, keep_dir=root)
-
-
-def _bring_modules(record: ClusterRecord, group, source: str, push: dict | None) -> bool:
-    """The kernel's modules this cell imports, on every worker of a remote cluster at the kernel's
-    versions (``kernel/environment.py``): those some worker lacks are sent — to the keeper, which
-    gives them to the next group (a remote cluster's), or with the job, connected anew (a Ray
-    Client's) — and the group starts afresh (True)."""
-    session = current()
-    if session.connection is None or not session.connection.remote:
-        return False    # a local or sim cluster runs in this very environment
-    names = environment.imports(source) | environment.pushed_modules(push)
-    try:
-        missing = environment.needed(record.id, names, group.versions) if names else []
-    except Exception as exc:  # noqa: BLE001 - any failure refuses the cell: run on, it could run other code
-        cause = exc if isinstance(exc, GpugeekError) else f"{type(exc).__name__}: {exc}"
-        raise GpugeekError(f"could not check that the workers have this kernel's versions of "
-                           f"{', '.join(sorted(names))} ({cause}) — the cell was not run, as the workers might "
-                           f"run other versions of them; run it again, or `%gpugeek reset` first") from None
-    if not missing:
-        return False
-    environment.shipment().shipped.update({m.name: m for m in missing})
-    what = ", ".join(m.describe() for m in missing)
-    lost = " — the worker group starts afresh (variables defined on it are gone)" if group.cells else ""
-    try:
-        if session.line is not None:
-            shipped = environment.packed(missing)      # a module that cannot travel: said before anything stops
-            print(f"note: sending {what} to the workers (they do not have this kernel's version){lost}", flush=True)
-            driver().ask(Ship(modules=shipped))
-            session.group.stop()
-            session.group = None
-            return True
-        connection.job_env(record, remote=True)      # a module that cannot travel: said before anything stops
-        print(f"note: sending {what} to the workers (they do not have this kernel's version); connecting "
-              f"again with it{lost}", flush=True)
-        connection.reconnect(record)
-    except Exception as exc:  # noqa: BLE001 - said in one line; the connection is made without them
-        environment.forget(missing)
-        if session.connection is None:
-            connection.connect(record)
-        cause = exc if isinstance(exc, GpugeekError) else f"{type(exc).__name__}: {exc}"
-        raise GpugeekError(f"could not send {what} to the workers ({cause}) — install it on the hosts, or "
-                           f"list it in `%gpugeek up … --env requirements.txt`") from None
-    return True
 
 
 def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, preempted: dict,

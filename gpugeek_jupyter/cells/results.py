@@ -65,12 +65,13 @@ class Result:
     value: dict | None = None
     pulled: dict = field(default_factory=dict)
     seconds: float = 0.0
+    wrote: dict | None = None     # what rank 0 wrote in its folder, on nodes not the notebook's (``workers/files.py``)
 
     @classmethod
     def of(cls, first: dict, seconds: float) -> Result:
         """Rank 0's result of the cell (``Worker.execute``), as the notebook gets it: each pulled
         variable loaded here, or one line naming the one this kernel cannot load."""
-        return cls(value=first.get("value"), seconds=seconds,
+        return cls(value=first.get("value"), seconds=seconds, wrote=first.get("wrote"),
                    pulled={name: _pulled(name, blob) for name, blob in (first.get("pulled") or {}).items()})
 
     def shown(self):

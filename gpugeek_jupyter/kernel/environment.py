@@ -22,6 +22,8 @@ this machine, in this environment: nothing is looked up for them.
 from __future__ import annotations
 
 import ast
+import sys
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -57,6 +59,42 @@ def imports(source: str) -> frozenset[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
     return frozenset(names)
+
+
+def beside(folder: str, source: str) -> set[str]:
+    """The modules in a script's own ``folder`` that it imports, and those they import in turn:
+    what ``torchrun`` finds there (its folder first on ``sys.path``), and so what goes with the
+    script to a remote cluster."""
+    root = Path(folder)
+    found: set[str] = set()
+    todo = [source]
+    while todo:
+        for name in imports(todo.pop()) - found:
+            file = next((f for f in (root / f"{name}.py", root / name / "__init__.py") if f.is_file()), None)
+            if file is None:
+                continue
+            found.add(name)
+            try:
+                todo.extend([file.read_text()] if file.name != "__init__.py" else
+                            [f.read_text() for f in file.parent.rglob("*.py") if "__pycache__" not in f.parts])
+            except (OSError, UnicodeDecodeError):
+                continue
+    return found
+
+
+@contextmanager
+def first_on_path(folder: str | None):
+    """``folder`` first on this kernel's ``sys.path`` while the modules a script imports are
+    looked up (its own folder, as the workers will have it)."""
+    if not folder:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
 
 
 def pushed_modules(push: dict | None) -> set[str]:

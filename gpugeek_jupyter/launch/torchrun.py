@@ -125,16 +125,35 @@ def keep_group(backend: str) -> None:
         module.destroy_process_group = destroy_process_group
 
 
-def run_script(body, namespace: dict, argv: tuple[str, ...]) -> None:
+def run_script(body, namespace: dict, argv: tuple[str, ...], script_dir: str | None = None) -> None:
     """A ``torchrun``-style script in the worker's namespace, as ``python train.py ARGS`` would run
-    it: ``sys.argv`` its own while it runs. Its ``sys.exit`` is the worker's to judge, as a cell's
-    is: 0 or None an ordinary end (argparse's ``--help`` too), any other code a failure."""
+    it: ``sys.argv`` its own while it runs, and its own folder first on ``sys.path`` (so the
+    modules beside it import). The modules it imported from that folder are forgotten after, as
+    a process that ends forgets them: the next run reads them afresh, edits included. Its
+    ``sys.exit`` is the worker's to judge, as a cell's is: 0 or None an ordinary end (argparse's
+    ``--help`` too), any other code a failure."""
     import sys
 
     saved = sys.argv
     sys.argv = list(argv)
     namespace["__file__"] = argv[0]
+    if script_dir:
+        sys.path.insert(0, script_dir)
     try:
         exec(body, namespace)
     finally:
         sys.argv = saved
+        if script_dir:
+            if script_dir in sys.path:
+                sys.path.remove(script_dir)
+            _forget_modules_in(script_dir)
+
+
+def _forget_modules_in(folder: str) -> None:
+    import sys
+
+    inside = os.path.join(os.path.abspath(folder), "")
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None)
+        if isinstance(where, str) and os.path.abspath(where).startswith(inside):
+            del sys.modules[name]

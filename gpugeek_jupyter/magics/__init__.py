@@ -321,6 +321,19 @@ def _job_options(args) -> dict:
 
 @subcommand
 @magic_arguments()
+@argument("path", help="a file or folder the job wrote on its nodes (relative to its folder there, or absolute)")
+@argument("--rank", type=int, help="from this rank's node (default: rank 0's)")
+@argument("--all-ranks", action="store_true", help="from every rank's node, each into a rank-N/ folder")
+@argument("--to", help="where here (default: its own name in the notebook's folder)")
+@argument("--overwrite", action="store_true", help="replace what is there already")
+def fetch(self: GpugeekMagics, line: str):
+    """Bring back what a job wrote on the cluster's nodes (`%gpugeek fetch checkpoints`)."""
+    args = parse_argstring(fetch, line)
+    api.fetch(args.path, rank=args.rank, all_ranks=args.all_ranks, to=args.to, overwrite=args.overwrite)
+
+
+@subcommand
+@magic_arguments()
 @cluster_name
 def jobs(self: GpugeekMagics, line: str):
     """The cluster's jobs, running or ended, whichever kernel started them."""

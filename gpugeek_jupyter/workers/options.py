@@ -29,6 +29,9 @@ class RunOptions:
     checkpoint_dir: str | None = None
     collective_timeout: float = 300.0     # a collective waiting longer fails its cell: never a hang
     argv: tuple[str, ...] | None = None   # a script's sys.argv (``%gpugeek torchrun``): the cell is that script
+    script_dir: str | None = None      # that script's own folder: first on sys.path, as under torchrun
+    folder: str | None = None          # where the cell runs: the kernel's current folder, on a cluster on this machine
+    name_writes: bool = False          # a remote job: what it writes in its folder is named at its end (``files``)
     keep_dir: str | None = None        # where a framework's own checkpoints are kept (``saves``): set by the job
     retry: int = 0                     # the cell run again after a lost worker or a preemption (1, 2, …)
 
@@ -41,7 +44,8 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
             grad_ckpt: str | bool = False, accumulate: int = 1, clip: float | None = None,
             strategy: str = "ddp", checkpoint_every: int | None = None,
             checkpoint_dir: str | None = None, collective_timeout: float | None = None,
-            name: str | None = None, argv: tuple[str, ...] | None = None) -> RunOptions:
+            name: str | None = None, argv: tuple[str, ...] | None = None,
+            script_dir: str | None = None) -> RunOptions:
     """Check the flags in one place, one line per mistake."""
     workers = number(workers, "--workers", whole=True, least=1)
     gpus_per_worker = number(gpus_per_worker, "--gpus-per-worker", above=0)
@@ -60,7 +64,7 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
                       grad_ckpt=grad_ckpt, accumulate=accumulate, clip=clip, strategy=strategy,
                       checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir,
                       collective_timeout=float(collective_timeout or RunOptions.collective_timeout),
-                      argv=tuple(str(a) for a in argv) if argv is not None else None)
+                      argv=tuple(str(a) for a in argv) if argv is not None else None, script_dir=script_dir)
 
 
 def gg_only(opts: RunOptions) -> list[str]:

@@ -28,7 +28,7 @@ from concurrent import futures
 from .. import ports
 from ..errors import GpugeekError
 from ..launch import frameworks, rendezvous, torchrun
-from . import journal, lead, line, notice, oom, outcome, progress, values
+from . import files, journal, lead, line, notice, oom, outcome, progress, values
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import RunOptions
@@ -163,11 +163,15 @@ class Worker:
             self.ns["gg"].configure(options)
             if frameworks.loaded():
                 torchrun.apply(self.env)
+            if options.folder:               # a cluster on the notebook's machine: the notebook's folder
+                files.enter(options.folder)
+            began = time.time()
             if pushed:
                 self.ns.update(values.load(pushed, self.ns))
             try:
                 if options.argv is not None:      # a script (``%gpugeek torchrun``): whole, its own argv
-                    value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv)
+                    value = torchrun.run_script(compile(cell.source, cell.filename, "exec"), self.ns, options.argv,
+                                                options.script_dir)
                 else:
                     body, last = cell.compile()
                     exec(body, self.ns)
@@ -179,6 +183,8 @@ class Worker:
                     raise GpugeekError(f"{what} exited with {exit_.code!r} on rank {self.rank} "
                                        f"(sys.exit(0) or sys.exit() ends it as a success)") from None
             self.ns["gg"].flush()
+            if options.name_writes:
+                result["wrote"] = files.report(began, self.described.get("ip"))
             if want_value and value is not None:
                 result["value"] = portable(value)
             if pull:

@@ -34,11 +34,27 @@ class KernelModule:
     def describe(self) -> str:
         return f"{self.dist or self.name} {self.version}" if self.dist else f"{self.name} (local: {self.path})"
 
+    def requires_python(self) -> str | None:
+        """The Pythons this version says it installs on (its ``Requires-Python``), where it says."""
+        if not self.dist_info:
+            return None
+        try:
+            return metadata.PathDistribution(Path(self.dist_info)).metadata["Requires-Python"]
+        except (OSError, KeyError):
+            return None
+
+
+
+PYTHON = "<python>"     # asked as if a module: the Python itself (``3.10.13``), which a package's own needs are held to
 
 
 def version_of(name: str) -> str | None:
     """The version of ``name`` this Python imports: its distribution's, else a digest of its
     files (``local:…``); None when it is not there. Run in the kernel and on every node alike."""
+    if name == PYTHON:
+        import platform
+
+        return platform.python_version()
     found = locate(name)
     return found.version if found else None
 

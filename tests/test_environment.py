@@ -91,6 +91,50 @@ def test_a_local_module_with_compiled_parts_cannot_travel(tmp_path, monkeypatch)
         environment.runtime_env([], [module])
 
 
+def test_a_package_whose_version_needs_a_newer_python_than_the_hosts_is_never_sent(tmp_path, monkeypatch, capsys):
+    """pandas 3 needs Python 3.11: to hosts on 3.10 it would go as a pip install that fails
+    there, and the group with it. Found before: the hosts' own version serves (said in one line,
+    once), and where they have none the cell is refused in one line naming both Pythons."""
+    installed(tmp_path, "frames", "3.1.1", compiled=True)
+    metadata = next(tmp_path.glob("frames-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text() + "Requires-Python: >=3.11\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def hosts(theirs):
+        return lambda names: [{n: {"frames": theirs, versions.PYTHON: "3.10.13"}.get(n) for n in names}] * 2
+
+    shipment = environment.shipment().for_cluster(-3)
+    try:
+        assert environment.needed(-3, {"frames"}, hosts("2.3.3")) == []
+        said = capsys.readouterr().out
+        assert said == ("note: this kernel's frames 3.1.1 needs Python >=3.11 and the hosts run Python 3.10.13, so "
+                        "it cannot go there: the cells use the hosts' own frames 2.3.3\n"), said
+        assert environment.needed(-3, {"frames"}, hosts("2.3.3")) == [] and capsys.readouterr().out == "", "said twice"
+        shipment.for_cluster(None)
+        with pytest.raises(environment.CannotGo) as refused:
+            environment.needed(-3, {"frames"}, hosts(None))
+        assert str(refused.value).startswith("this kernel's frames 3.1.1 needs Python >=3.11, and the hosts run "
+                                             "Python 3.10.13 without frames — install a frames for Python 3.10.13")
+        assert "\n" not in str(refused.value)
+        newer = lambda names: [{n: {versions.PYTHON: "3.12.1"}.get(n) for n in names}]  # noqa: E731
+        assert [m.name for m in environment.needed(-3, {"frames"}, newer)] == ["frames"], "hosts it installs on"
+    finally:
+        shipment.for_cluster(None)
+
+
+def test_a_scripts_modules_beside_it_are_found_through_the_modules_it_imports(tmp_path):
+    (tmp_path / "train.py").write_text("import checkpoint\nfrom model import Tiny\nimport torch, json\n")
+    (tmp_path / "checkpoint.py").write_text("import storage\n")
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "storage" / "__init__.py").write_text("from .disk import x\n")
+    (tmp_path / "storage" / "disk.py").write_text("import formats\nx = 1\n")
+    (tmp_path / "formats.py").write_text("")
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "unused.py").write_text("")
+    found = environment.beside(str(tmp_path), (tmp_path / "train.py").read_text())
+    assert found == {"checkpoint", "model", "storage", "formats"}
+
+
 def test_modules_are_asked_of_the_workers_once_and_again_after_an_edit(tmp_path, monkeypatch):
     (tmp_path / "helper.py").write_text("A = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -103,7 +147,7 @@ def test_modules_are_asked_of_the_workers_once_and_again_after_an_edit(tmp_path,
     shipment = environment.shipment().for_cluster(-1)
     try:
         first = environment.needed(-1, {"helper", "json", "torch"}, nowhere)
-        assert [m.name for m in first] == ["helper"] and asked == [["helper"]]
+        assert [m.name for m in first] == ["helper"] and asked == [["helper", versions.PYTHON]]
         assert environment.needed(-1, {"helper"}, nowhere) == [] and len(asked) == 1, "asked again for nothing new"
         (tmp_path / "helper.py").write_text("A = 2\n")
         assert [m.name for m in environment.needed(-1, {"helper"}, nowhere)] == ["helper"], "an edit not sent"
@@ -188,3 +232,21 @@ def test_a_version_check_that_fails_refuses_the_cell_in_one_line(tmp_path, monke
         assert "the cell was not run" in said
     finally:
         environment.shipment().for_cluster(None)
+
+
+def test_rays_exceptions_reach_the_user_in_words_never_by_their_names():
+    """What a group that could not start says: Ray's exceptions by what they mean, with the last
+    line Ray gave (pip's own there); a worker's own error as it is."""
+    import ray.exceptions as rays
+
+    from gpugeek_jupyter.cells.results import RAY_IN_WORDS, in_words
+
+    timed_out = in_words(rays.GetTimeoutError("Get timed out: some object(s) not ready."))
+    assert timed_out.startswith("its workers did not answer in time") and "Get timed out" not in timed_out
+    pip = in_words(rays.RuntimeEnvSetupError("Failed to set up runtime environment.\n"
+                                             "ERROR: No matching distribution found for pandas==3.1.1"))
+    assert pip == ("the workers' Python environment could not be made on the hosts: ERROR: No matching "
+                   "distribution found for pandas==3.1.1")
+    for said in (timed_out, pip, in_words(rays.RayActorError()), in_words(rays.ActorDiedError())):
+        assert not any(name in said for name in RAY_IN_WORDS), said
+    assert in_words(ConnectionError("rank 1 cannot reach rank 0")) == "ConnectionError: rank 1 cannot reach rank 0"

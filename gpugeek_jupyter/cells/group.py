@@ -33,7 +33,7 @@ from . import away, orphans
 from .driving import RayDriver
 from .orphans import NAMESPACE, group_name
 from .placement import bundle, growing, keep, never_fits, no_room, rank_places, release_held, remove
-from .results import Interrupted, Printer, Result, WorkerDied, failure, show_drained
+from .results import Interrupted, Printer, Result, WorkerDied, failure, in_words, show_drained
 from .sending import Led
 
 READY_TIMEOUT_S = 120
@@ -113,8 +113,9 @@ class WorkerGroup:
             if isinstance(exc, GpugeekError) or not isinstance(exc, Exception):
                 raise
             cause = getattr(exc, "cause", None) or exc     # a worker's own error, not Ray's wrapping
-            raise GpugeekError(f"the worker group did not start ({type(cause).__name__}: {_first_and_last(cause)})") \
-                from None
+            said = in_words(cause) if type(cause).__module__.split(".")[0] == "ray" else \
+                f"{type(cause).__name__}: {_first_and_last(cause)}"
+            raise GpugeekError(f"the worker group did not start ({said})") from None
 
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray

@@ -32,6 +32,34 @@ class Interrupted(GpugeekError):
     """The stop button: every worker was interrupted."""
 
 
+RAY_IN_WORDS = {      # Ray's exceptions, as the notebook says them: no name of Ray's reaches a user
+    "GetTimeoutError": "its workers did not answer in time (their Python environment still building on the "
+                       "hosts, or no room for them?)",
+    "RuntimeEnvSetupError": "the workers' Python environment could not be made on the hosts",
+    "RayActorError": "a worker's process ended",
+    "ActorDiedError": "a worker's process ended",
+    "ActorUnavailableError": "a worker could not be reached",
+    "OutOfMemoryError": "a host ran out of memory",
+    "NodeDiedError": "a host left the cluster",
+    "ObjectLostError": "what a worker sent was lost with its host",
+    "RaySystemError": "Ray failed on the hosts",
+}
+
+
+def in_words(exc: BaseException) -> str:
+    """What went wrong, in the user's words: Ray's exceptions by what they mean (with the last line
+    of what they say), the worker's own errors as they are."""
+    if type(exc).__module__.split(".")[0] == "ray":
+        means = next((RAY_IN_WORDS[k.__name__] for k in type(exc).__mro__ if k.__name__ in RAY_IN_WORDS),
+                     "Ray failed on the hosts")
+        detail = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        said = detail[-1] if detail else ""
+        for name in RAY_IN_WORDS:
+            said = said.replace(f"{name}: ", "").replace(name, "")
+        return f"{means}: {said[:300]}" if said and "timed out" not in said.lower() else means
+    return f"{type(exc).__name__}: {exc}"
+
+
 class WorkerDied(Exception):
     def __init__(self, rank: int, why: str):
         super().__init__(f"worker {rank} died ({why})")

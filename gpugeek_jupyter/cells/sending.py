@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 
-from .results import WorkerDied
+from .results import WorkerDied, in_words
 
 
 class Led:
@@ -39,4 +39,4 @@ class Led:
         try:
             return ray.get(done[0])
         except ray.exceptions.RayActorError as exc:
-            raise WorkerDied(0, type(exc).__name__) from None
+            raise WorkerDied(0, in_words(exc)) from None

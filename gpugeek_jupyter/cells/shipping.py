@@ -27,6 +27,8 @@ def bring_modules(record: ClusterRecord, group, source: str, push: dict | None, 
         with environment.first_on_path(script_dir):
             names |= environment.beside(script_dir, source) if script_dir else set()
             missing = environment.needed(record.id, names, group.versions) if names else []
+    except environment.CannotGo:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure refuses the cell: run on, it could run other code
         cause = exc if isinstance(exc, GpugeekError) else f"{type(exc).__name__}: {exc}"
         raise GpugeekError(f"could not check that the workers have this kernel's versions of "

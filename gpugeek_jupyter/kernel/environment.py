@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import GpugeekError
-from ..versions import KernelModule, locate
+from ..versions import PYTHON, KernelModule, locate
 from .session import current
 
 PACKAGE = "gpugeek_jupyter"
@@ -296,11 +296,45 @@ def needed(cluster_id: int, names: set[str], ask) -> list[KernelModule]:
         fresh[name] = module
     if not fresh:
         return []
-    found = ask(sorted(fresh))
+    found = ask([*sorted(fresh), PYTHON])
     missing = [m for m in fresh.values() if any(f.get(m.name) != m.version for f in found)]
+    pythons = sorted({f[PYTHON] for f in found if f.get(PYTHON)})
+    missing = [m for m in missing if installs_there(m, pythons, [f.get(m.name) for f in found])]
     for module in fresh.values():
         state.checked[module.name] = module.version
     return missing
+
+
+class CannotGo(GpugeekError):
+    """A module the cell needs that cannot go to the hosts, nor is there: the one line is the whole story."""
+
+
+def installs_there(module: KernelModule, pythons: list[str], theirs: list[str | None]) -> bool:
+    """Whether the kernel's version of ``module`` can go to hosts running ``pythons``: it can
+    where its ``Requires-Python`` holds them (or says nothing). Where it does not, the hosts' own
+    version serves, said in one line (False); with none there, one line says what to do."""
+    needs = module.requires_python()
+    if not needs or not pythons:
+        return True
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:      # nothing to judge by: pip, on the hosts, will say
+        return True
+    try:
+        if all(SpecifierSet(needs).contains(Version(p)) for p in pythons):
+            return True
+    except (InvalidSpecifier, InvalidVersion):
+        return True
+    what, hosts = f"{module.dist or module.name} {module.version}", " and ".join(f"Python {p}" for p in pythons)
+    if all(theirs):
+        own = sorted(set(theirs))
+        print(f"note: this kernel's {what} needs Python {needs} and the hosts run {hosts}, so it cannot go there: "
+              f"the cells use the hosts' own {module.dist or module.name} {' / '.join(own)}", flush=True)
+        return False
+    raise CannotGo(f"this kernel's {what} needs Python {needs}, and the hosts run {hosts} without "
+                       f"{module.name} — install a {module.dist or module.name} for {hosts} on the hosts (`%gpugeek up "
+                       f"… --env requirements.txt`), or run this notebook on a kernel of the hosts' Python")
 
 
 def forget(modules: list[KernelModule]) -> None:

@@ -153,6 +153,9 @@ def test_a_torchrun_script_beside_its_modules_runs_from_the_notebooks_folder_and
     assert ours["step"] == ref["step"] == 6
     assert all(torch.allclose(ours["model"][k], ref["model"][k], rtol=1e-5) for k in ref["model"])
     assert not list((tmp_path / "examples").rglob("checkpoints")), "written beside the script"
+    assert gg.fetch("checkpoints") == [notebook / "checkpoints"]
+    assert (f"cluster 'frameworks' runs on this machine: its jobs run in the notebook's folder, so "
+            f"{notebook / 'checkpoints'} is here — nothing to fetch") in capsys.readouterr().out
 
 
 def test_a_script_that_exits_nonzero_fails_its_job_in_one_line(tmp_path):

@@ -33,7 +33,7 @@ FILES = "__import__('gpugeek_jupyter.workers.files', fromlist=['to_rank0'])"
 
 
 def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB"
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
 
 
 def fetch(path: str, *, rank: int | None = None, all_ranks: bool = False, to: str | None = None,

@@ -3,8 +3,10 @@
 Plain pickle (protocol 5): each type is named by its module, which the workers import (the kernel's
 modules a value comes from are sent first: ``kernel/environment.py``). What this notebook defined
 itself — a function or class of ``__main__`` — has no module there: it travels as its source and
-is defined again on the workers (``workers/values.py``), where it sees the workers' variables. What
-can travel neither way is named in one line, with what to do.
+is defined again on the workers (``workers/values.py``), where it sees the workers' variables. A
+pandas object travels in a form of no pandas version's and is made again with the workers' pandas
+(``values.neutral``): the notebook's pandas 3 and the hosts' pandas 2 both read it. What can travel
+neither way is named in one line, with what to do.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ import textwrap
 import types
 
 from ..errors import GpugeekError
-from ..workers.values import define
+from ..workers.values import define, pandas_reduced
 
 
 class _Pickler(pickle.Pickler):
+    def __init__(self, file, names: dict[int, str]):
+        super().__init__(file, protocol=5)
+        self.names = names          # id of a pushed value → its name, for a refusal on the workers
+
     def reducer_override(self, obj):
         if isinstance(obj, types.FunctionType | type) and getattr(obj, "__module__", None) == "__main__":
             return define, (obj.__name__, source_of(obj), f"<pushed {obj.__name__}>")
-        return NotImplemented
+        reduced = pandas_reduced(obj, self.names.get(id(obj)))
+        return NotImplemented if reduced is None else reduced
 
 
 def dumps(push: dict) -> bytes:
@@ -36,7 +43,7 @@ def dumps(push: dict) -> bytes:
 def _pickled(values: dict, name: str) -> bytes:
     buffer = io.BytesIO()
     try:
-        _Pickler(buffer, protocol=5).dump(values)
+        _Pickler(buffer, {id(value): key for key, value in values.items()}).dump(values)
     except GpugeekError as exc:
         raise GpugeekError(f"--push {name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - pickle's many errors, said as one line

@@ -88,7 +88,11 @@ def to_rank0(rank: int, from_rank: int, read):
 
 def enter(folder: str) -> None:
     """This worker into ``folder`` (the notebook's current one) for the cell, if it is here."""
-    if os.getcwd() != folder and os.path.isdir(folder):
+    try:
+        here = os.getcwd()
+    except OSError:             # the folder it was in is gone
+        here = None
+    if here != folder and os.path.isdir(folder):
         os.chdir(folder)
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.processes import this_kernel
-from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..kernel.session import current
 from ..units import number
@@ -164,10 +163,10 @@ def _land(reader: _Reader, r: int, plan: dict, target: Path, progress: _Progress
     return target
 
 
-def say_written(result, record) -> None:
-    """A job on nodes that are not the notebook's wrote files in its folder there: where they
-    are, and how to bring them back — they come by no other way, and a working folder's copy
-    goes with the cluster."""
+def say_written(result) -> None:
+    """A job wrote files in its copy of ``--working-dir`` on nodes that are not the notebook's:
+    where they are, and how to bring them back — they come by no other way, and the copy goes
+    with the cluster."""
     wrote = result.wrote or {}
     names = wrote.get("names") or []
     if not names:
@@ -175,7 +174,6 @@ def say_written(result, record) -> None:
     from ..workers.files import NAMED_MAX
 
     shown = ", ".join(names[:NAMED_MAX]) + (f" and {len(names) - NAMED_MAX} more" if len(names) > NAMED_MAX else "")
-    copy = " (its copy of --working-dir, gone with the cluster at `down`)" \
-        if ClusterSpec.from_json(record.spec).working_dir else ""
-    print(f"note: the job wrote {shown} in its folder on the nodes{copy} — rank 0's is {wrote.get('host')}:"
+    print(f"note: the job wrote {shown} in its folder on the nodes (its copy of --working-dir, gone with the "
+          f"cluster at `down`) — rank 0's is {wrote.get('host')}:"
           f"{wrote.get('folder')}; `%gpugeek fetch {names[0].rstrip('/')}` brings it here", flush=True)

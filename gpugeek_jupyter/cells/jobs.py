@@ -228,9 +228,11 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
     record = _cluster()
     opts = _checkpoints(opts, record, name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10])
     # where the job runs: the notebook's folder on this machine, as torchrun runs a script in its
-    # caller's; on nodes that are not the notebook's, what it writes in its folder there is named
+    # caller's; in the copy of --working-dir on nodes that are not the notebook's, where what it
+    # writes is named at its end (a walk of that folder: only there)
     here = capable(record).runs_here
-    opts = replace(opts, folder=os.getcwd() if here else None, name_writes=not here)
+    opts = replace(opts, folder=os.getcwd() if here else None,
+                   name_writes=not here and bool(record.spec.get("working_dir")))
     job_id = uuid.uuid4().hex[:12]
     cluster_id = record.id
     warm = current().group
@@ -273,7 +275,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                 try:
                     result = group.run(source, opts, push=push, pull=pull, all_ranks=all_ranks,
                                        on_samples=on_samples, job=job, on_sent=start_row)
-                    say_written(result, record)
+                    say_written(result)
                     status = "finished"
                     return result
                 except WorkerDied as died:

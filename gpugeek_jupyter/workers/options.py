@@ -31,7 +31,7 @@ class RunOptions:
     argv: tuple[str, ...] | None = None   # a script's sys.argv (``%gpugeek torchrun``): the cell is that script
     script_dir: str | None = None      # that script's own folder: first on sys.path, as under torchrun
     folder: str | None = None          # where the cell runs: the kernel's current folder, on a cluster on this machine
-    name_writes: bool = False          # a remote job: what it writes in its folder is named at its end (``files``)
+    name_writes: bool = False          # a remote --working-dir's copy: what a cell writes is named at its end
     keep_dir: str | None = None        # where a framework's own checkpoints are kept (``saves``): set by the job
     retry: int = 0                     # the cell run again after a lost worker or a preemption (1, 2, …)
 

@@ -32,8 +32,6 @@ class Rank0:
 
     @property
     def lined(self) -> bool:
-        import time as _t
-        print(f"DBG {_t.time():.3f} keeper: lined? line={self.line is not None} broken={getattr(self.line, 'broken', None)}", file=sys.stderr, flush=True)
         return self.line is not None and not self.line.broken
 
     def lead(self, call: bytes, push: bytes | None):
@@ -83,9 +81,7 @@ def ended(handle, within: float | None = None) -> dict | None:
             return handle.result(timeout=within)
         except NotYet:
             return None
-        except Exception as _exc:  # noqa: BLE001 - the line broke: rank 0 is gone
-            import time as _t
-            print(f"DBG {_t.time():.3f} keeper: lead line outcome failed {type(_exc).__name__}: {_exc}", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - the line broke: rank 0 is gone
             return outcomes.fresh(dead=0)
     import ray
 

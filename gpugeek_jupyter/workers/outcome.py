@@ -34,9 +34,7 @@ def collect(rank: int, ref, outcome: dict) -> None:
 
     try:
         result = ray.get(ref)
-    except ray.exceptions.RayActorError as _exc:
-        import sys as _s, time as _t
-        print(f"DBG {_t.time():.3f} collect: rank {rank} RayActorError {type(_exc).__name__}: {str(_exc)[:600]}", file=_s.stderr, flush=True)
+    except ray.exceptions.RayActorError:
         died(rank, outcome)
         return
     except Exception as exc:  # noqa: BLE001 - Ray could not run the call at all: say it as the rank's error

@@ -311,9 +311,7 @@ class Worker:
         called = {}      # actor call → rank: the others (no line, or one that broke while idle)
         if board is not None:
             data = _bytes(extra[0]) if extra else None
-            _swept = board.sweep()
-            import sys as _s
-            print(f"DBG {time.time():.3f} lead cell {cell_id}: swept {_swept}, lines {sorted(board.lines)}", file=_s.stderr, flush=True)
+            board.sweep()
             for rank in range(1, len(self._peers) + 1):
                 if board.send(rank, cell_id, theirs, data):
                     lined[rank] = rank
@@ -345,8 +343,6 @@ class Worker:
                 if lined:
                     for rank, result in board.receive(set(lined), cell_id, wait):
                         del lined[rank]
-                        import sys as _s
-                        print(f"DBG {time.time():.3f} lead: rank {rank} line answer {str(result)[:80]!r}", file=_s.stderr, flush=True)
                         if result is None:
                             outcome.died(rank, ended)
                         elif result == line.UNREACHED:     # its line had died unseen: the rank may live

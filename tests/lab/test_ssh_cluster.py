@@ -10,8 +10,10 @@ package the doctor compares only when asked, so the cluster is otherwise healthy
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -561,6 +563,60 @@ def test_a_checkpoint_dir_the_hosts_do_not_share_is_one_line_before_any_step(lab
         blind = re.search(r"is not shared by the hosts \((h\d), (h\d) cannot see it\) — give an s3:// URL", said)
         assert blind and blind[1] != blind[2], said
         assert not log.exists() or not log.read_text().strip(), "a step ran before the check"
+
+
+def test_a_torchrun_script_on_two_hosts_writes_in_the_working_dirs_copy_and_fetch_brings_it_back(
+        lab, on_lab3, tmp_path, monkeypatch, ipython, capsys):
+    """``%gpugeek torchrun`` of a script whose modules sit beside it (the hosts have neither: they
+    go with the job) on two hosts of a cluster with ``--working-dir``: its checkpoint folder lands
+    in each rank's copy of the working folder, the cell's end says where, the second run resumes
+    from it, and ``%gpugeek fetch`` brings rank 0's back (the bytes the host holds, read over SSH),
+    then every rank's into ``rank-N/``. What is there already is never overwritten unasked."""
+    import torch
+    from framework_programs import EXAMPLE
+
+    shutil.copytree(EXAMPLE, tmp_path / "examples")
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    monkeypatch.chdir(notebook)
+    said = []
+    for steps in (3, 5):
+        ipython.run_line_magic("gpugeek", f"torchrun --workers 2 --no-monitor ../examples/train.py --steps {steps}")
+        said.append(capsys.readouterr().out)
+    assert "no checkpoint: starting at step 0" in said[0] and "resumed from step 3" in said[1], said
+    assert "sending checkpoint (local" in said[0] and "model (local" in said[0], said[0]
+    note = re.search(r"note: the job wrote checkpoints/ in its folder on the nodes \(its copy of --working-dir, "
+                     r"gone with the cluster at `down`\) — rank 0's is ([\d.]+):(\S+); "
+                     r"`%gpugeek fetch checkpoints` brings it here", said[1])
+    assert note, said[1]
+    address, folder = note.groups()
+    [host] = [h for h in lab.hosts if h.address == address]
+    assert not list(notebook.iterdir()), "a remote job wrote into the notebook's folder"
+
+    ipython.run_line_magic("gpugeek", "fetch checkpoints")
+    out = capsys.readouterr().out
+    assert re.search(r"fetching checkpoints from rank 0 on h\d: 2 files, [\d.]+ [KM]iB", out), out
+    assert f"→ {notebook / 'checkpoints'}" in out, out
+    assert sorted(p.name for p in (notebook / "checkpoints").iterdir()) == ["model.pt", "shard-0.pt"]
+    theirs = lab.ssh(host, f"sha256sum {folder}/checkpoints/model.pt").stdout.split()[0]
+    assert hashlib.sha256((notebook / "checkpoints" / "model.pt").read_bytes()).hexdigest() == theirs
+    assert torch.load(notebook / "checkpoints" / "model.pt", weights_only=True)["step"] == 5
+
+    gg.run("import os\nwith open('big.bin', 'wb') as f:\n    f.write(os.urandom(20 << 20))", workers=2, monitor=False)
+    assert "`%gpugeek fetch big.bin` brings it here" in capsys.readouterr().out
+    assert gg.fetch("big.bin") == [notebook / "big.bin"]      # in three pieces
+    theirs = lab.ssh(host, f"sha256sum {folder}/big.bin").stdout.split()[0]
+    assert hashlib.sha256((notebook / "big.bin").read_bytes()).hexdigest() == theirs
+    gg.fetch("checkpoints", all_ranks=True, to="shards/checkpoints")
+    shards = {r: sorted(p.name for p in (notebook / "shards" / f"rank-{r}" / "checkpoints").iterdir()) for r in (0, 1)}
+    assert shards == {0: ["model.pt", "shard-0.pt"], 1: ["shard-1.pt"]}, shards
+    assert torch.load(notebook / "shards" / "rank-1" / "checkpoints" / "shard-1.pt", weights_only=True) == \
+        {"rank": 1, "step": 5}
+    with pytest.raises(gg.GpugeekError, match=r"checkpoints is here already — give --to another path, or --overwrite"):
+        gg.fetch("checkpoints")
+    with pytest.raises(gg.GpugeekError, match=r"nothing there on rank 0's node"):
+        gg.fetch("no-such-folder")
+    assert not [p for p in notebook.rglob("*") if ".fetching-" in p.name], "a scratch folder was left"
 
 
 def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):

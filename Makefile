@@ -215,11 +215,20 @@ lab-files lab-image: $(VENV)/.installed-test
 	$(PY) tests/lab_files.py image .cache/lab-image .cache/lab-index
 	@if [ -n "$(OTHER_PYTHON)" ]; then $(PY) tests/lab_files.py kernel .cache/kernel-other $(OTHER_PYTHON); \
 	else echo "no Python 3.12 in pyenv: the lab's kernel on another Python skips" >&2; fi
+	@if [ -n "$(NEWER_PYTHON)" ] && [ -n "$(OLDER_PYTHON_HOME)" ]; then \
+	  $(PY) tests/lab_files.py kernel .cache/kernel-313 $(NEWER_PYTHON) && \
+	  $(PY) tests/lab_files.py host-image .cache/lab-image-310 $(OLDER_PYTHON_HOME); \
+	else echo "no Python 3.13 and 3.10 in pyenv: the lab's kernel newer than its hosts skips" >&2; fi
 
 # A kernel on another Python than the lab hosts' (Debian's python3 is 3.11): pyenv's 3.12, with this
 # kernel's Ray, torch, numpy and pandas (tests/lab/test_other_python.py; about 5 GB: torch's CUDA build,
 # PyPI's only one for 3.12)
 OTHER_PYTHON ?= $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12)))
+# A kernel newer than its hosts (tests/lab/test_python_skew.py): pyenv's 3.13 with pandas 3, as above,
+# driving hosts on a machine image of pyenv's 3.10 with pandas 2.3.3 (a copy of that install with
+# PyPI's CUDA torch; the index gets their Ray's cp310 wheels)
+NEWER_PYTHON ?= $(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python3.13)))
+OLDER_PYTHON_HOME ?= $(patsubst %/bin/python3.10,%,$(lastword $(sort $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10))))
 
 bench: $(VENV)/.installed-test
 	$(PY) benchmarks/bench_plan.py

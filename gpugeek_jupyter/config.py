@@ -26,11 +26,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 from .errors import GpugeekError
 
 DEFAULT_RESERVED_DISCOUNT = 0.40
@@ -70,6 +65,10 @@ def settings() -> Settings:
     path = Path(os.environ.get("GPUGEEK_HOME", "~/.gpugeek")).expanduser() / "config.toml"
     if not path.exists():
         return Settings()
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - 3.10 only; imported here, so a host's runtime (which has no tomli) imports us
+        import tomli as tomllib
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:

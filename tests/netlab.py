@@ -11,7 +11,8 @@ its own processes (``ps`` over SSH lists that host's), its own network, and its 
 lab's ``disks/``, kept across a host's restart, as a disk is across a reboot), and the laptop's
 venv, wheels and pip settings are out of its sight. What it still sees is the OS (Debian's
 ``python3``) and, unless it is bare, a machine image: a Python with torch and no Ray at
-``/opt/image`` (``make lab-image``), first on its PATH. One folder, ``shared/``, is mounted at the
+``/opt/image`` (``make lab-image``; or the one ``up(images=…)`` names for it, such as another
+Python's), first on its PATH. One folder, ``shared/``, is mounted at the
 same path on every host and the laptop: a shared filesystem (NFS, say) for the tests that need one.
 
 Traffic stays on the bridge: a host has no route beyond it. Helpers cut a host off, make its link
@@ -94,6 +95,7 @@ class Host:
     link: str          # the bridge's end of its veth pair (the laptop's side of its cable)
     disk: str = ""     # the folder that holds its /root, /tmp and project folder
     bare: bool = False  # only the OS's python3: no machine image
+    image: str = ""     # the machine image it mounts at /opt/image, when not IMAGE (``up(images=…)``)
     sshd: subprocess.Popen | None = None
 
     def file(self, path: str) -> Path:
@@ -357,7 +359,7 @@ class Lab:
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         lines = [f"hostname {host.name}", "mount -t tmpfs tmpfs /opt"]
         if not host.bare:       # bound before anything covers the checkout, where the image is kept
-            lines += [f"mkdir {IMAGE_AT}", f"mount --bind -o ro {IMAGE} {IMAGE_AT}"]
+            lines += [f"mkdir {IMAGE_AT}", f"mount --bind -o ro {host.image or IMAGE} {IMAGE_AT}"]
         # the checkout and ../shared beside it (one under /root or /tmp goes with those); the checkout
         # alone where its parent is / or holds the lab's own folder, which sshd reads from
         cover = ROOT.parent if ROOT.parent != Path("/") and ROOT.parent not in self.dir.parents else ROOT
@@ -400,7 +402,7 @@ class Lab:
     def save(self) -> None:
         state = {"bridge": self.bridge, "gateway": self.gateway,
                  "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "link": h.link,
-                            "disk": h.disk, "bare": h.bare} for h in self.hosts]}
+                            "disk": h.disk, "bare": h.bare, "image": h.image} for h in self.hosts]}
         (self.dir / "lab.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
@@ -556,7 +558,7 @@ def described(pids: list[int]) -> list[str]:
     return [f"{pid}: {line(pid)}" for pid in pids]
 
 @contextlib.contextmanager
-def fixture(n_hosts: int, bare: tuple[str, ...] = (), storage: bool = False):
+def fixture(n_hosts: int, bare: tuple[str, ...] = (), storage: bool = False, images: dict[str, Path] | None = None):
     """A lab for a pytest fixture: skipped (with the reason) where namespaces can't be made, torn
     down after, and asserted to leave nothing behind."""
     import pytest
@@ -564,7 +566,7 @@ def fixture(n_hosts: int, bare: tuple[str, ...] = (), storage: bool = False):
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    made = up(n_hosts, bare, storage)
+    made = up(n_hosts, bare, storage, images)
     try:
         made.serve_index()
         yield made
@@ -574,10 +576,13 @@ def fixture(n_hosts: int, bare: tuple[str, ...] = (), storage: bool = False):
         assert not left, f"the lab left {', '.join(left)}"
 
 
-def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False) -> Lab:
+def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False,
+       images: dict[str, Path] | None = None) -> Lab:
     """Make the lab: a bridge on a free 10.213.X.0/24, then ``n_hosts`` hosts with sshd; the hosts
-    named in ``bare`` have no machine image; with ``storage``, an S3 server on the bridge
+    named in ``bare`` have no machine image, those named in ``images`` mount that folder as theirs
+    (another Python, say) instead of IMAGE; with ``storage``, an S3 server on the bridge
     (``Lab.start_storage``, bucket ``lab``)."""
+    images = {name: Path(folder) for name, folder in (images or {}).items()}
     global _made
     _made += 1          # labs made by this process: two at once must not share a name
     lab_id = f"{(os.getpid() * 8 + _made) % 100000:05d}"
@@ -597,7 +602,8 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False) -> L
         for i in range(1, n_hosts + 1):
             host = Host(name=f"h{i}", netns=f"{PREFIX}{lab_id}-h{i}",
                         address=str(subnet.network_address + 10 + i), link=f"gl{lab_id}h{i}",
-                        disk=str(folder / "disks" / f"h{i}"), bare=f"h{i}" in bare)
+                        disk=str(folder / "disks" / f"h{i}"), bare=f"h{i}" in bare,
+                        image=str(images.get(f"h{i}", "")))
             lab.hosts.append(host)
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpugeek-lab-{host.name}", "-f",
                  str(folder / f"host_key-{host.name}"))
@@ -609,8 +615,9 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False) -> L
             host.ns("ip", "link", "set", "eth0", "up")
             host.ns("ip", "link", "set", "lo", "up")      # no default route: the bridge is all it reaches
         lab.save()
-        if not all(h.bare for h in lab.hosts) and not (IMAGE / "bin" / "python").exists():
-            raise RuntimeError(f"no machine image for the lab's hosts at {IMAGE} — make lab-image")
+        for image in {Path(h.image or IMAGE) for h in lab.hosts if not h.bare}:
+            if not (image / "bin" / "python3").exists():
+                raise RuntimeError(f"no machine image for the lab's hosts at {image} — make lab-image")
         if storage:
             lab.start_storage()
         for host in lab.hosts:

@@ -50,6 +50,8 @@ def dumps(value) -> bytes:
     import io
 
     try:
+        if "pandas" not in sys.modules:        # no pandas object can be in it: pickle's own, at C speed
+            return pickle.dumps(value, protocol=5)
         buffer = io.BytesIO()
         Pickler(buffer).dump(value)
         return buffer.getvalue()
@@ -93,11 +95,12 @@ def pandas_reduced(obj, name: str | None = None):
 
     if not isinstance(obj, pd.DataFrame | pd.Series | pd.Index):
         return None
+    what = f"{name}: a {type(obj).__name__}" if name else f"a {type(obj).__name__}"
     try:
-        return rebuilt, (neutral(obj),)
-    except _Unknown as exc:
-        what = f"{name}: a {type(obj).__name__}" if name else f"a {type(obj).__name__}"
-        return plain, (pd.__version__, pickle.dumps(obj, protocol=5), f"{what} whose {exc}")
+        return rebuilt, ({**neutral(obj), "pandas": pd.__version__, "what": what},)
+    except Exception as exc:  # noqa: BLE001 - _Unknown, or a value the form did not expect: as pandas pickles it
+        why = str(exc) if isinstance(exc, _Unknown) else f"values the neutral form cannot take ({exc})"
+        return plain, (pd.__version__, pickle.dumps(obj, protocol=5), f"{what} whose {why}")
 
 
 class _Unknown(Exception):
@@ -142,15 +145,19 @@ def _values(values, where: str) -> tuple:
     if isinstance(dtype, np.dtype):
         return ("numpy", np.asarray(values))            # object columns too: their values as they are
     if isinstance(dtype, pd.StringDtype):
-        data = np.asarray(values.astype(object), dtype=object)
+        data = np.array(values.astype(object), dtype=object)
         data[pd.isna(data)] = None
         return ("string", data, dtype.storage, "nan" if dtype.na_value is not pd.NA else "NA")
     if isinstance(dtype, pd.CategoricalDtype):
         cat = pd.Categorical(values)
         return ("category", _index(cat.categories, where), np.asarray(cat.codes), bool(dtype.ordered))
-    if isinstance(dtype, pd.DatetimeTZDtype) and isinstance(getattr(dtype.tz, "key", None) or str(dtype.tz), str):
+    if isinstance(dtype, pd.DatetimeTZDtype):
+        tz = getattr(dtype.tz, "key", None) or getattr(dtype.tz, "zone", None) or \
+            ("UTC" if str(dtype.tz) == "UTC" else None)          # zoneinfo's, pytz's, the UTC of either
+        if tz is None:
+            raise _Unknown(f"{where} is {dtype} (a time zone of no name)")
         local = pd.Series(values).dt.tz_convert("UTC").dt.tz_localize(None)
-        return ("tz", np.asarray(local), str(getattr(dtype.tz, "key", None) or dtype.tz))
+        return ("tz", np.asarray(local), tz)
     from pandas.api.extensions import ExtensionArray
 
     array = values.array if hasattr(values, "array") else values
@@ -162,7 +169,20 @@ def _values(values, where: str) -> tuple:
 
 
 def rebuilt(form: dict):
-    """The pandas object of a neutral form (``neutral``), made with this end's pandas."""
+    """The pandas object of a neutral form (``neutral``), made with this end's pandas; one line
+    when this pandas cannot make it (never a failed unpickling)."""
+    import pandas as pd
+
+    try:
+        return _rebuilt(form)
+    except Exception as exc:  # noqa: BLE001 - said in one line, with both versions
+        raise GpugeekError(f"{form.get('what', 'a pandas object')} sent by pandas {form.get('pandas', '?')} could "
+                           f"not be made again by pandas {pd.__version__} ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}) — send its columns as numpy arrays, or "
+                           f"make it in the cell") from None
+
+
+def _rebuilt(form: dict):
     import pandas as pd
 
     if form["kind"] == "index":

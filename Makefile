@@ -215,10 +215,17 @@ lab-files lab-image: $(VENV)/.installed-test
 	$(PY) tests/lab_files.py image .cache/lab-image .cache/lab-index
 	@if [ -n "$(OTHER_PYTHON)" ]; then $(PY) tests/lab_files.py kernel .cache/kernel-other $(OTHER_PYTHON); \
 	else echo "no Python 3.12 in pyenv: the lab's kernel on another Python skips" >&2; fi
+
+# A kernel newer than its hosts, on the lab (tests/lab/test_python_skew.py, about five minutes with
+# its files: two venvs of PyPI's CUDA torch, a minute and a half of CPU each to install and compile):
+# its files are made here only, so make test's streams do without that load; make test skips it.
+.PHONY: python-skew
+python-skew: $(VENV)/.installed-test sshd lab-files
 	@if [ -n "$(NEWER_PYTHON)" ] && [ -n "$(OLDER_PYTHON_HOME)" ]; then \
 	  $(PY) tests/lab_files.py kernel .cache/kernel-313 $(NEWER_PYTHON) && \
 	  $(PY) tests/lab_files.py host-image .cache/lab-image-310 $(OLDER_PYTHON_HOME); \
 	else echo "no Python 3.13 and 3.10 in pyenv: the lab's kernel newer than its hosts skips" >&2; fi
+	GPUGEEK_PYTHON_SKEW=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_python_skew.py
 
 # A kernel on another Python than the lab hosts' (Debian's python3 is 3.11): pyenv's 3.12, with this
 # kernel's Ray, torch, numpy and pandas (tests/lab/test_other_python.py; about 5 GB: torch's CUDA build,

@@ -79,6 +79,9 @@ def skew_lab():
 
 
 def _missing() -> str | None:
+    if not os.environ.get("GPUGEEK_PYTHON_SKEW"):
+        return ("its files (two venvs of PyPI's CUDA torch) take minutes of every core beside make test's timed "
+                "tests: `make python-skew` makes them and runs it")
     if not KERNEL.exists():
         return "no kernel on Python 3.13: `make lab-files` makes .cache/kernel-313 where pyenv has 3.13"
     if not (IMAGE / "made.json").exists():

@@ -229,6 +229,15 @@ def torchrun_in(folder: Path, script: Path, *args: str, ranks: int = 2) -> str:
     return done.stdout
 
 
+def magic_torchrun_runs(ipython, capsys, script: str, *steps: int) -> list[str]:
+    """``%gpugeek torchrun --workers 2 SCRIPT --steps N`` once per N, from the notebook's folder: what each said."""
+    said = []
+    for n in steps:
+        ipython.run_line_magic("gpugeek", f"torchrun --workers 2 --no-monitor {script} --steps {n}")
+        said.append(capsys.readouterr().out)
+    return said
+
+
 def files_under(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 

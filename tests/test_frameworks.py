@@ -23,6 +23,7 @@ from framework_programs import (
     as_script,
     files_under,
     killed_once,
+    magic_torchrun_runs,
     params,
     records,
     torchrun_in,
@@ -139,10 +140,7 @@ def test_a_torchrun_script_beside_its_modules_runs_from_the_notebooks_folder_and
     notebook.mkdir()
     reference.mkdir()
     monkeypatch.chdir(notebook)
-    said = []
-    for steps in (3, 6):
-        ipython.run_line_magic("gpugeek", f"torchrun --workers 2 --no-monitor ../examples/ddp/train.py --steps {steps}")
-        said.append(capsys.readouterr().out)
+    said = magic_torchrun_runs(ipython, capsys, "../examples/ddp/train.py", 3, 6)
     assert "no checkpoint: starting at step 0" in said[0] and f"trained to step 3 in {notebook}" in said[0], said[0]
     assert "resumed from step 3" in said[1] and f"trained to step 6 in {notebook}" in said[1], said[1]
     theirs = [torchrun_in(reference, examples / "train.py", "--steps", str(steps)) for steps in (3, 6)]

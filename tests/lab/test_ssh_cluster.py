@@ -575,16 +575,13 @@ def test_a_torchrun_script_on_two_hosts_writes_in_the_working_dirs_copy_and_fetc
     from it, and ``%gpugeek fetch`` brings rank 0's back (the bytes the host holds, read over SSH),
     then every rank's into ``rank-N/``. What is there already is never overwritten unasked."""
     import torch
-    from framework_programs import EXAMPLE
+    from framework_programs import EXAMPLE, magic_torchrun_runs
 
     shutil.copytree(EXAMPLE, tmp_path / "examples")
     notebook = tmp_path / "notebook"
     notebook.mkdir()
     monkeypatch.chdir(notebook)
-    said = []
-    for steps in (3, 5):
-        ipython.run_line_magic("gpugeek", f"torchrun --workers 2 --no-monitor ../examples/train.py --steps {steps}")
-        said.append(capsys.readouterr().out)
+    said = magic_torchrun_runs(ipython, capsys, "../examples/train.py", 3, 5)
     assert "no checkpoint: starting at step 0" in said[0] and "resumed from step 3" in said[1], said
     assert "sending checkpoint (local" in said[0] and "model (local" in said[0], said[0]
     note = re.search(r"note: the job wrote checkpoints/ in its folder on the nodes \(its copy of --working-dir, "

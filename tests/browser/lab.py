@@ -220,21 +220,29 @@ def shutdown_sessions(server: LabServer) -> None:
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 
-def training_cell(name: str, epochs: int) -> str:
+def training_cell(name: str, epochs: int, hold: str | None = None) -> str:
     """A short real job for the job monitor: a linear model, a DataLoader sharded by ``gg``,
-    ~20 ms a step so the live panel has time to draw."""
+    ~20 ms a step so the live panel has time to draw. With ``hold`` (a file's path), every rank
+    waits at step 128 (its reports, at most one a second, have come by then) until that file
+    exists (at most four minutes), so a test sees the live monitor however slowly a loaded
+    browser draws it, and lets the job go on by writing the file."""
+    wait = "" if hold is None else f"""
+    if step == 128:
+        held = time.monotonic()
+        while not os.path.exists({hold!r}) and time.monotonic() - held < 240:
+            time.sleep(0.1)"""
     return f"""%%gpugeek run --workers 2 --name {name}
-import time, torch
+import os, time, torch
 from torch import nn
 data = torch.utils.data.TensorDataset(torch.randn(2048, 16), torch.randn(2048, 1))
 loader = torch.utils.data.DataLoader(data, batch_size=32)
 model = nn.Linear(16, 1)
 model, opt, loader = gg.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), loader)
-for x, y in gg.steps(loader, epochs={epochs}):
+for step, (x, y) in enumerate(gg.steps(loader, epochs={epochs}), 1):
     loss = nn.functional.mse_loss(model(x), y)
     gg.backward(loss)
     gg.log(loss=loss.item())
-    time.sleep(0.02)
+    time.sleep(0.02){wait}
 gg.step"""
 
 # The kernel is ready once the panel names a kernel and its execution indicator says idle. The

@@ -5,7 +5,10 @@ dollars, and the dashboard's cost table and figures."""
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -20,9 +23,12 @@ from lab import (
     wait_run_done,
 )
 
+# The job waits at step 128 until the test has seen its live monitor and writes this file: on a
+# loaded machine the browser may draw the chart after a free-running job has already ended.
+HOLD = Path(tempfile.gettempdir()) / f"gpugeek-watch-hold-{os.getpid()}"
 CELLS = [
     "%load_ext gpugeek_jupyter\n%gpugeek up lab-sim --backend sim --gpu A100 --count 8 --workers 1 --budget 5",
-    training_cell("lab-job", epochs=8),
+    training_cell("lab-job", epochs=8, hold=str(HOLD)),
     "%gpugeek status",
     "%gpugeek cost --by pricing",
     "%gpugeek down lab-sim",
@@ -80,13 +86,21 @@ def check_job_figure(drawn: dict, steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
+    HOLD.unlink(missing_ok=True)
+    try:
+        watch_a_sim_cluster_job(lab, page)
+    finally:
+        HOLD.unlink(missing_ok=True)
+
+
+def watch_a_sim_cluster_job(lab, page) -> None:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     path = put_notebook(lab, nb, "watch/watch.ipynb")
     open_notebook_in_lab(page, lab.base_url, lab.token, path)
     start_run_all(page)
     cells = page.locator(f"{PANEL} .jp-Notebook-cell")
 
-    # while the job runs: the monitor with its progress bar and live loss chart
+    # while the job runs (held at step 128): the monitor with its progress bar and live loss chart
     monitor = cells.nth(1).locator(".gpugeek-job")
     monitor.locator(".widget-hprogress").wait_for(timeout=180_000)
     monitor.locator(".js-plotly-plot svg.main-svg").first.wait_for(timeout=30_000)
@@ -101,6 +115,7 @@ def test_sim_cluster_job_monitor_and_panel_in_lab(lab, page):
     assert {row[1] for row in table["rows"]} == {re.search(r"as of step (\d+)", table["caption"]).group(1)}, table
     panel = cells.nth(0).locator(".gpugeek-cluster-panel")
     assert "SIMULATED" in panel.inner_text()
+    HOLD.touch()                                   # the job goes on to its end
 
     # the cluster panel of `status`, before `down` runs, shows dollars above zero
     status = cells.nth(2).locator(".gpugeek-cluster-panel")

@@ -36,6 +36,23 @@ NODE_ENV = {"RAY_worker_niceness": "0", "RAY_enable_metrics_collection": "0",
 HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIOD_S * 1000)),
             "RAY_health_check_timeout_ms": "10000",
             "RAY_health_check_failure_threshold": str(HEALTH_CHECK_MISSES)}
+# A host cut off for a few seconds (a cable, a switch) must come back as it was. The GCS's connection to
+# its raylet has data in flight when the link goes; TCP resends it with its timeout doubled each time
+# (0.2 s … 13.6 s, 27 s), so once the link is back that connection stays mute until the next resend —
+# seen 26 s after a 15 s cut that came right after a 12 s one — and every health check queued behind
+# it times out: five in a row and a living host is "dead", its ranks killed. gRPC's keepalive (a ping
+# after 5 s with nothing read while a call waits, 20 s for its answer, which gRPC also sets as the
+# socket's TCP_USER_TIMEOUT) closes such a connection ~20 s after it went mute (seen: 21 s), and Ray
+# dials a fresh one, which works as soon as the link does. Not sooner: once closed, a dial to a host
+# still cut off can fail at once ("failed to connect") and so does each check then, 3 s apart; 20 s
+# outlasts a cut of 15 s. A host silent for good is so found dead sooner than the 65 s of missed
+# checks before (estimated ~35-40 s, not measured). (A lower TCP resend ceiling, the sysctl
+# net.ipv4.tcp_rto_max_ms, needs root on every host; the per-socket option needs Ray's own code.)
+# Given to the head as its system config, which the GCS hands to every raylet, worker and driver: a
+# gRPC server answers GOAWAY "too_many_pings" to a client pinging more often than its own process's
+# setting allows, so every process must agree (set as env on our nodes only, the keeper's driver was
+# left out and did: seen). ``tests/test_ray_contract.py`` holds the names.
+LINK_CONFIG = {"grpc_client_keepalive_time_ms": 5000, "grpc_client_keepalive_timeout_ms": 20000}
 # a node found dead by missed checks died about this long before Ray wrote it down: the checks
 # it missed, the first one at a random point of its period (a silent host: later still)
 DIED_BEFORE_NOTICED_S = (HEALTH_CHECK_MISSES - 0.5) * HEALTH_CHECK_PERIOD_S

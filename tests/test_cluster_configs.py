@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter import ports
+from gpugeek_jupyter import ports, raynodes
 from gpugeek_jupyter.backends import hosts, launcher
 from gpugeek_jupyter.clouds import CLOUDS
 from gpugeek_jupyter.clouds import base as clouds_base
@@ -154,6 +154,7 @@ def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     assert not [word for word in cmd if "client-server" in word] and onhost.HEAD_START in cmd
     temp_dir = _order(config["head_start_ray_commands"][0])["temp_dir"].replace("{ip}", "10.0.0.5")
     assert "--no-monitor" not in cmd and f"--temp-dir={temp_dir}" in cmd
+    assert f"--system-config={json.dumps(raynodes.LINK_CONFIG)}" in cmd    # the cluster's gRPC keepalive
     assert env[onhost.MARKER] == launcher.SHOWN_MARKER and env["RAY_AUTH_MODE"] == "token"
     assert env["RAY_AUTH_TOKEN_PATH"] == str(token) and env["RAY_NODE_TYPE_NAME"] == "head"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and token.read_text() == "secret\n"
@@ -165,7 +166,7 @@ def test_onhost_start_from_the_launchers_order(tmp_path, monkeypatch):
     assert onhost.start(words[words.index("start") + 1:])["ok"]
     cmd, env = _Started.cmd, _Started.env
     assert "--address=10.0.0.5:6379" in cmd and "--node-ip-address=10.0.0.6" in cmd
-    assert not any(c.startswith(("--num-gpus", "--head", "--autoscaling")) for c in cmd)  # RAY_OVERRIDE_RESOURCES
+    assert not any(c.startswith(("--num-gpus", "--head", "--autoscaling", "--system-config")) for c in cmd)
     assert env["RAY_NODE_TYPE_NAME"] == "a100x8-on-demand"
 
     token.unlink()

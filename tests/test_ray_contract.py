@@ -51,6 +51,25 @@ def test_rays_own_lines_can_be_kept_out_of_cells():
         "Ray's error listener no longer marks its lines pid=raylet: kernel/raylines.py tells them by a name"
 
 
+def test_the_keepalive_a_head_gives_its_cluster_is_named_as_ray_names_it():
+    """``raynodes.LINK_CONFIG`` goes to ``ray start --head --system-config``: each key a RayConfig
+    entry (Ray's ``Config`` has a getter per entry; an unknown key ends the GCS at start), and the
+    gRPC keepalive Ray's clients read from it (so a stuck connection to a host cut off is redialled)."""
+    import ray.scripts.scripts as cli
+    from ray._private import grpc_utils
+    from ray._raylet import Config
+
+    from gpugeek_jupyter.raynodes import LINK_CONFIG
+
+    assert LINK_CONFIG, "no keepalive for the cluster's connections"
+    unknown = [key for key in LINK_CONFIG if not callable(getattr(Config, key, None))]
+    assert not unknown, f"Ray's config has no {unknown} now: a head given them would not start"
+    assert "system_config" in {p.name for p in cli.start.params}, "ray start takes no --system-config now"
+    source = inspect.getsource(grpc_utils)
+    assert all(f"ray._config.{key}()" in source for key in LINK_CONFIG), \
+        "Ray's Python gRPC channels no longer read the keepalive from its config"
+
+
 PRIVATE = ("ray._private", "ray._raylet", "ray.autoscaler._private", "ray.experimental.internal_kv")
 
 

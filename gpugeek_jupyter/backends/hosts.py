@@ -21,7 +21,7 @@ from ..cluster.spec import ClusterSpec
 from ..config import settings
 from ..errors import GpugeekError
 from ..meter import ledger
-from ..raynodes import HEAD_ENV, NODE_ENV, token_text
+from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh, tunnel
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
@@ -109,7 +109,8 @@ def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, toke
              "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
              "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
              "keeper_port": remote["keeper_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
-             "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else NODE_ENV}
+             "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else NODE_ENV,
+             **({"system_config": LINK_CONFIG} if role == "head" else {})}
     answer = ssh.on_host(hosts[i], remote.get("ssh_key"), remote["pythons"][i], "start", json.dumps(order),
                          token=token, timeout=START_TIMEOUT_S + 30)
     if not answer.get("ok"):

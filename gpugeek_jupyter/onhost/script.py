@@ -167,6 +167,8 @@ def start(args):
                 f"--include-dashboard={'true' if spec.get('dashboard') else 'false'}"]
         if not any(flag.startswith("--autoscaling-config") for flag in extra):
             cmd.append("--no-monitor")    # no autoscaler: the nodes are the hosts we start
+        if spec.get("system_config"):     # raynodes.LINK_CONFIG: the GCS gives it to every process of the cluster
+            cmd.append(f"--system-config={json.dumps(spec['system_config'])}")
     else:
         cmd += [f"--address={head}"]
     cmd += extra

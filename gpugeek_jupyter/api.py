@@ -62,12 +62,12 @@ def backend_features() -> pd.DataFrame:
 
 
 @functools.wraps(_provision)
-def up(*args, **kwargs):
-    cluster = _provision(*args, **kwargs)
-    if kwargs.get("workers") and isinstance(cluster, Cluster):    # a warm group, started while `up` returns
+def up(name: str | None = None, **flags):
+    cluster = _provision(name, **flags)
+    if flags.get("workers") and isinstance(cluster, Cluster):    # a warm group, started while `up` returns
         from .cells import jobs
 
-        jobs.warm_start(cluster.record, kwargs["workers"])
+        jobs.warm_start(cluster.record, flags["workers"])
     return cluster
 
 

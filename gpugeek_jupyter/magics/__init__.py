@@ -157,16 +157,9 @@ def up(self: GpugeekMagics, line: str):
     """Start a Ray cluster (or re-attach to a live one by name); it becomes the active cluster."""
     args = parse_argstring(up, line)
     plan = self._variable(args.plan, "--plan") if args.plan else None
-    return api.up(
-        args.name, backend=args.backend, address=args.address, offer=args.offer, plan=plan,
-        gpu=args.gpu, count=args.count, workers=args.workers, min_workers=args.min_workers,
-        max_workers=args.max_workers, pricing=args.pricing, spot_fallback=args.spot_fallback,
-        budget=args.budget, idle=args.idle, dashboard=args.dashboard, dry_run=args.dry_run, yes=args.yes,
-        catalog=args.catalog, hosts=args.hosts, ssh_key=args.ssh_key, gpus_per_host=args.gpus_per_host,
-        cpus_per_host=args.cpus_per_host, usd_per_hour=args.usd_per_hour, env=args.env,
-        residency=args.residency, python=args.python, install=not args.no_install,
-        pip_index_url=args.pip_index_url, working_dir=args.working_dir, storage=args.storage,
-    )
+    # every flag goes on by its name (tests/test_up_flags.py holds them to `up`'s and UpRequest's)
+    flags = {k: v for k, v in vars(args).items() if k not in ("name", "plan", "no_install")}
+    return api.up(args.name, plan=plan, install=not args.no_install, **flags)
 
 
 @subcommand

@@ -21,7 +21,8 @@ from .nodetypes import offer_row, spec_for, ssh_spec
 
 @dataclass(frozen=True)
 class UpRequest:
-    """``up``'s flags as given (``None``: not given)."""
+    """``up``'s flags as given (``None``: not given): the one shape they have past the magic's
+    parser and ``up``'s keywords, which ``tests/test_up_flags.py`` holds to these fields."""
 
     name: str
     backend: str
@@ -38,6 +39,8 @@ class UpRequest:
     budget: float | None = None
     idle: float | None = None
     dashboard: bool = False
+    dry_run: bool = False
+    yes: bool = False
     catalog: str | None = None
     hosts: str | list[str] | None = None
     ssh_key: str | None = None
@@ -64,6 +67,15 @@ class UpRequest:
         check_numbers(workers=request.workers, min_workers=request.min_workers, max_workers=request.max_workers,
                       budget=request.budget, idle=request.idle)
         return request
+
+    def options(self) -> dict:
+        """The flags given, for the ledger's ``up`` event: a plan is said given (the object is not
+        kept), ``install`` only when off, the name only when it is not the backend's."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) not in (None, False) and f.name not in ("plan", "name")
+                and not (f.name == "install" and self.install)} | (
+            {"name": self.name} if self.name != self.backend else {}) | (
+            {"plan": "given"} if self.plan is not None else {})
 
     def given(self, *names: str) -> list[str]:
         """The flags among ``names`` that were given, as the user typed them (``--min-workers``)."""

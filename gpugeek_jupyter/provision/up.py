@@ -54,26 +54,29 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     ``workers`` starts a worker group of that many on them while ``up`` returns (``api.up``), which
     the first cell of that shape runs on.
     """
-    given = {k: v for k, v in locals().items() if v is not None and v is not False and k != "plan"
-             and not (k == "install" and v is True)}
-    request = UpRequest.of(locals())
-    pip = read_env_file(env) if env else []
-    folder = environment.working_dir(working_dir) if working_dir else None
+    return start(UpRequest.of(locals()))
+
+
+def start(request: UpRequest) -> Cluster | LaunchConfig:
+    """``up`` from its request: re-attach to a live cluster of that name, show a cloud's config,
+    or record the cluster, start it and connect this kernel to it."""
+    pip = read_env_file(request.env) if request.env else []
+    folder = environment.working_dir(request.working_dir) if request.working_dir else None
     existing = registry.live(request.name)
-    if existing is not None and not dry_run:
+    if existing is not None and not request.dry_run:
         return _reattach(existing, request)
     spec = spec_of(request)
     spec.env = pip
     spec.working_dir = folder
-    spec.storage = storage_url(storage) if storage else None
+    spec.storage = storage_url(request.storage) if request.storage else None
     if capable(spec).your_hosts:     # the hosts' runtime gets the file system the jobs' storage needs
         spec.remote["extra"] = storage_packages(spec.storage) if spec.storage else []
     impl = BACKENDS[request.backend]
-    if dry_run or (impl.confirm and not yes):
+    if request.dry_run or (impl.confirm and not request.yes):
         return impl.show(request.name, spec)
     impl.preflight(spec)
     if not impl.launches:     # attach to what runs at --address: it must answer there
-        _check_listening(address)
+        _check_listening(request.address)
     record = _record(request, spec)
     _start(record, spec)
     record = registry.get(record.id)
@@ -81,8 +84,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     offers = sorted({t.offer_id for t in spec.node_types if t.offer_id})
     ledger.event(record.id, "up", f"{request.backend} cluster {record.name!r} up{_what(spec)} in "
                  f"{record.ready - record.created:.1f} s",
-                 options={**given, "backend": request.backend, **({"offers": offers} if offers else {}),
-                          **({"plan": "given"} if plan is not None else {})})
+                 options={**request.options(), **({"offers": offers} if offers else {})})
     return _connected(record.name)
 
 

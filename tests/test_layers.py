@@ -136,6 +136,26 @@ def test_nothing_below_the_notebook_layer_imports_widgets_or_magics():
     assert not wrong, "the core reaches up into the notebook layer:\n" + "\n".join(wrong)
 
 
+def _units_imported_by(importer: str) -> set[str]:
+    return {unit(t) for m, targets in graph().items() if unit(m) == importer for t in targets} - {importer}
+
+
+def test_workers_import_launch_clouds_and_the_ground_floor_only():
+    """docs/ARCHITECTURE.md: ``workers/`` imports ``launch/``, ``clouds/`` (a spot notice's
+    reader) and the rows below them, nothing else (a worker loads nothing of the kernel's)."""
+    ground = set().union(*LAYERS[:3])
+    assert _units_imported_by("workers") <= ground | {"launch", "clouds"}, _units_imported_by("workers")
+
+
+def test_kernel_is_loaded_by_a_kernels_rooms_and_the_heads_keeper():
+    """docs/ARCHITECTURE.md: ``kernel/`` is imported by what a kernel runs, and by the keeper on a
+    remote head (which drives warm groups of its own through ``cells/``), never by the server,
+    the watchdogs or the workers."""
+    importers = {unit(m) for m, targets in graph().items() for t in targets
+                 if unit(t) == "kernel" and unit(m) != "kernel"}
+    assert importers == {"api", "cells", "health", "keeper", "provision"}, importers
+
+
 def test_no_import_cycles():
     found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" ↔ ".join(c) for c in found)

@@ -72,9 +72,9 @@ def test_a_failed_stop_in_ups_clean_up_stays_listed_watched_and_metered(gpugeek_
     record = registry.live("flaky")
     assert record is not None, "a cluster that may still be billing was closed"
     assert phase_of(record) is ClusterPhase.FAILED
-    assert "may still be running and billing" in gg.status("flaky").state
+    assert "may still be running and billing" in gg.status("flaky").status
     listed = gg.clusters().set_index("name").loc["flaky"]
-    assert listed["phase"] == "failed"
+    assert listed["state"] == "failed"
     assert server.detail("flaky")["state"] == "failed"
     assert [e["kind"] for e in ledger.events(record.id, "stop-failed")] == ["stop-failed"]
     assert _processes_of(record), "the head is still running (the stop failed)"

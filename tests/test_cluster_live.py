@@ -255,7 +255,7 @@ def test_idle_cluster_stops_itself_but_not_while_work_runs(gpugeek_home):
     assert "warm workers wait for the next cell" in ledger.events(record.id, "idle-stop")[0]["message"]
     assert not _leftovers(registry.get(record.id))
     shown = gg.status()                 # the active cluster, stopped: its final state, said as a value
-    assert shown.phase is ClusterPhase.STOPPED and shown.state.startswith("stopped (idle 0.1 min)")
+    assert shown.state is ClusterPhase.STOPPED and shown.status.startswith("stopped (idle 0.1 min)")
     with pytest.raises(gg.GpugeekError, match=r"stopped \(idle 0\.1 min\) — `%gpugeek up i1` starts it again"):
         gg.scale(1)
 

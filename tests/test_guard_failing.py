@@ -153,7 +153,7 @@ def test_a_failing_watchdog_says_so_and_stops_at_the_projected_moment(home, scen
         assert wait_until(lambda: ledger.events(s.record.id, "guard-failing"), 5, "the event")
         row = next(c for c in board.overview()["clusters"] if c["name"] == s.name)
         assert "failing: " in row["status"] and row["guard_failing"]["looks"] >= 3, row["status"]
-        assert "its watchdog is failing" in gg.status(s.name).state
+        assert "its watchdog is failing" in gg.status(s.name).status
         scraped = metrics.scrape().decode()
         assert f'gpugeek_guard_failing{{backend="local",cluster="{s.name}"}}' in scraped
 

@@ -129,7 +129,7 @@ def test_provision_button_starts_a_sim_cluster_and_the_panel_shuts_it_down():
         assert panel.refresher.running
         time.sleep(1.5)                               # the refresher has redrawn meanwhile
         live_cost = api.cost("sim").total_usd
-        assert abs(panel.status.spend_usd - live_cost) < 0.01
+        assert abs(panel.status.spent_usd - live_cost) < 0.01
         assert "SIMULATED" in panel.header.value
         assert panel.gauge.max == 50 and "of $50.00" in panel.gauge_label.value
         assert panel.workers.value == 1
@@ -149,7 +149,7 @@ def test_provision_button_starts_a_sim_cluster_and_the_panel_shuts_it_down():
         assert registry.live("sim") is None
         assert _gone(record), "every process of the cluster stopped"
         final = api.cost("sim").total_usd
-        assert panel.status.spend_usd == pytest.approx(final, abs=1e-9)
+        assert panel.status.spent_usd == pytest.approx(final, abs=1e-9)
         assert f"${final:,.4f}" in panel.message.value and final > 0
         assert not panel.refresher.running
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Literal, TypedDict
 
 from .. import store
 from ..backends.interface import BACKENDS, capable
@@ -237,14 +238,82 @@ def _money(ids: list[int], now: float) -> dict[int, dict]:
     return {r["cluster_id"]: dict(r) for r in store.query(sql, (now - lifecycle.HEARD_WINDOW_S, now, *ids))}
 
 
-def models(records: list[ClusterRecord], now: float | None = None) -> list[dict]:
+class _Failing(TypedDict):
+    since: float
+    looks: int
+    error: str
+
+
+class GuardFailing(_Failing, total=False):
+    """A watchdog's looks failing in a row (``health.failing``), as it wrote them. (Keys that may
+    be missing are declared this way, not with ``NotRequired``: a head may run Python 3.10.)"""
+
+    by: str
+    at: float
+    budget: float | None
+    burn: float | None
+
+
+class _Guard(TypedDict):
+    by: str
+    pid: int | None
+    host: str
+
+
+class Guard(_Guard, total=False):
+    """Who enforced a cluster's limits when it was last heard (its watchdog's ``guard``)."""
+
+    beat: float | None
+
+
+class ClusterModel(TypedDict):
+    """One cluster (one run) as every reader shows it: the status bar and sidebar (``ICluster`` in
+    ``labextension/src/api.ts``, held to this by ``tests/test_cluster_model.py``), the server's
+    JSON, the ``gpugeek`` command, ``status`` and ``clusters()``."""
+
+    id: int                  # names come back after `down`; the id tells the runs apart
+    name: str
+    backend: str
+    live: bool
+    state: Literal["starting", "running", "failed", "stopping", "stopped"]   # ``ClusterPhase``
+    status: str              # the state said for people ("running — orphan: no notebook attached")
+    unheard_since: float | None   # its $ is counted to then: an estimate
+    guard: Guard | None
+    heard: float | None      # this machine last heard from it then
+    guarded_by: str | None   # who enforces the limits now, said
+    guard_by: Literal["head", "here"] | None   # the same in a word (None: nothing does)
+    simulated: bool
+    detaches: bool           # `down` lets go of it (someone else's cluster) and stops nothing
+    nodes: int
+    gpus: float
+    spent_usd: float
+    usd_per_hour: float
+    budget_usd: float | None
+    budget_used: float | None     # the fraction of the budget spent (may pass 1)
+    budget_warn_at: float
+    idle_minutes: float | None
+    idle_since: float | None      # the watchdog's idle clock (None: busy)
+    idle_why: str | None          # what that clock rests on
+    orphan: bool
+    watchdog_gone: bool
+    watchdog_pid: int | None
+    guard_failing: GuardFailing | None
+    address: str | None
+    dashboard_url: str | None
+    attach_code: str         # notebook-cell source that re-attaches a kernel to it
+    created: float
+    stopped: float | None
+    stop_reason: str | None
+
+
+def models(records: list[ClusterRecord], now: float | None = None) -> list[ClusterModel]:
     """Each cluster's model (``model``), their dollars read in one query."""
     now = time.time() if now is None else now
     money = _money([r.id for r in records], now)
     return [model(r, now, money.get(r.id, {})) for r in records]
 
 
-def model(record: ClusterRecord, now: float | None = None, money: dict | None = None) -> dict:
+def model(record: ClusterRecord, now: float | None = None, money: dict | None = None) -> ClusterModel:
     """The one model of a cluster, as plain data: what the status bar, the sidebar, the server's
     JSON, the ``gpugeek`` command, ``status`` and ``clusters()`` all show. ``money``: its row of
     the spend query when the caller read many at once."""
@@ -255,37 +324,22 @@ def model(record: ClusterRecord, now: float | None = None, money: dict | None = 
     phase = lifecycle.phase_of(record)
     state = lifecycle.state_of(record, registry.attached_kernels(record.id)
                                if phase is ClusterPhase.RUNNING else [], now=now)
-    return {
-        "id": record.id,        # names come back after `down`; the id tells the runs apart
-        "name": record.name,
-        "backend": record.backend,
-        "live": record.live,
-        "state": state.phase.value,
-        "status": state.describe(record.name, now, spent_then=spent if state.unheard_since is not None else None),
-        "unheard_since": state.unheard_since,      # its $ is counted to then: an estimate
-        "guard": state.guard,
-        "heard": record.heard,                               # this machine last heard from it then
-        "guarded_by": state.guarded_by(now, record.heard),   # who enforces the limits now, said
-        "guard_by": state.guard_by,                          # "head", "here" or None (nothing does)
-        "simulated": record.simulated,
-        "nodes": int(money.get("nodes") or 0),
-        "gpus": float(money.get("gpus") or 0.0),
-        "spent_usd": spent,
-        "usd_per_hour": float(money.get("usd_per_hour") or 0.0),
-        "budget_usd": budget,
-        "budget_used": spent / budget if budget else None,
-        "budget_warn_at": BUDGET_WARN_AT,
-        "idle_minutes": record.idle_minutes,
-        "idle_since": record.idle_since if record.live else None,   # the watchdog's idle clock (None: busy)
-        "idle_why": record.idle_why if record.live else None,       # what that clock rests on
-        "orphan": state.orphan,
-        "watchdog_gone": state.watchdog_gone,
-        "watchdog_pid": record.watchdog_pid,
-        "guard_failing": state.guard_failing,
-        "address": record.address,
-        "dashboard_url": record.spec.get("dashboard_url") if record.live else None,
-        "attach_code": attach_code(record.name),
-        "created": record.created,
-        "stopped": record.stopped,
-        "stop_reason": record.stop_reason,
-    }
+    return ClusterModel(
+        id=record.id, name=record.name, backend=record.backend, live=record.live,
+        state=state.phase.value,
+        status=state.describe(record.name, now, spent_then=spent if state.unheard_since is not None else None),
+        unheard_since=state.unheard_since, guard=state.guard, heard=record.heard,
+        guarded_by=state.guarded_by(now, record.heard), guard_by=state.guard_by,
+        simulated=record.simulated, detaches=not capable(record).launches,
+        nodes=int(money.get("nodes") or 0), gpus=float(money.get("gpus") or 0.0), spent_usd=spent,
+        usd_per_hour=float(money.get("usd_per_hour") or 0.0), budget_usd=budget,
+        budget_used=spent / budget if budget else None, budget_warn_at=BUDGET_WARN_AT,
+        idle_minutes=record.idle_minutes,
+        idle_since=record.idle_since if record.live else None,
+        idle_why=record.idle_why if record.live else None,
+        orphan=state.orphan, watchdog_gone=state.watchdog_gone, watchdog_pid=record.watchdog_pid,
+        guard_failing=state.guard_failing, address=record.address,
+        dashboard_url=record.spec.get("dashboard_url") if record.live else None,
+        attach_code=attach_code(record.name), created=record.created, stopped=record.stopped,
+        stop_reason=record.stop_reason,
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
@@ -25,22 +25,31 @@ from ..vocab import ClusterPhase
 
 @dataclass
 class ClusterStatus:
+    """A cluster's state from the ledger: ``guard/board.py``'s ``ClusterModel`` under the same
+    names (its ``state`` as a ``ClusterPhase``, its ``nodes`` the table of them where the model
+    counts them), with its events and notes."""
+
     name: str
     backend: str
-    phase: ClusterPhase
-    state: str                        # the phase, said for people (orphan, not watched, …)
+    state: ClusterPhase
+    status: str                       # the state said for people (orphan, not watched, …)
     address: str | None
     simulated: bool
     nodes: pd.DataFrame
-    spend_usd: float
-    burn_usd_per_hour: float
+    spent_usd: float
+    usd_per_hour: float
     budget_usd: float | None
     idle_minutes: float | None
-    idle_for_s: float | None
+    idle_since: float | None          # the watchdog's idle clock (None: busy)
+    at: float                         # when this was read
     idle_why: str | None = None       # what the watchdog's idle clock rests on (meter/activity.py)
     guarded_by: str | None = None     # who enforces the budget and idle stop now (None: nothing does)
     events: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def idle_for_s(self) -> float | None:
+        return self.at - self.idle_since if self.idle_since else None
 
     @property
     def gpus(self) -> float:
@@ -48,25 +57,25 @@ class ClusterStatus:
 
     @property
     def budget_left_hours(self) -> float | None:
-        if not self.budget_usd or self.burn_usd_per_hour <= 0:
+        if not self.budget_usd or self.usd_per_hour <= 0:
             return None
-        return max(0.0, self.budget_usd - self.spend_usd) / self.burn_usd_per_hour
+        return max(0.0, self.budget_usd - self.spent_usd) / self.usd_per_hour
 
     def lines(self) -> list[str]:
         tag = " (simulated $)" if self.simulated else ""
-        out = [f"{self.name}: {self.backend} cluster, {self.state}" + (f" at {self.address}" if self.address else ""),
+        out = [f"{self.name}: {self.backend} cluster, {self.status}" + (f" at {self.address}" if self.address else ""),
                f"nodes: {len(self.nodes)} alive, {self.gpus:g} GPUs"
                + (" declared" if self.simulated else "")]
-        money = f"spent ${self.spend_usd:,.2f}{tag}; burning ${self.burn_usd_per_hour:,.2f}/h"
+        money = f"spent ${self.spent_usd:,.2f}{tag}; burning ${self.usd_per_hour:,.2f}/h"
         if self.budget_usd:
-            money += f"; budget ${self.budget_usd:,.2f} ({self.spend_usd / self.budget_usd:.0%} used)"
+            money += f"; budget ${self.budget_usd:,.2f} ({self.spent_usd / self.budget_usd:.0%} used)"
             left = self.budget_left_hours
-            if left is not None and self.phase is ClusterPhase.RUNNING:
+            if left is not None and self.state is ClusterPhase.RUNNING:
                 money += f", reached in {duration(left * 3600)} at this rate"
-        elif self.burn_usd_per_hour > 0:
-            money += f" → ${self.burn_usd_per_hour * 24:,.2f} per day at this rate"
+        elif self.usd_per_hour > 0:
+            money += f" → ${self.usd_per_hour * 24:,.2f} per day at this rate"
         out.append(money)
-        if self.phase.live:
+        if self.state.live:
             out.append(f"guarded by {self.guarded_by}" if self.guarded_by
                        else "guarded by nothing: budget and idle stop are not enforced")
         if self.idle_minutes:
@@ -110,20 +119,17 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         "up_for": [duration(now - s) for s in alive["started"]],
     })
     return ClusterStatus(
-        name=seen["name"], backend=seen["backend"], phase=ClusterPhase(seen["state"]), state=seen["status"],
-        address=seen["address"], simulated=seen["simulated"], nodes=nodes.reset_index(drop=True),
-        spend_usd=seen["spent_usd"], burn_usd_per_hour=seen["usd_per_hour"], budget_usd=seen["budget_usd"],
-        idle_minutes=seen["idle_minutes"], idle_for_s=now - seen["idle_since"] if seen["idle_since"] else None,
-        idle_why=seen["idle_why"], guarded_by=seen["guarded_by"],
+        **{f.name: seen[f.name] for f in fields(ClusterStatus) if f.name in seen and f.name not in ("state", "nodes")},
+        state=ClusterPhase(seen["state"]), nodes=nodes.reset_index(drop=True), at=now,
         events=ledger.events(record.id), notes=list(ClusterSpec.from_json(record.spec).notes),
     )
 
 
 def clusters() -> pd.DataFrame:
-    """Every cluster this machine has run, newest last; live ones say if they are orphans."""
-    rows = [{"name": c["name"], "backend": c["backend"], "phase": c["state"], "state": c["status"],
-             "nodes": c["nodes"], "gpus": c["gpus"], "spent_usd": c["spent_usd"], "simulated": c["simulated"],
-             "budget_usd": c["budget_usd"], "created": pd.Timestamp(c["created"], unit="s"), "orphan": c["orphan"]}
+    """Every cluster this machine has run, newest last; live ones say if they are orphans (the
+    columns are ``ClusterModel``'s, by its names)."""
+    columns = ["name", "backend", "state", "status", "nodes", "gpus", "spent_usd", "simulated", "budget_usd",
+               "created", "orphan"]
+    rows = [{**{k: c[k] for k in columns}, "created": pd.Timestamp(c["created"], unit="s")}
             for c in board.every_run()]
-    return pd.DataFrame(rows, columns=["name", "backend", "phase", "state", "nodes", "gpus", "spent_usd",
-                                       "simulated", "budget_usd", "created", "orphan"])
+    return pd.DataFrame(rows, columns=columns)

@@ -52,14 +52,14 @@ class ClusterPanel(LivePanel):
         self.refresh()
         self.refresher = Refresher(self.refresh, period, self._error, key=("cluster", name))
         self.refresher.on_superseded = self._say
-        if start and self.status.phase.live:
+        if start and self.status.state.live:
             self.refresher.start()
 
     # -- state ------------------------------------------------------------------------------------
 
     @property
     def live(self) -> bool:
-        return self.status is not None and self.status.phase not in (ClusterPhase.STOPPING, ClusterPhase.STOPPED)
+        return self.status is not None and self.status.state not in (ClusterPhase.STOPPING, ClusterPhase.STOPPED)
 
     def refresh(self) -> bool:
         """Read the cluster's status once and show it; False once it has stopped (a cluster
@@ -69,13 +69,13 @@ class ClusterPanel(LivePanel):
         self.status = status
         sim = " <b style='color:#b35c00'>SIMULATED $</b>" if status.simulated else ""
         self.header.value = (f"<b>{html.escape(status.name)}</b> · {html.escape(status.backend)} · "
-                             f"{html.escape(status.state)}{sim}")
-        self.money.value = (f"<span class='gpugeek-spend'>${status.spend_usd:,.4f}</span> so far · "
-                            f"${status.burn_usd_per_hour:,.2f}/h · {len(status.nodes)} nodes · "
+                             f"{html.escape(status.status)}{sim}")
+        self.money.value = (f"<span class='gpugeek-spend'>${status.spent_usd:,.4f}</span> so far · "
+                            f"${status.usd_per_hour:,.2f}/h · {len(status.nodes)} nodes · "
                             f"{status.gpus:g} GPUs" + (" declared" if status.simulated else ""))
         if status.budget_usd:
-            used = status.spend_usd / status.budget_usd
-            self.gauge.max, self.gauge.value = status.budget_usd, min(status.spend_usd, status.budget_usd)
+            used = status.spent_usd / status.budget_usd
+            self.gauge.max, self.gauge.value = status.budget_usd, min(status.spent_usd, status.budget_usd)
             self.gauge.bar_style = ("danger" if used >= BUDGET_WARN_AT else
                                     "warning" if used >= BUDGET_WARN_AT / 2 else "success")
             left = status.budget_left_hours
@@ -96,9 +96,9 @@ class ClusterPanel(LivePanel):
         if not self.live:
             self._confirming = False
             self.down_button.button_style = ""
-            self.down_button.description = ("Stopped" if status.phase is ClusterPhase.STOPPED
+            self.down_button.description = ("Stopped" if status.state is ClusterPhase.STOPPED
                                             else "Stopping…")
-        return status.phase.live
+        return status.state.live
 
     @staticmethod
     def _idle_text(status) -> str:
@@ -131,7 +131,7 @@ class ClusterPanel(LivePanel):
         api.down(self.name)
         self.refresh()
         self.refresher.end()             # the older panels of this cluster say stopped too
-        self._say(f"stopped; final cost ${self.status.spend_usd:,.4f}"
+        self._say(f"stopped; final cost ${self.status.spent_usd:,.4f}"
                   + (" (simulated)" if self.status.simulated else ""))
 
     def _repr_mimebundle_(self, **kwargs) -> dict:

@@ -5,8 +5,6 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export type Backend = 'local' | 'sim' | 'attach' | 'aws' | 'gcp' | 'azure' | 'kuberay';
-
 /**
  * Where a cluster is in its life (the server's `ClusterPhase`). `starting` while its
  * `%gpugeek up` is still at work (for up to 10 minutes); `failed` when that `up` failed and
@@ -14,17 +12,52 @@ export type Backend = 'local' | 'sim' | 'attach' | 'aws' | 'gcp' | 'azure' | 'ku
  */
 export type ClusterState = 'starting' | 'running' | 'failed' | 'stopping' | 'stopped';
 
-/** One cluster (one run) as `GET gpugeek/clusters` lists it. */
+/** Its watchdog's looks failing in a row (3 or more: the status line says why). */
+export interface IGuardFailing {
+  since: number;
+  looks: number;
+  error: string;
+  by?: string;
+  at?: number;
+  budget?: number | null;
+  burn?: number | null;
+}
+
+/** Who enforced its limits when it was last heard. */
+export interface IGuard {
+  by: string;
+  pid: number | null;
+  host: string;
+  beat?: number | null;
+}
+
+/**
+ * One cluster (one run) as `GET gpugeek/clusters` lists it: the server's `ClusterModel`
+ * (`gpugeek_jupyter/guard/board.py`), field by field (tests/test_cluster_model.py holds the two
+ * equal). The card asks what a cluster can do (`detaches`), never its backend's name.
+ */
 export interface ICluster {
   /** Tells runs apart: a name is reused after `down`, so a live and a stopped run may share it. */
   id: number;
   name: string;
-  backend: Backend;
+  /** The backend's name, shown as it is. */
+  backend: string;
   live: boolean;
   state: ClusterState;
   /** The state said for people, e.g. "running — orphan: no notebook attached". */
   status: string;
+  /** This machine has not heard from the remote cluster since then: its $ are an estimate. */
+  unheard_since: number | null;
+  guard: IGuard | null;
+  /** When this machine last heard from it. */
+  heard: number | null;
+  /** Who enforces the budget and idle stop now, said ("the head's watchdog (pid 12 on …)"); null: nothing. */
+  guarded_by: string | null;
+  /** The same in a word: the head's watchdog, this machine's, or null (nothing enforces them). */
+  guard_by: 'head' | 'here' | null;
   simulated: boolean;
+  /** Someone else's cluster: a shut down lets go of it and stops nothing. */
+  detaches: boolean;
   nodes: number;
   gpus: number;
   spent_usd: number;
@@ -34,15 +67,15 @@ export interface ICluster {
   budget_used: number | null;
   budget_warn_at: number;
   idle_minutes: number | null;
+  /** The watchdog's idle clock (null: busy). */
+  idle_since: number | null;
+  /** What that clock rests on. */
+  idle_why: string | null;
   orphan: boolean;
   /** Its watchdog is gone: the budget cap and idle stop are not enforced. */
   watchdog_gone: boolean;
-  /** Its watchdog's looks have failed 3 or more times in a row (the status line says why). */
-  guard_failing: { looks: number; since: number; error: string } | null;
-  /** Who enforces the budget and idle stop now, said ("the head's watchdog (pid 12 on …)"); null: nothing. */
-  guarded_by: string | null;
-  /** The same in a word: the head's watchdog, this machine's, or null (nothing enforces them). */
-  guard_by: 'head' | 'here' | null;
+  watchdog_pid: number | null;
+  guard_failing: IGuardFailing | null;
   address: string | null;
   dashboard_url: string | null;
   /** Notebook-cell source that re-attaches a kernel to this cluster. */

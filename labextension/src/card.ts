@@ -65,7 +65,7 @@ export class ClusterCard {
   update(cluster: ICluster): void {
     const stopping = cluster.live && this._model.isStopping(cluster.id);
     const state = stopping ? 'stopping' : cluster.state;
-    const detach = cluster.backend === 'attach';
+    const detach = cluster.detaches;
     this.node.dataset.state = state;
     this.node.classList.toggle('gpugeek-mod-stopped', !cluster.live);
     this.node.classList.toggle('gpugeek-mod-orphan', cluster.orphan);
@@ -188,7 +188,7 @@ namespace Private {
    * and why a stopped one stopped. */
   export function status(cluster: ICluster, stopping: boolean): string {
     if (stopping) {
-      return cluster.backend === 'attach' ? 'detaching…' : 'stopping…';
+      return cluster.detaches ? 'detaching…' : 'stopping…';
     }
     switch (cluster.state) {
       case 'starting':

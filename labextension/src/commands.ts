@@ -184,7 +184,7 @@ namespace Private {
     if (model.isStopping(cluster.id)) {
       return;
     }
-    const detach = cluster.backend === 'attach';
+    const detach = cluster.detaches;
     const answer = await showDialog(detach ? detachDialog(cluster) : shutdownDialog(cluster));
     if (!answer.button.accept) {
       return;

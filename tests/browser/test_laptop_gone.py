@@ -79,7 +79,7 @@ def _read(reader: str, name: str, home, page) -> tuple[str, float, str]:
         return card.get_attribute("data-state"), shown[0] if shown else float("nan"), \
             card.locator(".gpugeek-cluster-status").inner_text()
     said = new_kernel(f"import gpugeek_jupyter as gg\ns = gg.status({name!r})\n"
-                      f"print(s.phase.value, s.spend_usd)\nprint(s.state)", home)
+                      f"print(s.state.value, s.spent_usd)\nprint(s.status)", home)
     assert said.returncode == 0, said.stderr[-2000:]
     phase, usd, state = *said.stdout.splitlines()[-2].split(), said.stdout.splitlines()[-1]
     return phase, float(usd), state

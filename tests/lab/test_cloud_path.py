@@ -173,7 +173,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         status = gg.status()
         workers = spec.node_types[0]
         assert len(status.nodes) == 3
-        assert status.burn_usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
+        assert status.usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
 
         # a restarted kernel finds the cluster by name, through the same tunnel (tunnel.ensure)
         again = new_kernel("import gpugeek_jupyter as gg\n"

@@ -114,7 +114,7 @@ def test_three_hosts_up_attach_reconnect_train(lab, on_lab3):
     assert stat.S_IMODE(local.stat().st_mode) == 0o600, "the local token is readable by others"
 
     status = gg.status()
-    assert len(status.nodes) == 3 and status.burn_usd_per_hour == pytest.approx(3 * RATE)
+    assert len(status.nodes) == 3 and status.usd_per_hour == pytest.approx(3 * RATE)
 
     # a restarted kernel: a new process finds the cluster by name, through the same tunnel and the
     # same keeper

@@ -131,12 +131,14 @@ def test_the_lead_line_answers_a_keeper_in_any_order_and_breaks_as_rank_0_goes()
 
     release = threading.Event()
 
-    def slow(x):
-        release.wait(10)
-        return x * 2
+    def drain(request):         # a held read (number 0) waits for the release; number -1 fails
+        if request.number < 0:
+            return 1 / 0
+        if request.number == 0:
+            release.wait(10)
+        return request.cursor * 2
 
-    door = lead.LeadDoor("127.0.0.1", {"slow": slow, "quick": lambda x: x + 1,
-                                      "fails": lambda: 1 / 0})
+    door = lead.LeadDoor("127.0.0.1", {lead.DrainCell: drain, lead.LeadCell: lambda request: request.call + b"!"})
     with socket.create_connection(door.address) as stranger:      # answers the challenge wrong
         stranger.settimeout(5)
         stranger.sendall(b"\x00\x00\x00\x20" + b"\x00" * 32)
@@ -145,21 +147,21 @@ def test_the_lead_line_answers_a_keeper_in_any_order_and_breaks_as_rank_0_goes()
             heard += chunk
     assert heard.endswith(b"#FAILURE#"), heard        # the challenge, then turned away
     keeper = lead.LeadLine(door.address, door.key)
-    held = keeper.ask("slow", 21)
-    assert keeper.ask("quick", 1).result(timeout=5) == 2 and not held.done()
+    held = keeper.ask(lead.DrainCell(0.0, 21, 0))
+    assert keeper.ask(lead.LeadCell(b"cell")).result(timeout=5) == b"cell!" and not held.done()
     release.set()
     assert held.result(timeout=5) == 42
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
-        keeper.ask("fails").result(timeout=5)
+        keeper.ask(lead.DrainCell(0.0, 1, -1)).result(timeout=5)
     again = lead.LeadLine(door.address, door.key)       # a keeper that started again
-    assert again.ask("quick", 2).result(timeout=5) == 3
+    assert again.ask(lead.DrainCell(0.0, 2, 1)).result(timeout=5) == 4
     release.clear()
-    pending = again.ask("slow", 1)
+    pending = again.ask(lead.DrainCell(0.0, 1, 0))
     door.close()                  # rank 0's process going: every keeper's end sees it
     with pytest.raises(ConnectionError):
         pending.result(timeout=5)
     with pytest.raises(ConnectionError):
-        keeper.ask("quick", 3).result(timeout=5)      # broken stays broken: asked again, failed at once
+        keeper.ask(lead.LeadCell(b"late")).result(timeout=5)   # broken stays broken: asked again, failed at once
     release.set()
     keeper.close()
     again.close()

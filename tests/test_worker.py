@@ -5,12 +5,13 @@ from __future__ import annotations
 import pickle
 from types import SimpleNamespace
 
-from gpugeek_jupyter.workers.options import options
+from gpugeek_jupyter.workers.options import CellCall, options
 from gpugeek_jupyter.workers.worker import Worker
 
 
 def call(source: str, cell_id: int) -> bytes:
-    return pickle.dumps((source, f"<cell {cell_id}>", [], True, options(), cell_id, None))   # no job: not rank 0
+    # no job: not rank 0
+    return pickle.dumps(CellCall(source, f"<cell {cell_id}>", options(), cell_id, want_value=True))
 
 
 def test_an_interrupt_that_comes_before_its_cell_still_stops_it():

@@ -26,7 +26,7 @@ from ..kernel import connection
 from ..launch import torchrun
 from ..meter import telemetry
 from ..workers import progress
-from ..workers.options import RunOptions
+from ..workers.options import CellCall, RunOptions
 from ..workers.outcome import CANCEL_WAIT_S
 from ..workers.worker import LEAD_THREADS, Worker
 from . import away, orphans
@@ -81,6 +81,7 @@ class WorkerGroup:
         self.job: dict | None = None   # the running cell's job (id, name, kernel)
         self.last_step: int | None = None   # the latest step the journal told of
         self.runtime_env: dict = {}   # what the workers get besides torchrun's variables (a keeper's: the package)
+        self.warming = False    # started by its first cell, here (a keeper's group may start ahead)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -247,7 +248,8 @@ class WorkerGroup:
 
         self.cells += 1
         cell_id = self.cells
-        call = (source, options.source_name(cell_id), pull or [], True, options, cell_id, job)
+        call = CellCall(source, options.source_name(cell_id), options, cell_id, pull=pull or [], want_value=True,
+                        job=job)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         self.job = job

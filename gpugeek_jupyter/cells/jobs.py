@@ -37,6 +37,7 @@ from .fetching import say_written
 from .group import WorkerGroup
 from .linegroup import LineGroup
 from .results import Interrupted, RemoteError, WorkerDied
+from .warm import Group
 from .watch import JobWatch, Watcher
 
 NODE_GONE_S = 60.0     # after a notice's deadline, how long Ray may take to see the node gone
@@ -62,14 +63,14 @@ def _shape(opts: RunOptions) -> tuple:
     return opts.workers, opts.gpus_per_worker, opts.collective_timeout
 
 
-def _reusable(group: WorkerGroup | None, opts: RunOptions, record: ClusterRecord) -> bool:
+def _reusable(group: Group | None, opts: RunOptions, record: ClusterRecord) -> bool:
     """Whether the warm ``group`` can run a cell of ``opts`` on cluster ``record`` (as just read):
     not broken, built for the same shape, connected to the same address."""
     return (group is not None and not group.broken and _shape(group.options) == _shape(opts)
             and group.address == record.address)
 
 
-def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[WorkerGroup, ClusterRecord]:
+def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Group, ClusterRecord]:
     """The warm group of this size on the active cluster (``record``: as just read), built if needed."""
     session = current()
     record = record or _cluster()
@@ -93,7 +94,7 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Wo
         orphans.leave_with_this_kernel()
         for note in group.notes:
             print(f"note: {note}", flush=True)
-    elif getattr(session.group, "warming", False):     # `up --workers`: its start under way on the keeper
+    elif session.group.warming:     # `up --workers`: its start under way on the keeper
         session.group.start()
     return session.group, record
 
@@ -126,7 +127,7 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
           f"{opts.workers}{gpus}` cell runs on it", flush=True)
 
 
-def _refound(group: WorkerGroup, record: ClusterRecord) -> bool:
+def _refound(group: Group, record: ClusterRecord) -> bool:
     """The warm group found again after this kernel connected anew; a link that fails meanwhile
     is said, and the group kept for the next cell (it is out of reach, not gone)."""
     try:
@@ -139,7 +140,7 @@ def _refound(group: WorkerGroup, record: ClusterRecord) -> bool:
         return False
 
 
-def _group(opts: RunOptions, record: ClusterRecord) -> WorkerGroup | LineGroup:
+def _group(opts: RunOptions, record: ClusterRecord) -> Group:
     """A new group for this kernel: held by its remote cluster's keeper, or by this kernel itself."""
     cluster_id = record.id
     flags = {"sample_gpus": not record.simulated, "notices": capable(record).notices, "grows": capable(record).grows,
@@ -164,7 +165,7 @@ def check_adoptable(group_id: str, adopted_by: str | None = None) -> None:
                        f"it keeps its group — attach without --adopt to follow its job")
 
 
-def adopt(group_id: str) -> WorkerGroup:
+def adopt(group_id: str) -> Group:
     """This kernel takes over the warm group ``group_id`` of a kernel that is gone: the next cells
     run on it, with its variables. The group this kernel had, if any, is stopped."""
     session, record = current(), _cluster()
@@ -345,7 +346,7 @@ def _checkpoints(opts: RunOptions, record: ClusterRecord, key: str) -> RunOption
 
 
 def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, preempted: dict,
-                             opts: RunOptions) -> WorkerGroup:
+                             opts: RunOptions) -> Group:
     """The job stopped on a preemption notice right after a checkpoint: wait for the node to go
     (a group built before would land on it again), then a new group on the nodes left."""
     ledger.job_preempted(record.id, job_id)

@@ -22,7 +22,7 @@ from ..cells.sending import Led
 from ..errors import GpugeekError
 from ..health.checkup import examine
 from ..line import messages as m
-from ..workers.options import RunOptions
+from ..workers.options import CellCall, RunOptions
 from ..workers.outcome import CANCEL_WAIT_S
 from . import rank0
 from .shipped import Shipped
@@ -228,7 +228,8 @@ class Desk:
         group.cells += 1
         options = RunOptions(**request.options)
         job = {**request.job, "uid": request.uid}
-        call = (request.source, options.source_name(group.cells), request.pull, True, options, group.cells, job)
+        call = CellCall(request.source, options.source_name(group.cells), options, group.cells, pull=request.pull,
+                        want_value=True, job=job)
         group.job = job
         ref = self._rank0(group).lead(pickle.dumps(call), request.push)
         return Sent(group.group_id, group.cells, ref)

@@ -11,7 +11,7 @@ from concurrent.futures import TimeoutError as NotYet
 
 from ..workers import outcome as outcomes
 from ..workers import progress
-from ..workers.lead import LeadLine
+from ..workers.lead import DrainCell, LeadCell, LeadLine
 
 OPEN_TIMEOUT_S = 30.0
 
@@ -37,7 +37,7 @@ class Rank0:
     def lead(self, call: bytes, push: bytes | None):
         """Rank 0 leads the cell on every rank (``Worker.execute_all``): the handle to wait on."""
         if self.lined:
-            return self.line.ask("execute_all", call, [push] if push else None)
+            return self.line.ask(LeadCell(call, [push] if push else None))
         import ray
 
         pushed = ray.put(push) if push else None
@@ -49,7 +49,7 @@ class Rank0:
         timeout = wait_s + progress.ANSWER_WITHIN_S
         try:
             if self.lined:
-                return self.line.ask("drain_all", wait_s, cursor, number).result(timeout=timeout)
+                return self.line.ask(DrainCell(wait_s, cursor, number)).result(timeout=timeout)
             import ray
 
             return ray.get(self.group.workers[0].drain_all.remote(wait_s, cursor, number), timeout=timeout)

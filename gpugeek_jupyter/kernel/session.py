@@ -46,9 +46,9 @@ class Connection:
 
 
 class WarmGroup(Protocol):
-    """What the session needs of a warm worker group (``cells/group.py``'s ``WorkerGroup``):
-    to mark it lost with its connection, to stop it, and to leave it (stopped unless a job runs
-    there: True then) when this kernel moves to another cluster."""
+    """What the session needs of a warm worker group (the part of ``cells/warm.py``'s ``Group``
+    this room may name): to mark it lost with its connection, to stop it, and to leave it
+    (stopped unless a job runs there: True then) when this kernel moves to another cluster."""
 
     broken: bool
     job: dict | None      # the running cell's job (its id)

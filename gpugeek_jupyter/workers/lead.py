@@ -21,16 +21,58 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import NamedTuple
 
-from .line import HANDSHAKE_TIMEOUT_S, shake
+from .line import HANDSHAKE_TIMEOUT_S, flat, shake
 
 KEEPER = -1      # who connects, in the handshake's rank field
 
 
-class LeadDoor:
-    """Rank 0's end: listens for the keeper, answers each request with ``handlers[op](*args)``."""
+# -- what crosses the lead line: one record a request, one an answer ----------------------------
 
-    def __init__(self, ip: str, handlers: dict[str, Callable]):
+class LeadCell(NamedTuple):
+    """Lead a cell on every rank (``Worker.execute_all``): the pickled ``CellCall`` and what was
+    pushed (bytes, as the keeper got them)."""
+
+    call: bytes
+    pushed: list | None = None
+
+
+class DrainCell(NamedTuple):
+    """Rank 0's drain into the cell's journal, and the journal from ``cursor`` (``Worker.drain_all``)."""
+
+    wait_s: float
+    cursor: int
+    number: int
+
+
+REQUESTS = {kind.__name__: kind for kind in (LeadCell, DrainCell)}
+
+
+class Asked(NamedTuple):
+    number: int                    # the keeper's id of the request, answered in any order
+    request: LeadCell | DrainCell
+
+    def wire(self) -> tuple:
+        """(number, the request's kind, its fields): records cross the line flat (``line.flat``)."""
+        return self.number, type(self.request).__name__, flat(self.request)
+
+    @classmethod
+    def read(cls, raw: tuple) -> Asked:
+        number, kind, values = raw
+        return cls(number, REQUESTS[kind](*values))
+
+
+class Answered(NamedTuple):
+    number: int
+    ok: bool
+    value: object                  # the handler's value, or the error said in one line
+
+
+class LeadDoor:
+    """Rank 0's end: listens for the keeper, answers each request with the handler of its type."""
+
+    def __init__(self, ip: str, handlers: dict[type, Callable]):
         self.key = secrets.token_bytes(32)
         self.handlers = handlers
         self._server = socket.create_server((ip, 0))
@@ -57,13 +99,13 @@ class LeadDoor:
     def _serve(self, conn) -> None:
         lock = threading.Lock()
 
-        def answer(number: int, op: str, args: tuple) -> None:
+        def answer(asked: Asked) -> None:
             try:
-                reply = (number, True, self.handlers[op](*args))
+                reply = Answered(asked.number, True, self.handlers[type(asked.request)](asked.request))
             except Exception as exc:  # noqa: BLE001 - the keeper says it as the rank's failure
-                reply = (number, False, f"{type(exc).__name__}: {exc}")
+                reply = Answered(asked.number, False, f"{type(exc).__name__}: {exc}")
             try:
-                data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+                data = pickle.dumps(flat(reply), protocol=pickle.HIGHEST_PROTOCOL)
                 with lock:
                     conn.send_bytes(data)
             except OSError:
@@ -71,12 +113,13 @@ class LeadDoor:
 
         while True:
             try:
-                number, op, args = pickle.loads(conn.recv_bytes())
+                asked = Asked.read(pickle.loads(conn.recv_bytes()))
             except Exception:  # noqa: BLE001 - gone, or cut under the read by close()
                 self._open.discard(conn)
                 conn.close()          # closed by its reader alone: a second close could hit a reused fd
                 return
-            threading.Thread(target=answer, args=(number, op, args), name=f"gpugeek-lead-{op}", daemon=True).start()
+            threading.Thread(target=answer, args=(asked,), name=f"gpugeek-lead-{type(asked.request).__name__}",
+                             daemon=True).start()
 
     def close(self) -> None:
         """Stop answering, as rank 0's process going does: the keeper's end sees its line break."""
@@ -96,7 +139,7 @@ def _shut(conn) -> None:
 
 
 class LeadLine:
-    """The keeper's end: ``ask(op, *args)`` is a ``Future`` of rank 0's answer; ``ConnectionError``
+    """The keeper's end: ``ask(request)`` is a ``Future`` of rank 0's answer; ``ConnectionError``
     once the line broke (rank 0 died, or its host went silent: TCP keepalive tells within ~11 s)."""
 
     def __init__(self, address: tuple[str, int], key: bytes):
@@ -108,12 +151,12 @@ class LeadLine:
         self.broken: str | None = None
         threading.Thread(target=self._read, name="gpugeek-lead-line", daemon=True).start()
 
-    def ask(self, op: str, *args) -> Future:
+    def ask(self, request: LeadCell | DrainCell) -> Future:
         future: Future = Future()
         number = next(self._ids)
         self._pending[number] = future
         try:
-            data = pickle.dumps((number, op, args), protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(Asked(number, request).wire(), protocol=pickle.HIGHEST_PROTOCOL)
             with self._lock:
                 if self.broken:
                     raise OSError(self.broken)
@@ -126,7 +169,7 @@ class LeadLine:
     def _read(self) -> None:
         while True:
             try:
-                number, ok, value = pickle.loads(self.conn.recv_bytes())
+                answered = Answered(*pickle.loads(self.conn.recv_bytes()))
             except Exception as exc:  # noqa: BLE001 - EOF, a reset, or the handle closed under the read
                 self.broken = f"{type(exc).__name__}"
                 for future in list(self._pending.values()):
@@ -136,12 +179,12 @@ class LeadLine:
                 with self._lock:
                     self.conn.close()      # by its reader alone, once no send can be under way
                 return
-            future = self._pending.pop(number, None)
+            future = self._pending.pop(answered.number, None)
             if future is not None and not future.done():
-                if ok:
-                    future.set_result(value)
+                if answered.ok:
+                    future.set_result(answered.value)
                 else:
-                    future.set_exception(RuntimeError(value))
+                    future.set_exception(RuntimeError(answered.value))
 
     def close(self) -> None:
         _shut(self.conn)

@@ -5,7 +5,7 @@ loading torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from ..errors import GpugeekError
@@ -74,6 +74,24 @@ def gg_only(opts: RunOptions) -> list[str]:
              "--clip": opts.clip is not None, "--strategy": opts.strategy != Strategy.DDP,
              "--checkpoint-every": opts.checkpoint_every is not None}
     return [flag for flag, on in given.items() if on]
+
+
+@dataclass(frozen=True)
+class CellCall:
+    """One cell as a rank gets it, pickled whole (Ray serialises each argument on its own): rank
+    0's with the variables it pulls, its value wanted and its job; the other ranks' without."""
+
+    source: str
+    filename: str
+    options: RunOptions
+    cell_id: int
+    pull: list[str] = field(default_factory=list)
+    want_value: bool = False
+    job: dict | None = None
+
+    def for_peers(self) -> CellCall:
+        """The call as the other ranks get it: no value back, nothing pulled, no journal."""
+        return replace(self, pull=[], want_value=False, job=None)
 
 
 class Report(TypedDict, total=False):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pickle
 
+from .options import CellCall
+
 CANCEL_WAIT_S = 2.0     # how long the ranks get to stop once one failed; longer: stuck
 
 
@@ -42,7 +44,6 @@ def collect(rank: int, ref, outcome: dict) -> None:
     judge(rank, result, outcome)
 
 
-def for_peers(call: tuple) -> bytes:
-    """Rank 0's call as the other ranks get it: no value back, nothing pulled, no journal."""
-    source, filename, _pull, _want_value, options, cell_id, _job = call
-    return pickle.dumps((source, filename, [], False, options, cell_id, None))
+def for_peers(call: CellCall) -> bytes:
+    """Rank 0's call as the other ranks get it, pickled (``CellCall.for_peers``)."""
+    return pickle.dumps(call.for_peers())

@@ -31,7 +31,7 @@ from ..launch import frameworks, rendezvous, torchrun
 from . import files, journal, lead, line, notice, oom, outcome, progress, values
 from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
-from .options import RunOptions
+from .options import CellCall, RunOptions
 from .outcome import CANCEL_WAIT_S, for_peers
 
 LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
@@ -72,7 +72,8 @@ class Worker:
 
         if self._lead_door is None:
             self._lead_door = lead.LeadDoor(ray.util.get_node_ip_address(),
-                                            {"execute_all": self.execute_all, "drain_all": self.drain_all})
+                                            {lead.LeadCell: lambda r: self.execute_all(r.call, r.pushed),
+                                             lead.DrainCell: lambda r: self.drain_all(r.wait_s, r.cursor, r.number)})
         return self._lead_door.address, self._lead_door.key
 
     def open_line(self) -> tuple[tuple[str, int], bytes]:
@@ -127,12 +128,12 @@ class Worker:
 
     def execute(self, call: bytes, pushed: bytes | None = None) -> dict:
         """Run one cell; never raises — the result says what happened. ``call`` is the pickled
-        (source, filename, pull, want_value, options, cell_id, job): one argument, as Ray
-        serialises each argument on its own. Another rank's cell comes this way (over the cell
-        line, or by actor call); rank 0's own is run by its lead (``execute_all``)."""
+        ``CellCall``: one argument, as Ray serialises each argument on its own. Another rank's
+        cell comes this way (over the cell line, or by actor call); rank 0's own is run by its
+        lead (``execute_all``)."""
         return self._execute(pickle.loads(call), pushed)
 
-    def _execute(self, cell: tuple, pushed: bytes | None) -> dict:
+    def _execute(self, cell: CellCall, pushed: bytes | None) -> dict:
         stdout, stderr = sys.stdout, sys.stderr
         result = None
         while True:    # an interrupt can land anywhere until the door is shut: then go round again
@@ -149,9 +150,9 @@ class Worker:
             except KeyboardInterrupt:
                 result = result or {"ok": False, "interrupted": True}
 
-    def _run(self, call: tuple, pushed: bytes | None) -> dict:
-        source, filename, pull, want_value, options, cell_id, _job = call
-        cell = Cell(source, filename)
+    def _run(self, call: CellCall, pushed: bytes | None) -> dict:
+        options, cell_id = call.options, call.cell_id
+        cell = Cell(call.source, call.filename)
         cell.register()
         result: dict = {"ok": True}
         with self._switch:
@@ -185,13 +186,13 @@ class Worker:
             self.ns["gg"].flush()
             if options.name_writes:
                 result["wrote"] = files.report(began, self.described.get("ip"))
-            if want_value and value is not None:
+            if call.want_value and value is not None:
                 result["value"] = portable(value)
-            if pull:
-                missing = [name for name in pull if name not in self.ns]
+            if call.pull:
+                missing = [name for name in call.pull if name not in self.ns]
                 if missing:
                     raise NameError(f"--pull: no variable {', '.join(missing)} on rank {self.rank}")
-                result["pulled"] = {name: values.dumps(on_cpu(self.ns[name])) for name in pull}
+                result["pulled"] = {name: values.dumps(on_cpu(self.ns[name])) for name in call.pull}
         except KeyboardInterrupt:
             result = {"ok": False, "interrupted": True}
         except notice.Preempted as exc:       # every rank stops at the same step, checkpointed
@@ -276,8 +277,8 @@ class Worker:
         cell, "dead": the rank found dead, "stuck": [ranks]} — never raises."""
         self._outbox.begin()     # a drain held on rank 0 is answered when every rank is done
         try:
-            mine = pickle.loads(call)
-            return self._journaled(mine[5], mine[-1] or {}, lambda: self._lead(mine, pushed), dict)
+            mine: CellCall = pickle.loads(call)
+            return self._journaled(mine.cell_id, mine.job or {}, lambda: self._lead(mine, pushed), dict)
         finally:
             self._outbox.end(lead=True)
 
@@ -299,10 +300,10 @@ class Worker:
             kept.end(ended or outcome.fresh(dead=0))
             self._scribe.tell_soon(kept)      # its end: the idle clock starts there
 
-    def _lead(self, mine: tuple, pushed: list | None) -> dict:
+    def _lead(self, mine: CellCall, pushed: list | None) -> dict:
         import ray
 
-        cell_id = mine[5]
+        cell_id = mine.cell_id
         theirs = for_peers(mine)
         extra = tuple(pushed or ())
         board = self._switchboard

@@ -37,9 +37,9 @@ KEEPALIVE = (5, 2, 3)       # idle seconds, seconds between probes, probes
 
 
 def flat(record: tuple) -> tuple:
-    """A record (a ``NamedTuple``) as it crosses a line: its fields, and no class named. A pickled
-    class is looked up by name on the other end (~45 µs more a message, measured against ~3 µs
-    for a tuple); the reader knows which record comes and rebuilds it (``CellSent(*raw)``)."""
+    """A record (a ``NamedTuple``) as it crosses a line: its fields, and no class named (a pickled
+    class is looked up by name on the other end: BENCHMARKS.md, ``bench_records.py``); the reader
+    knows which record comes and rebuilds it (``CellSent(*raw)``)."""
     return tuple(record)
 
 

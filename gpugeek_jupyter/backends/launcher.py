@@ -106,11 +106,11 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
     if spec is not None and rented_from(spec) is None:
         # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
         order.update(gpus=spec.remote.get("gpus_per_host"), cpus=spec.remote.get("cpus_per_host"))
-        head = {"role": "head", **order, "dashboard": spec.dashboard, "env": HEAD_ENV, "system_config": LINK_CONFIG}
+        head = {"role": "head", **order, "dashboard": spec.dashboard}
         python = spec.remote.get("python") or python       # --python: an environment of yours, checked by setup
     else:
-        head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True, "env": HEAD_ENV,
-                "system_config": LINK_CONFIG}
+        head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
+    head.update(env=HEAD_ENV, system_config=LINK_CONFIG)     # every head of ours: its checks, the keepalive
     run = f"ulimit -n 65536; {python} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (guard/headwatch.py), on the package and order file_mounts copied
     guard = f"{python} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"

@@ -248,8 +248,7 @@ class WorkerGroup:
 
         self.cells += 1
         cell_id = self.cells
-        call = CellCall(source, options.source_name(cell_id), options, cell_id, pull=pull or [], want_value=True,
-                        job=job)
+        call = CellCall.for_rank0(source, options, cell_id, pull or [], job)
         pushed = ray.put(cloudpickle.dumps(push)) if push else None
         start = time.perf_counter()
         self.job = job

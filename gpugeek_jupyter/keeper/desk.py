@@ -228,8 +228,7 @@ class Desk:
         group.cells += 1
         options = RunOptions(**request.options)
         job = {**request.job, "uid": request.uid}
-        call = CellCall(request.source, options.source_name(group.cells), options, group.cells, pull=request.pull,
-                        want_value=True, job=job)
+        call = CellCall.for_rank0(request.source, options, group.cells, request.pull, job)
         group.job = job
         ref = self._rank0(group).lead(pickle.dumps(call), request.push)
         return Sent(group.group_id, group.cells, ref)

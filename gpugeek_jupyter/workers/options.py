@@ -89,6 +89,12 @@ class CellCall:
     want_value: bool = False
     job: dict | None = None
 
+    @classmethod
+    def for_rank0(cls, source: str, options: RunOptions, cell_id: int, pull: list[str], job: dict | None) -> CellCall:
+        """Rank 0's call, as a kernel's group and a keeper's both send it: named after the cell,
+        its value wanted."""
+        return cls(source, options.source_name(cell_id), options, cell_id, pull=pull, want_value=True, job=job)
+
     def for_peers(self) -> CellCall:
         """The call as the other ranks get it: no value back, nothing pulled, no journal."""
         return replace(self, pull=[], want_value=False, job=None)

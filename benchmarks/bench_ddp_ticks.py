@@ -50,7 +50,7 @@ def main() -> None:
     lab.serve_index()
     try:
         import gpugeek_jupyter as gg
-        from gpugeek_jupyter.cells import group
+        from gpugeek_jupyter.group import workergroup as group
 
         gg.up("ticks", backend="ssh", hosts=",".join(f"root@{h.address}" for h in lab.hosts),
               ssh_key=str(lab.key), cpus_per_host=1, usd_per_hour=1.0, pip_index_url=lab.index_url)

@@ -170,7 +170,7 @@ def attach(job: str, name: str | None = None, *, adopt: bool = False, monitor: b
 
 def reset() -> bool:
     """Stop the worker group; the next ``run`` builds a fresh one."""
-    if current().group is None and "gpugeek_jupyter.cells.placement" not in sys.modules:
+    if current().group is None and "gpugeek_jupyter.group.placement" not in sys.modules:
         return False     # no group was ever built here (and none of its placement groups is held)
     from .cells import jobs
 

@@ -16,10 +16,10 @@ import pytest
 from cluster_processes import new_kernel, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cells import group, orphans
-from gpugeek_jupyter.cells.driving import RayDriver
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.group import orphans, workergroup
+from gpugeek_jupyter.group.driver import RayDriver
 from gpugeek_jupyter.meter import ledger
 
 pytestmark = pytest.mark.slow
@@ -161,7 +161,7 @@ def test_interrupt_stops_a_running_job_within_3_s_from_its_kernel_and_from_one_t
         def lead():
             import ray
 
-            from gpugeek_jupyter.cells.orphans import NAMESPACE
+            from gpugeek_jupyter.group.orphans import NAMESPACE
 
             (names,) = RayDriver().groups().values()              # the one group on this cluster
             return ray.get_actor(names[0], namespace=NAMESPACE)
@@ -249,8 +249,8 @@ def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_roo
         assert len(pids) == 2 and not any(ended(pid) for pid in pids), pids
         job = gg.jobs("orph").set_index("name").loc["left", "job"]
         # the cluster's 2 CPUs are the gone kernel's: a 1-worker group finds no room (waiting 3 s here)
-        waits = group.READY_TIMEOUT_S
-        monkeypatch.setattr(group, "READY_TIMEOUT_S", 3.0)
+        waits = workergroup.READY_TIMEOUT_S
+        monkeypatch.setattr(workergroup, "READY_TIMEOUT_S", 3.0)
         capsys.readouterr()
         with pytest.raises(GpugeekError) as refused:       # while its job runs
             gg.run("1", workers=1)
@@ -262,7 +262,7 @@ def test_a_gone_kernels_group_is_kept_for_attach_until_a_new_group_needs_its_roo
                    "the gone kernel's job to finish")
         # ended, nobody attached: kept for `attach` through its window while no cell needs the room
         assert orphans.reclaim(RayDriver()) == [] and not any(ended(pid) for pid in pids)
-        monkeypatch.setattr(group, "READY_TIMEOUT_S", waits)   # the usual wait for room
+        monkeypatch.setattr(workergroup, "READY_TIMEOUT_S", waits)   # the usual wait for room
         assert gg.run("1", workers=1).shown() == 1           # this cell needs the room: it goes
         said = capsys.readouterr().out
         assert "note: removed the worker group of a kernel that is gone" in said, said

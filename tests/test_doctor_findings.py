@@ -219,7 +219,7 @@ def test_a_link_that_looks_slow_once_is_measured_again_and_only_a_slow_one_is_na
     """A busy machine stalls one short TCP test now and then (seen under load: 295 and 394 Mbit/s
     on an 11 Gbit/s bridge): a link whose figures say slow is measured once more and keeps its
     better figures, so only a link slow both times is named."""
-    from gpugeek_jupyter.health import checkup
+    from gpugeek_jupyter.health import nodes as checkup
 
     facts, tries = three(), STALLED_ONCE[case]
     calls = collections.Counter()

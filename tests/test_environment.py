@@ -239,7 +239,7 @@ def test_rays_exceptions_reach_the_user_in_words_never_by_their_names():
     line Ray gave (pip's own there); a worker's own error as it is."""
     import ray.exceptions as rays
 
-    from gpugeek_jupyter.cells.results import RAY_IN_WORDS, in_words
+    from gpugeek_jupyter.group.results import RAY_IN_WORDS, in_words
 
     timed_out = in_words(rays.GetTimeoutError("Get timed out: some object(s) not ready."))
     assert timed_out.startswith("its workers did not answer in time") and "Get timed out" not in timed_out

@@ -26,25 +26,36 @@ from gpugeek_jupyter.remote import headguard, ssh
 from gpugeek_jupyter.vocab import NodePrice
 
 
-def test_the_heads_package_is_exactly_what_its_watchdog_imports():
-    """``HEAD_PACKAGE`` names what the head needs: every module the head's watchdog reaches (in any
-    function, too) is in it, and the host script it reads as text for each node's stop
-    (``ssh.ONHOST``); every entry holds one of them — no stale name, nothing extra."""
+def _reached_from(*entries: str) -> set[str]:
+    """Every module of ours that importing ``entries`` can load (in any function, too)."""
     from test_layers import ROOT, graph, reachable
 
     edges = graph()
-    needed = reachable(f"{ROOT}.guard.headwatch", edges)
+    needed = set().union(*(reachable(f"{ROOT}.{entry}", edges) for entry in entries))
     # any import of ours runs the package's __init__ first: its module-level imports are needed too
     # (the imports in its functions load on first use, which the head never makes)
     first = ast.parse((headguard.PACKAGE / "__init__.py").read_text())
     for node in first.body:
         if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
             needed |= reachable(f"{ROOT}.{node.module}", edges)
+    return needed
+
+
+def _modules(files) -> set[str]:
+    from test_layers import ROOT
+
+    return {".".join([ROOT, *file.with_suffix("").parts]).removesuffix(".__init__") for file in files}
+
+
+def test_the_heads_package_is_exactly_what_its_watchdog_imports():
+    """``HEAD_PACKAGE`` names what the head needs: every module the head's watchdog reaches (in any
+    function, too) is in it, and the host script it reads as text for each node's stop
+    (``ssh.ONHOST``); every entry holds one of them — no stale name, nothing extra."""
+    needed = _reached_from("guard.headwatch")
     read = ssh.ONHOST.relative_to(headguard.PACKAGE)
     watchdogs = headguard.head_files(headguard.HEAD_PACKAGE)
     assert read in watchdogs, f"the head's watchdog reads {read}, which HEAD_PACKAGE leaves out"
-    shipped = {".".join([ROOT, *file.with_suffix("").parts]).removesuffix(".__init__")
-               for file in watchdogs}      # the script is imported too (`ours`), and read
+    shipped = _modules(watchdogs)      # the script is imported too (`ours`), and read
     missing = needed - shipped
     assert not missing, f"the head's watchdog imports what HEAD_PACKAGE leaves out: {sorted(missing)}"
     packages = {m for m in shipped if (headguard.PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
@@ -52,13 +63,27 @@ def test_the_heads_package_is_exactly_what_its_watchdog_imports():
     assert not extra, f"HEAD_PACKAGE ships what the head never imports: {sorted(extra)}"
 
 
+def test_the_keepers_part_is_exactly_what_the_keeper_imports_besides():
+    """``KEEPER_PACKAGE`` holds every module the keeper reaches that ``HEAD_PACKAGE`` does not, and
+    nothing else: not a kernel's rooms (``cells/``, ``kernel/``), which a head never runs."""
+    watchdogs = _modules(headguard.head_files(headguard.HEAD_PACKAGE))
+    needed = _reached_from("keeper.serve", "keeper.desk") - watchdogs
+    shipped = _modules(headguard.head_files(headguard.KEEPER_PACKAGE)) - watchdogs
+    missing = needed - shipped
+    assert not missing, f"the keeper imports what KEEPER_PACKAGE leaves out: {sorted(missing)}"
+    packages = {m for m in shipped if (headguard.PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()}
+    extra = shipped - needed - packages
+    assert not extra, f"KEEPER_PACKAGE ships what the keeper never imports: {sorted(extra)}"
+
+
 def test_the_package_sent_to_the_head_runs_the_watchdog_and_the_keeper_from_itself(tmp_path):
-    """The archive holds the watchdog's part and the keeper's (its groups, cells, probes, the line),
-    never the notebook's (widgets, magics, what a kernel asks for, the server); each runs from it alone."""
+    """The archive holds the watchdog's part and the keeper's (its groups, probes, the line), never
+    the notebook's (widgets, magics, a kernel's cells and session, what a kernel asks for, the
+    server); each runs from it alone."""
     with tarfile.open(fileobj=io.BytesIO(headguard.package_archive()), mode="r:gz") as tar:
         tar.extractall(tmp_path)
     sent = {p.relative_to(tmp_path / "gpugeek_jupyter").parts[0] for p in tmp_path.rglob("*.py")}
-    never = {"widgets", "magics", "provision", "api.py", "server", "catalog", "sizing", "views"}
+    never = {"widgets", "magics", "provision", "api.py", "server", "catalog", "sizing", "views", "cells", "kernel"}
     assert not sent & never, sent
     for entry, module in (("guard.headwatch", "guard.watchdog"), ("keeper.serve", "keeper.desk")):
         done = subprocess.run(

@@ -22,9 +22,9 @@ from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cells import jobs
-from gpugeek_jupyter.cells.results import Interrupted
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.group.results import Interrupted
 from gpugeek_jupyter.kernel import connection, environment
 from gpugeek_jupyter.kernel.session import current
 from gpugeek_jupyter.line import messages as m
@@ -125,6 +125,20 @@ def test_a_cell_goes_as_source_and_comes_back_as_data(kept, capsys):
     assert on_head and not [c for c in on_head if "ray_client_server" in c], on_head
     assert any("gpugeek_jupyter.keeper.serve" in c for c in on_head), "no keeper among the head's processes"
     assert "no lead line" not in kept.head.keeper_log, "the keeper reaches rank 0 by Ray calls, not its lead line"
+
+
+def test_gradient_checkpointing_runs_on_workers_that_have_the_heads_package_alone(kept):
+    """The workers of a keeper's group import the package the head was sent (``KEEPER_PACKAGE``):
+    ``--grad-ckpt`` finds the model's repeated blocks with ``blocks.py``, which that archive once
+    left out (a remote cell with --grad-ckpt or --strategy fsdp then failed to import it)."""
+    source = ("from torch import nn\n"
+              "class Net(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))\n"
+              "net = gg.prepare(Net())\n"
+              "type(getattr(net, 'module', net).blocks[0]).__name__")
+    assert gg.run(source, workers=2, grad_ckpt=True).shown() == "CheckpointWrapper"
 
 
 def test_a_function_the_notebook_cannot_send_is_named_in_one_line(kept):

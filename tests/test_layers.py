@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"sizing"},
     {"cluster"},                # the state every process shares: spec, registry, processes
     {"remote"},                 # this machine reaching hosts: ssh, tunnel, head guard
-    {"backends"},               # how machines appear and disappear
+    {"backends", "group"},      # how machines appear and disappear | the warm group, from a Ray driver
     {"guard", "kernel"},        # the watchdog, server and terminal | a kernel's own state
     {"provision"},              # what a kernel asks for
     {"cells"},                  # %%gpugeek run from the kernel: the warm group, a cell as a job
@@ -147,13 +147,29 @@ def test_workers_import_launch_clouds_and_the_ground_floor_only():
     assert _units_imported_by("workers") <= ground | {"launch", "clouds"}, _units_imported_by("workers")
 
 
-def test_kernel_is_loaded_by_a_kernels_rooms_and_the_heads_keeper():
-    """docs/ARCHITECTURE.md: ``kernel/`` is imported by what a kernel runs, and by the keeper on a
-    remote head (which drives warm groups of its own through ``cells/``), never by the server,
-    the watchdogs or the workers."""
+def test_kernel_is_loaded_by_a_kernels_rooms_alone():
+    """docs/ARCHITECTURE.md: ``kernel/`` is imported by what a kernel runs, never by the keeper on
+    a remote head (which drives its warm groups through ``group/``), the server, the watchdogs or
+    the workers."""
     importers = {unit(m) for m, targets in graph().items() for t in targets
                  if unit(t) == "kernel" and unit(m) != "kernel"}
-    assert importers == {"api", "cells", "health", "keeper", "provision"}, importers
+    assert importers == {"api", "cells", "health", "provision"}, importers
+
+
+def test_the_keeper_reaches_nothing_of_the_kernels_rooms():
+    """docs/ARCHITECTURE.md: the head runs the head's code. No module of ``keeper/`` reaches
+    ``kernel/`` or ``cells/`` by any chain of imports (in a function too), and a fresh interpreter
+    that imports the keeper's modules loads none of theirs."""
+    edges = graph()
+    reached = {m: sorted(r for r in reachable(m, edges) if unit(r) in ("kernel", "cells"))
+               for m in sorted(edges) if unit(m) == "keeper"}
+    reached = {m: r for m, r in reached.items() if r}
+    assert not reached, "the keeper reaches a kernel's rooms:\n" + "\n".join(f"{m} → {r}" for m, r in reached.items())
+    probe = (f"import sys, {ROOT}.keeper.serve, {ROOT}.keeper.desk, {ROOT}.keeper.rank0, {ROOT}.keeper.shipped\n"
+             f"print(' '.join(m for m in sys.modules if m.startswith(('{ROOT}.kernel', '{ROOT}.cells'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], f"a keeper loads {done.stdout.split()}"
 
 
 def test_no_import_cycles():
@@ -392,3 +408,50 @@ def test_no_function_in_the_cluster_rooms_or_workers_is_over_60_lines_without_sa
                     if lines > LONG_FUNCTION_LINES and "Long because" not in why:
                         long.append(f"{room}/{path.name}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "split these, or say why in the docstring ('Long because …'): " + ", ".join(long)
+
+
+# -- a remote cell's path through the rooms ------------------------------------------------------
+
+# A cell on a remote (ssh, onprem, cloud) cluster, from the magic to the worker that runs it: each
+# hop (caller, callee, the name the caller uses, how). "calls": the caller imports the callee and
+# names it; "serves": the callee imports the caller and hands it its handler (the line's server,
+# rank 0's lead door). `pytest tests/test_layers.py -k remote_cell -s` prints it.
+REMOTE_CELL = [
+    ("magics", "api", "run", "calls"),
+    ("api", "cells.jobs", "run", "calls"),
+    ("cells.jobs", "cells.linegroup", "LineGroup", "calls"),
+    ("cells.linegroup", "line.messages", "RunCell", "calls"),
+    ("cells.linegroup", "line.wire", "call", "calls"),          # the kernel's Line, through the tunnel
+    ("line.wire", "keeper.serve", "Server", "serves"),          # on the head: the keeper's server
+    ("keeper.serve", "keeper.desk", "handle", "calls"),
+    ("keeper.desk", "group.workergroup", "WorkerGroup", "calls"),
+    ("keeper.desk", "keeper.rank0", "lead", "calls"),
+    ("keeper.rank0", "workers.lead", "LeadCell", "calls"),
+    ("workers.lead", "workers.worker", "LeadDoor", "serves"),   # rank 0's door hands it to execute_all
+    ("workers.worker", "workers.cell", "Cell", "calls"),
+]
+KERNELS_ROOMS = {"cells", "kernel", "provision", "api", "magics", "widgets"}
+
+
+def _row(module: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit(f"{ROOT}.{module}") in layer)
+
+
+def test_a_remote_cells_path_is_read_from_the_code_and_the_head_side_runs_none_of_a_kernels_rooms():
+    """Each hop of ``REMOTE_CELL`` is in the code (the import, and the name used); the path goes
+    up a layer once, where the line's server hands the request to the keeper; and once past the
+    line nothing on the head is of a kernel's rooms."""
+    edges = graph()
+    for caller, callee, name, how in REMOTE_CELL:
+        importer, imported = (caller, callee) if how == "calls" else (callee, caller)
+        assert f"{ROOT}.{imported}" in edges[f"{ROOT}.{importer}"], f"{importer} does not import {imported}"
+        source = modules()[f"{ROOT}.{importer}"].read_text()
+        assert re.search(rf"\b{name}\b", source), f"{importer} never names {name}"
+    ups = [(caller, callee) for caller, callee, _, _ in REMOTE_CELL if _row(callee) > _row(caller)]
+    wire = next(i for i, hop in enumerate(REMOTE_CELL) if hop[3] == "serves")
+    head = {unit(f"{ROOT}.{m}") for hop in REMOTE_CELL[wire:] for m in hop[:2]} - {"line"}
+    print("\n".join(f"{caller:>18} (row {_row(caller):>2}) → {callee:<18} (row {_row(callee):>2})  {how} {name}"
+                    for caller, callee, name, how in REMOTE_CELL))
+    print(f"folders on the head: {sorted(head)}; hops up a layer: {ups}")
+    assert ups == [("line.wire", "keeper.serve")], ups
+    assert not head & KERNELS_ROOMS, head & KERNELS_ROOMS

@@ -12,11 +12,11 @@ import pytest
 from cluster_processes import rays_own_lines, wait_until
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.cells import group
-from gpugeek_jupyter.cells.driving import RayDriver
-from gpugeek_jupyter.cells.results import Interrupted, RemoteError
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.group import workergroup
+from gpugeek_jupyter.group.driver import RayDriver
+from gpugeek_jupyter.group.results import Interrupted, RemoteError
 from gpugeek_jupyter.meter import ledger
 
 pytestmark = pytest.mark.slow
@@ -445,7 +445,7 @@ def test_a_group_waiting_on_a_cluster_that_grows_says_what_it_waits_for(capsys):
     """Where waiting can help (an autoscaler adds nodes), the wait says at once what it is for."""
     import ray
 
-    from gpugeek_jupyter.cells import orphans, placement
+    from gpugeek_jupyter.group import orphans, placement
 
     gg.reset()          # no group of this kernel holds room: the wait is for the cluster to grow (the
     # test before this one ends with a reset too: here, no group is started only to be stopped)
@@ -480,7 +480,8 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
 
     import ray
 
-    from gpugeek_jupyter.cells import placement
+    from gpugeek_jupyter.group import placement
+    from gpugeek_jupyter.kernel import connection
 
     rays = sys.modules["ray.util.placement_group"]     # (ray.util's name for it is the function)
 
@@ -492,7 +493,7 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
         raise RuntimeError("the GCS did not take the removal")
     monkeypatch.setattr(rays, "remove_placement_group", refused)
     # no room comes while it is held, and each removal is refused: how long and how often is not the point
-    monkeypatch.setattr(group, "HELD_WAIT_S", 2.0)
+    monkeypatch.setattr(workergroup, "HELD_WAIT_S", 2.0)
     monkeypatch.setattr(placement, "PG_REMOVE_TRIES", 1)
     with pytest.raises(GpugeekError) as told:     # a new shape: the old group goes, but its group will not
         gg.run("x = 2", workers=cpus, collective_timeout=61, monitor=False)
@@ -501,7 +502,7 @@ def test_a_placement_group_that_will_not_go_is_said_as_held_never_as_scale_the_c
     assert "scale" not in said, said
     monkeypatch.setattr(rays, "remove_placement_group", real)
     assert gg.reset(), "reset freed the held placement group"
-    assert placement.release_held() == []
+    assert placement.release_held(connection.connected_address()) == []
     gg.run("x = 3", workers=cpus, monitor=False)
 
 

@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 
 from gpugeek_jupyter.cells import pushing
-from gpugeek_jupyter.cells.results import _pulled
 from gpugeek_jupyter.errors import GpugeekError
+from gpugeek_jupyter.group.results import _pulled
 from gpugeek_jupyter.workers import values
 
 ROOT = Path(__file__).resolve().parent.parent

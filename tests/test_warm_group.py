@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
-from gpugeek_jupyter.cells.group import WorkerGroup
 from gpugeek_jupyter.cells.linegroup import LineGroup
 from gpugeek_jupyter.cells.warm import Group
+from gpugeek_jupyter.group.workergroup import WorkerGroup
 from gpugeek_jupyter.kernel.session import WarmGroup
 from gpugeek_jupyter.workers.options import RunOptions
 

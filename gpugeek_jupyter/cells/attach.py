@@ -9,13 +9,13 @@ import time
 
 from ..cluster import registry
 from ..errors import GpugeekError
+from ..group.results import Interrupted, Printer, RemoteError, Result
 from ..kernel import connection, session
 from ..line.wire import LinkDown
 from ..meter import ledger
 from . import away
 from . import jobs as running
 from .driving import driver
-from .results import Interrupted, Printer, RemoteError, Result
 from .watch import Watcher
 
 READ_WAIT_S = 2.0     # rank 0 holds a read of a running job's journal this long for news

@@ -5,17 +5,19 @@ that lost its cluster for good says so in one line (``lost``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..config import settings
 from ..errors import GpugeekError
+from ..group.link import StoppedElsewhere
+from ..group.results import Interrupted, RemoteError, WorkerDied
 from ..kernel import connection
 from ..meter import ledger
 from ..remote.headguard import guarded
 from ..workers import progress
-from .results import Interrupted, RemoteError, WorkerDied
 
 REJOIN_EVERY_S = 5.0     # a cell whose cluster is out of reach asks it again this often
 DRAIN_WAIT_S = 2.0       # how long rank 0 holds a read of the journal for news
@@ -28,16 +30,37 @@ def link_errors() -> tuple:
     return ConnectionError, grpc.RpcError
 
 
+class KernelLink:
+    """This kernel's connection, as its local worker group asks it (``group/link.Link``): a stop
+    begun elsewhere (the watcher's), and a Ray Client's link that went down under a cell, ridden
+    out here. ``rejoin`` connects this kernel again (``connection.rejoin``)."""
+
+    def __init__(self, rejoin: Callable[[], None] | None = None):
+        self.rejoin = rejoin
+
+    def connected_address(self) -> str | None:
+        return connection.connected_address()
+
+    def check_stop(self) -> None:
+        connection.check_stop()
+
+    def lost(self, group, exc: BaseException) -> bool:
+        return self.rejoin is not None and link_lost(group, exc)
+
+    def ride_out(self, group, cell_id: int, printer, on_samples) -> dict:
+        return ride_out(group, cell_id, printer, on_samples, self.rejoin)
+
+
 def link_lost(group, exc: BaseException) -> bool:
     """Whether ``exc``, raised under a running cell, is the link to a remote cluster going down
-    (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client that can
-    connect again, and the error is a link's, or the client is no longer steady."""
-    if not group.client or group.rejoin is None or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
+    (rather than the cell's, ours, or a stop): the group's kernel is a Ray Client, and the error
+    is a link's, or the client is no longer steady."""
+    if not group.client or isinstance(exc, (GpugeekError, RemoteError, WorkerDied)):
         return False
     return isinstance(exc, link_errors()) or not connection.steady()
 
 
-def ride_out(group, cell_id: int, printer, on_samples) -> dict:
+def ride_out(group, cell_id: int, printer, on_samples, rejoin: Callable[[], None]) -> dict:
     """The link to the cluster went down under a running cell: the job goes on there (its
     workers are detached, rank 0 keeps its journal). Said once; then this kernel connects
     again every ``REJOIN_EVERY_S``, finds its workers by name, reads the journal from where
@@ -57,7 +80,7 @@ def ride_out(group, cell_id: int, printer, on_samples) -> dict:
                                f"`%gpugeek attach {job.get('id', 'JOB')}` follows it once the cluster answers")
         try:
             connection.check_stop()
-            group.rejoin()
+            rejoin()
             if not group.refind():
                 raise WorkerDied(0, "its workers were gone when the cluster answered again")
             drained = ray.get(group.workers[0].journal.remote(cell_id, group.cursor, DRAIN_WAIT_S),
@@ -74,7 +97,7 @@ def ride_out(group, cell_id: int, printer, on_samples) -> dict:
                 for worker in group.workers:
                     worker.interrupt.remote(cell_id)
             raise Interrupted(f"interrupted on all {len(group.workers)} workers") from None
-        except (WorkerDied, connection.StoppedElsewhere):
+        except (WorkerDied, StoppedElsewhere):
             raise
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - out of reach: the tunnel, the client, the head
             group.last_trouble = f"{type(exc).__name__}: {exc}"    # asked again; named if it never answers

@@ -22,6 +22,11 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
+from ..group import placement
+from ..group.driver import NODE_DEATH_S
+from ..group.link import StoppedElsewhere
+from ..group.results import Interrupted, RemoteError, WorkerDied
+from ..group.workergroup import WorkerGroup
 from ..kernel import connection
 from ..kernel.session import current
 from ..meter import ledger, telemetry
@@ -31,12 +36,11 @@ from ..units import number
 from ..workers import oom
 from ..workers.cell import calls_gg
 from ..workers.options import Report, RunOptions, gg_only, options
-from . import away, orphans, placement, shipping
-from .driving import NODE_DEATH_S, driver
+from . import away, shipping
+from .driving import driver
 from .fetching import say_written
-from .group import WorkerGroup
+from .leaving import leave_with_this_kernel
 from .linegroup import LineGroup
-from .results import Interrupted, RemoteError, WorkerDied
 from .warm import Group
 from .watch import JobWatch, Watcher
 
@@ -91,7 +95,7 @@ def group_for(opts: RunOptions, record: ClusterRecord | None = None) -> tuple[Gr
         group = _group(opts, record)
         group.start()
         session.group = group
-        orphans.leave_with_this_kernel()
+        leave_with_this_kernel()
         for note in group.notes:
             print(f"note: {note}", flush=True)
     elif session.group.warming:     # `up --workers`: its start under way on the keeper
@@ -121,7 +125,7 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
         print(f"note: the worker group could not be started ahead ({exc}); the first cell starts it", flush=True)
         return
     session.group = group
-    orphans.leave_with_this_kernel()
+    leave_with_this_kernel()
     gpus = " --gpus-per-worker 1" if opts.gpus_per_worker else ""
     print(f"the worker group starts on the head while you go on: the first `%%gpugeek run --workers "
           f"{opts.workers}{gpus}` cell runs on it", flush=True)
@@ -149,8 +153,8 @@ def _group(opts: RunOptions, record: ClusterRecord) -> Group:
     if line is not None:
         group = LineGroup(opts, record.address, cluster_id, line, **flags)
     else:
-        group = WorkerGroup(opts, record.address, **flags)
-        group.rejoin = lambda: connection.rejoin(registry.get(cluster_id))
+        rejoin = lambda: connection.rejoin(registry.get(cluster_id))    # noqa: E731 - a Ray Client's way back
+        group = WorkerGroup(opts, record.address, link=away.KernelLink(rejoin), **flags)
     group.keep_s = record.idle_minutes * 60 if record.idle_minutes else None
     return group
 
@@ -175,7 +179,7 @@ def adopt(group_id: str) -> Group:
         print("note: this kernel's own worker group was stopped: the adopted one runs its cells now", flush=True)
         session.group.stop()
     session.group = group
-    orphans.leave_with_this_kernel()
+    leave_with_this_kernel()
     return group
 
 
@@ -200,7 +204,7 @@ def reset() -> bool:
     if session.line is not None:        # the keeper tries its groups' placement groups again itself
         return stopped
     had = len(placement.held())
-    held = placement.release_held()
+    held = placement.release_held(connection.connected_address())
     if held and session.connection is not None:
         print(f"note: an old worker group's placement group would not go ({held[-1].why}); connecting again, "
               f"which ends the job that owns it", flush=True)
@@ -304,7 +308,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                 except (Exception, SystemExit) as error:   # Ray's calls exit when it shuts down under them
                     # a Ray Client that gave up (the link is down), or a stop begun elsewhere
                     link_down = isinstance(error, ConnectionError) and capable(record).tunnelled
-                    stopped = isinstance(error, connection.StoppedElsewhere)
+                    stopped = isinstance(error, StoppedElsewhere)
                     if isinstance(error, GpugeekError) or (group.connected() and not link_down and not stopped):
                         raise
                     group.broken = True      # its cluster was stopped under the cell, or is out of reach

@@ -18,14 +18,15 @@ from dataclasses import fields
 from ..cluster import registry
 from ..cluster.processes import this_kernel
 from ..errors import GpugeekError
+from ..group import orphans
+from ..group.results import Interrupted, Printer, Result, failure, show_drained
 from ..kernel import connection
 from ..line import messages as m
 from ..line.wire import LinkDown
 from ..workers import progress
 from ..workers.options import RunOptions
-from . import away, orphans, pushing
+from . import away, pushing
 from .driving import LineDriver
-from .results import Interrupted, Printer, Result, failure, show_drained
 
 READY_TIMEOUT_S = 300      # a group's start on the keeper (it may wait for room, as a local one does)
 DRAIN_WAIT_S = 2.0         # the keeper holds a read this long for a quiet cell's news
@@ -59,7 +60,6 @@ class LineGroup:
         self.last_step: int | None = None
         self.workers: list = []       # none here: the keeper holds them
         self.client = False           # not a Ray Client: the link is the line's, ridden out here
-        self.rejoin = None
         self.drains = 0
         self.warming = False          # its start runs on the keeper while the notebook goes on (``begin``)
 

@@ -1,5 +1,5 @@
 """What a cell asks of a warm worker group, wherever its workers are: ``Group``, which the group
-this kernel holds itself (``group.WorkerGroup``: a Ray driver on a local, sim or attached cluster)
+this kernel holds itself (``group/workergroup.WorkerGroup``: a Ray driver on a local, sim or attached cluster)
 and the one a remote cluster's keeper holds for it (``linegroup.LineGroup``: over the line) both
 are, so ``jobs.group_for``'s type says where a cell goes. ``tests/test_warm_group.py`` holds both
 classes to it, ``run``'s keywords included.
@@ -7,12 +7,11 @@ classes to it, ``run``'s keywords included.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from ..group.results import Result
     from ..workers.options import RunOptions
-    from .results import Result
 
 
 @runtime_checkable
@@ -27,7 +26,6 @@ class Group(Protocol):
     broken: bool            # a rank died or stuck: the group is done, the next cell starts another
     keep_s: float | None    # a gone kernel's ended group is kept this long (the cluster's idle window)
     job: dict | None        # the running cell's job (id, name, kernel)
-    rejoin: Callable[[], object] | None   # connects this kernel again (a driver's group only)
     warming: bool           # its start runs on the keeper while the notebook goes on (``up --workers``)
 
     def start(self) -> None: ...

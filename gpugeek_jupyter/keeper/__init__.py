@@ -6,11 +6,11 @@ starts it again should it die (``guard/headwatch.py``); the groups it holds are 
 so a keeper that starts again finds them.
 
 ``serve`` starts it (Ray, then the line's server); ``desk``
-answers each request with the same group code a local kernel runs (``cells/group.py``), reaching
+answers each request with the same group code a local kernel runs (``group/``), reaching
 each group's rank 0 over a lead line of its own (``rank0``); ``shipped`` keeps what kernels sent
 for the workers (their modules, pip requirements, the working folder).
 
 Runs on: a remote cluster's head, started by its watchdog, with the package the laptop sent there.
-May import: `cells/`, `health/`, `line/`, `kernel/` (the driver's own session), `workers/`, `launch/`,
-`cluster/`, the ground floor.
+May import: `group/` (the warm groups and their driver, as a local kernel runs them), `health/` (``nodes``,
+the doctor's look), `line/`, `workers/`, `launch/`, `cluster/`, the ground floor — never `kernel/` or `cells/`.
 """

@@ -1,6 +1,6 @@
 """The keeper's answers: each request of the line (``line.messages``) run with the code a local
-kernel runs — the warm groups (``cells/group.py``), their cells led by rank 0 and kept in its
-journal, and the cluster's questions (``cells/driving.RayDriver``).
+kernel runs — the warm groups (``group/workergroup.py``), their cells led by rank 0 and kept in its
+journal, and the cluster's questions (``group/driver.RayDriver``).
 
 A cell is known by the kernel's id for it: sent again after the line came back, it is not run
 again, and after a keeper restart it is found in rank 0's journals by that id. A group is known by
@@ -16,11 +16,12 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ..cells.driving import RayDriver
-from ..cells.group import WorkerGroup
-from ..cells.sending import Led
 from ..errors import GpugeekError
-from ..health.checkup import examine
+from ..group.driver import RayDriver
+from ..group.link import OnCluster
+from ..group.sending import Led
+from ..group.workergroup import WorkerGroup
+from ..health.nodes import examine
 from ..line import messages as m
 from ..workers.options import CellCall, RunOptions
 from ..workers.outcome import CANCEL_WAIT_S
@@ -78,8 +79,13 @@ class Desk:
 
     # -- groups ---------------------------------------------------------------------------------
 
+    def _held(self, options: RunOptions, group_id: str, **flags) -> WorkerGroup:
+        """A group this keeper drives: on the head, a Ray driver for its whole life (``OnCluster``)."""
+        return WorkerGroup(options, self.gcs, link=OnCluster(self.gcs),
+                           on_node_samples=lambda s: self._sampled(group_id, s), **flags)
+
     def _new(self, options: RunOptions, group_id: str, **flags) -> WorkerGroup:
-        group = WorkerGroup(options, self.gcs, on_node_samples=lambda s, g=group_id: self._sampled(g, s), **flags)
+        group = self._held(options, group_id, **flags)
         group.group_id = group_id
         group.runtime_env = self.shipped.group_env(self.index_url)
         return group
@@ -102,7 +108,7 @@ class Desk:
         if state is None:
             raise GpugeekError("the worker group is gone from the cluster (its rank 0 is) — run the cell again: "
                                "a new group starts")
-        found = WorkerGroup(RunOptions(), self.gcs, on_node_samples=lambda s: self._sampled(group_id, s))
+        found = self._held(RunOptions(), group_id)
         found.adopt(group_id, state.get("owner") or group_id.rsplit(":", 1)[0])
         found.cells = state.get("cell") or 0
         self.groups[group_id] = found
@@ -149,7 +155,7 @@ class Desk:
             lock.release()
 
     def adopt_group(self, request: m.AdoptGroup, caller) -> m.GroupStarted:
-        group = WorkerGroup(RunOptions(), self.gcs, on_node_samples=lambda s: self._sampled(request.group_id, s))
+        group = self._held(RunOptions(), request.group_id)
         group.adopt(request.group_id, request.owner)
         self.groups[request.group_id] = group
         return self._started(group)

@@ -22,9 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .. import store
-from ..cells.orphans import NAMESPACE
-from ..kernel.session import Connection, current
+from ..group.orphans import NAMESPACE
 from ..line.messages import PROTOCOL, Hello, Welcome
 from ..line.wire import Server, refusal
 from ..versions import PACKAGE_VERSION, version_of
@@ -88,8 +86,6 @@ def main(argv: list[str]) -> int:
     # the cluster's stop asks once: gone at once, not after Ray's own exit waits on a GCS that goes
     # too (what the keeper knows is on disk or the kernels', so nothing is lost)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    # this process drives the cluster: the groups it holds are connected to it (``WorkerGroup.connected``)
-    current().connection = Connection(order["gcs"], store.path(), 0)
     desk = Desk(order["gcs"], shipped, order.get("index_url"))
     server = Server(("127.0.0.1", int(order["port"])), token, lambda hello: welcome(order, hello),
                     lambda request, caller: routed.on_behalf(caller, desk.handle, request),

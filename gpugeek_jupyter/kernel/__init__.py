@@ -2,7 +2,7 @@
 the connection (``connection``: a Ray driver's, or the line to a remote cluster's keeper) and the
 kernel's packages on remote workers (``environment``).
 
-Runs on: a notebook's kernel (never the watchdog, the server or a worker); a keeper keeps its own
-driver's connection in a session too.
-May import: `backends/`, `remote/`, `cluster/`, `meter/`, `sizing/`, `line/`, the ground floor.
+Runs on: a notebook's kernel (never the watchdog, the server, a keeper or a worker).
+May import: `backends/`, `group/` (the stop it raises under a cell), `remote/`, `cluster/`, `meter/`, `sizing/`,
+`line/`, the ground floor.
 """

@@ -28,6 +28,7 @@ from ..cluster.processes import this_kernel
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..group.link import StoppedElsewhere
 from ..line.messages import PROTOCOL, Hello, Ship
 from ..line.wire import Line, LinkDown
 from ..raynodes import NODE_ENV, token_text, use_token_auth
@@ -306,7 +307,7 @@ def reconnect(record: ClusterRecord) -> None:
 def rejoin(record: ClusterRecord) -> None:
     """A Ray Client that gave up (the link was down longer than its grace), connected again. The
     worker group is kept: its workers are detached and named, and outlive the old session
-    (``WorkerGroup.refind``). Raises what Ray raises while the cluster is still out of reach."""
+    (``group/workergroup.WorkerGroup.refind``). Raises what Ray raises while the cluster is still out of reach."""
     from ray.util.client import ray as client
 
     if client.is_connected() and steady():
@@ -328,10 +329,6 @@ def disconnect(record: ClusterRecord) -> None:
     if session.connection is not None and session.connection.cluster_id == record.id:
         let_go()
     registry.detach(record.id)
-
-
-class StoppedElsewhere(Exception):
-    """The cluster's stop began elsewhere while a cell's Ray calls were under way."""
 
 
 @contextmanager

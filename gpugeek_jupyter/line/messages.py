@@ -291,7 +291,7 @@ class NeverFits:
 
 @message
 class Examine:
-    """``doctor``'s look at every node (``health.checkup.examine``), from the head."""
+    """``doctor``'s look at every node (``health.nodes.examine``), from the head."""
 
     packages: list
     labels: dict

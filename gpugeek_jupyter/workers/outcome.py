@@ -1,6 +1,6 @@
 """A cell's outcome across the ranks: {"results": {rank: result}, "failed": rank, "dead": rank,
 "stuck": [ranks]}. Judged one way wherever the cell is led: by rank 0 (``Worker.execute_all``),
-and by a kernel that sent the cell to every rank itself (``cells/sending.py``).
+and by a kernel that sent the cell to every rank itself (``group/sending.py``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Worker:
         self.rank = -1
         self.described: dict = {}          # what ``setup`` said of this rank
         self.env: dict[str, str] = {}      # this rank's ``torchrun`` variables (``launch``)
-        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``cells/orphans.py``)
+        self.owner: str | None = None      # rank 0: the kernel that adopted the group (``group/orphans.py``)
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port on it: rank 0 hosts the rendezvous."""

@@ -1,4 +1,5 @@
-"""The warm worker group, seen from the notebook: build it once, send it cells, stream back.
+"""The warm worker group, seen from the process that drives it (a local kernel, or a remote
+cluster's keeper on its head): build it once, send it cells, stream back.
 
 N ``Worker`` actors are placed with a Ray placement group (one bundle per worker: its GPUs, or a
 CPU), rank 0 hosts the ``torch.distributed`` rendezvous, and the group stays up between cells
@@ -22,15 +23,15 @@ from __future__ import annotations
 import time
 
 from ..errors import GpugeekError
-from ..kernel import connection
 from ..launch import torchrun
 from ..meter import telemetry
 from ..workers import progress
 from ..workers.options import CellCall, RunOptions
 from ..workers.outcome import CANCEL_WAIT_S
 from ..workers.worker import LEAD_THREADS, Worker
-from . import away, orphans
-from .driving import RayDriver
+from . import orphans
+from .driver import RayDriver
+from .link import Link, OnCluster, StoppedElsewhere
 from .orphans import NAMESPACE, group_name
 from .placement import bundle, growing, keep, never_fits, no_room, rank_places, release_held, remove
 from .results import Interrupted, Printer, Result, WorkerDied, failure, in_words, show_drained
@@ -55,9 +56,13 @@ NOT_SAID = ("File ", "Traceback", "[", ")", "Command", "Last ", "^", "~")     # 
 
 
 class WorkerGroup:
+    """The warm group, driven from this process (a local kernel, or a remote cluster's keeper):
+    ``link`` is how this process reaches the cluster (``OnCluster``, the keeper's, when none is given)."""
+
     def __init__(self, options: RunOptions, address: str, on_node_samples=None, sample_gpus: bool = True,
-                 notices: str | None = None, grows: bool = True):
+                 notices: str | None = None, grows: bool = True, link: Link | None = None):
         self.options, self.address = options, address
+        self.link: Link = link if link is not None else OnCluster(address)
         self.grows = grows                          # an autoscaler may add nodes: waiting can help
         self.notices = notices                      # where nodes hear of their preemption (workers/notice.py)
         self.sample_gpus = sample_gpus              # False on simulated nodes (declared GPUs)
@@ -71,12 +76,11 @@ class WorkerGroup:
         self.broken = False
         self.line_note: str | None = None
         self.drains = 0         # drains sent while cells ran (one a second or so: tests read it)
-        self.client = False     # this kernel is a Ray Client: the link can go down under a cell (``away``)
+        self.client = False     # this process is a Ray Client: the link can go down under a cell (``link``)
         self.keep_s: float | None = None    # a gone kernel's ended group is kept this long (the idle window)
-        # the workers belong to the cluster, not to this kernel's connection (detached, named): a
+        # the workers belong to the cluster, not to this process's connection (detached, named): a
         # cell outlives a link that went down, and the group a Ray Client that had to reconnect
         self.group_id = orphans.new_group_id()
-        self.rejoin = None      # connects this kernel again (``connection.rejoin``): set by whoever built it
         self.cursor = 0         # how far the running cell's journal has been read
         self.job: dict | None = None   # the running cell's job (id, name, kernel)
         self.last_step: int | None = None   # the latest step the journal told of
@@ -91,7 +95,7 @@ class WorkerGroup:
 
         n, gpus = self.options.workers, self.options.gpus_per_worker
         one = bundle(gpus)
-        held = release_held()
+        held = release_held(self.link.connected_address())
         orphans.reclaim(RayDriver(), self.keep_s)
         never_fits(n, gpus, self.grows)     # said at once where no wait can help
         self.pg = placement_group([dict(one) for _ in range(n)], strategy="PACK",
@@ -104,7 +108,7 @@ class WorkerGroup:
             self.stop()
             raise
         if not room:
-            have, held = ray.cluster_resources(), release_held()
+            have, held = ray.cluster_resources(), release_held(self.link.connected_address())
             self.stop()
             raise no_room(n, gpus, have, held, [] if held else orphans.holders(RayDriver(), self.group_id))
         try:
@@ -199,7 +203,7 @@ class WorkerGroup:
 
         # the address we connected with: Ray's own view of it differs (127.0.0.1 becomes this
         # host's IP), so it cannot be compared
-        return ray.is_initialized() and connection.connected_address() == self.address
+        return ray.is_initialized() and self.link.connected_address() == self.address
 
     def leave(self) -> bool:
         """Stopped unless a job still runs here (True then): ``orphans.leave``."""
@@ -270,7 +274,7 @@ class WorkerGroup:
             poll_at = time.perf_counter()
             hold = 0.0 if all_ranks else DRAIN_WAIT_S
             while outcome is None:
-                connection.check_stop()       # stopped elsewhere: no more Ray calls from here
+                self.link.check_stop()        # stopped elsewhere: no more Ray calls from here
                 now = time.perf_counter()
                 if poll is None and now >= poll_at:       # one drain out at a time
                     poll = self.workers[0].drain_all.remote(hold, self.cursor, cell_id)
@@ -291,14 +295,14 @@ class WorkerGroup:
                     except WorkerDied:
                         self.broken = True
                         raise
-        except connection.StoppedElsewhere:
+        except StoppedElsewhere:
             self.broken = stopped = True
             raise
         except (Exception, SystemExit) as exc:      # Ray's client raises many kinds once its link is gone
-            if not away.link_lost(self, exc):
+            if not self.link.lost(self, exc):
                 raise
             poll = asked = None
-            outcome = away.ride_out(self, cell_id, printer, on_samples)
+            outcome = self.link.ride_out(self, cell_id, printer, on_samples)
         except KeyboardInterrupt:
             self.cancel(cell)
             cancelled = True               # here: the finally must not cancel it again (nothing is pending)

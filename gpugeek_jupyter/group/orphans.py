@@ -7,21 +7,20 @@ from this machine removes it — sooner when that group needs its room, and says
 restarted kernel never finds its cluster full of a dead kernel's workers; a new group that finds
 no room says which jobs hold it. A kernel that exits
 (shut down, restarted), or moves to another cluster, takes its group along, unless a job still
-runs there (``leave``).
+runs there (``leave``; ``cells/leaving.py`` asks it at a kernel's exit).
 
 A group's owner is the kernel that started it (in its name: host, pid) until another adopts it
 (rank 0 then keeps the new owner, ``Worker.adopted``)."""
 
 from __future__ import annotations
 
-import atexit
 import time
 from collections.abc import Callable
 
 from ..cluster.processes import kernel_gone, this_kernel
 from ..units import clock
 
-NAMESPACE = "gpugeek"    # the Ray namespace of this package's named actors (``connection.connect``)
+NAMESPACE = "gpugeek"    # the Ray namespace of this package's named actors (every driver joins it)
 PREFIX = "gpugeek-group/"
 UNCLAIMED_KEEP_S = 1800.0   # a gone kernel's ended job's group is kept this long, where no idle window is set
 FIRST_LOOK_S = 1.0       # a new group without room after this says what holds it…
@@ -132,14 +131,6 @@ def wait_for_room(driver, ready, timeout: float, besides: str, keep_s: float | N
             said = True
 
 
-def leave_with_this_kernel() -> None:
-    """A kernel that exits (shut down, restarted) takes its warm group along, unless a job still
-    runs there; only a kernel that dies leaves its group behind (kept for `attach`, above).
-    Registered anew with each group, after Ray's own exit handler (these run last first)."""
-    atexit.unregister(_stop_at_exit)
-    atexit.register(_stop_at_exit)
-
-
 def leave(group) -> bool:
     """Stop ``group`` unless a job still runs there (True then): its workers are detached, so a
     kernel that exits, or moves to another cluster, would otherwise leave them on this one."""
@@ -154,11 +145,3 @@ def leave(group) -> bool:
     except Exception:  # noqa: BLE001 - the cluster out of reach as the kernel goes: the orphan sweep
         pass
     return False
-
-
-def _stop_at_exit() -> None:
-    from ..kernel.session import current
-
-    group = current().group
-    if group is not None:
-        group.leave()

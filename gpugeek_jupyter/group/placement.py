@@ -2,7 +2,7 @@
 CPUs) on the cluster. Removal is tried a few times; what is left is kept here, tried again before
 the next group is placed, and named when that group does not fit — never "scale the cluster",
 which would have the user pay for nodes to work around it. Such a group goes at the latest with
-the job that owns it: this kernel's connection (``jobs.reset`` makes it anew)."""
+the job that owns it: this process's connection (a kernel's ``jobs.reset`` makes it anew)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 
 from ..errors import GpugeekError
-from ..kernel import connection
 from ..launch import torchrun
 
 PG_REMOVE_TRIES = 3
@@ -19,7 +18,7 @@ PG_REMOVE_TRIES = 3
 @dataclass
 class Held:
     """A placement group of an old worker group that would not go: it still reserves its
-    bundles on the cluster until a removal works or this kernel's connection ends."""
+    bundles on the cluster until a removal works or this process's connection ends."""
 
     pg: object
     address: str | None
@@ -46,10 +45,10 @@ def remove(pg) -> str | None:
     return why
 
 
-def release_held() -> list[Held]:
-    """Try again to remove the placement groups that would not go (on this connection: the
-    others went with the job that owned them); those still held."""
-    here = connection.connected_address()
+def release_held(here: str | None) -> list[Held]:
+    """Try again to remove the placement groups that would not go on the cluster this process is
+    connected to now (``here``, as ``Link.connected_address`` says: the others went with the job
+    that owned them); those still held."""
     _held[:] = [h for h in _held if h.address == here and here is not None]
     for kept in list(_held):
         if _gone(kept.pg) or remove(kept.pg) is None:

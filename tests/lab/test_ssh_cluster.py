@@ -275,15 +275,19 @@ def test_a_host_cut_off_between_two_cells_past_the_lines_keepalive_the_next_cell
     finally:
         lab.reconnect(cut)
     capsys.readouterr()
-    seen = gg.run("""
+    try:
+        seen = gg.run("""
 import socket, torch.distributed as dist
 seen = [None] * world_size
 dist.all_gather_object(seen, socket.gethostname())
 sorted(seen)
 """, workers=3, monitor=False).shown()
-    said = capsys.readouterr().out
-    assert seen == sorted(h.name for h in lab.hosts), seen
-    assert "died" not in said and "new worker group" not in said, said
+        said = capsys.readouterr().out
+        assert seen == sorted(h.name for h in lab.hosts), seen
+        assert "died" not in said and "new worker group" not in said, said
+    except BaseException:      # what the hosts' Ray said of it, kept for reading after the lab goes
+        print(f"the hosts' Ray logs: {lab.keep_logs(Path('artifacts') / 'cut-logs')}")
+        raise
 
 @pytest.mark.parametrize("rate_mbit", [8, 100])
 def test_doctor_names_a_rate_limited_host_with_its_measured_rate_within_30_s(lab, on_lab3, capsys, rate_mbit):

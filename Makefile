@@ -134,13 +134,11 @@ laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
 # laptop that never returns (tests/lab/test_never_returns.py, about four): the job ends, the head's
 # idle stop ends the cluster one window later. Then the lid closed for 120 s at five moments (during
 # up, a group's start, mid-cell, as a cell ends, between cells) and a link cut 20 times during a cell
-# (tests/lab/test_lid_moments.py, about twenty minutes). Then a host cut off 15 s between two cells of a
-# 3-host group (tests/lab/test_ssh_cluster.py): the next cell runs on all three.
+# (tests/lab/test_lid_moments.py, about twenty minutes).
 .PHONY: lid
 lid: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_LID=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_lid.py tests/lab/test_never_returns.py \
-	  tests/lab/test_lid_moments.py \
-	  tests/lab/test_ssh_cluster.py::test_a_host_cut_off_between_two_cells_past_the_lines_keepalive_the_next_cell_runs
+	  tests/lab/test_lid_moments.py
 
 # The training code people already write on three hosts that share nothing (tests/lab/
 # test_frameworks_on_hosts.py, about six minutes): the Trainer, Accelerate and Lightning against

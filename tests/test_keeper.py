@@ -193,12 +193,16 @@ def test_a_cell_sent_twice_runs_once(kept, tmp_path):
     counter = tmp_path / "ran"
     group, _ = jobs.group_for(options(workers=2))
     source = NUMBERED.format(counter=str(counter), lines=3, every=0.1)
-    first = current().line.call(m.RunCell("same-id", group.group_id, source, {"workers": 2}, [], {}, None, 0.0), 30)
-    again = current().line.call(m.RunCell("same-id", group.group_id, source, {"workers": 2}, [], {}, None, 5.0), 30)
+    def sent(wait_s: float) -> m.CellNews:
+        return current().line.call(m.RunCell(uid="same-id", group_id=group.group_id, source=source,
+                                             options=options(workers=2), pull=[], job={}, wait_s=wait_s), 30)
+
+    first, again = sent(0.0), sent(5.0)
     assert again.number == first.number
     news = again
     while news.news.get("outcome") is None:
-        news = current().line.call(m.ReadCell(group.group_id, first.number, news.news["next"], 2.0), 30)
+        news = current().line.call(m.ReadCell(group_id=group.group_id, number=first.number,
+                                              cursor=news.news["next"], wait_s=2.0), 30)
     assert sorted(counter.read_text().split()) == ["0", "1"]
 
 
@@ -261,7 +265,7 @@ def test_a_job_of_a_kernel_that_died_is_listed_and_followed_from_another(kept, t
 def test_doctor_examines_the_nodes_from_the_head_and_names_both_ends(kept):
     report = gg.doctor("kept")
     assert report.ok, repr(report)
-    assert set(report.sides) == {"kernel", "head"} and "protocol 1" in report.sides["head"], report.sides
+    assert set(report.sides) == {"kernel", "head"} and f"protocol {m.PROTOCOL}" in report.sides["head"], report.sides
     assert f"Python {sys.version.split()[0]}" in report.sides["kernel"]
 
 
@@ -269,9 +273,9 @@ def test_a_kernel_of_another_protocol_is_refused_by_the_keeper_in_one_line(kept)
     spec_line = registry.live("kept").spec["remote"]["line_address"]
     host, _, port = spec_line.rpartition(":")
     line = Line(lambda: socket.create_connection((host, int(port)), timeout=5), token_text(),
-                m.Hello(m.PROTOCOL + 1, "9.9", "3.99.0", None, "elsewhere:1"))
+                m.Hello(protocol=m.PROTOCOL - 1, package="9.9", python="3.99.0", ray=None, kernel="elsewhere:1"))
     with pytest.raises(GpugeekError, match=f"speaks line protocol {m.PROTOCOL} .* this kernel speaks protocol "
-                                           f"{m.PROTOCOL + 1}"):
+                                           f"{m.PROTOCOL - 1}"):
         line.open()
 
 

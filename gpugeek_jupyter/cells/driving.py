@@ -29,44 +29,45 @@ class LineDriver:
         self.line, self.cluster = line, cluster
 
     def ask(self, request, timeout: float = ASK_TIMEOUT_S):
-        """The keeper's plain answer; one line when the line is down."""
+        """The keeper's reply (of the type the request declares); one line when the line is down."""
         try:
-            return self.line.call(request, timeout, said=_say).value
+            return self.line.call(request, timeout, said=_say)
         except LinkDown as exc:
             raise GpugeekError(f"{self.cluster} does not answer from here ({exc}) — try again once the network "
                                f"is back: the cluster goes on meanwhile") from None
 
     def groups(self) -> dict[str, list[str]]:
-        return self.ask(m.ListGroups())
+        return self.ask(m.ListGroups()).groups
 
     def lead_state(self, group_id: str) -> dict | None:
-        return self.ask(m.LeadState(group_id))
+        return self.ask(m.LeadState(group_id=group_id)).state
 
     def remove_group(self, group_id: str) -> None:
-        self.ask(m.RemoveGroup(group_id))
+        self.ask(m.RemoveGroup(group_id=group_id))
 
     def kept_jobs(self) -> list[tuple[str, dict]]:
-        return [(group_id, job) for group_id, job in self.ask(m.KeptJobs())]
+        return [(group_id, job) for group_id, job in self.ask(m.KeptJobs()).kept]
 
     def journal(self, group_id: str, number: int, cursor: int, wait_s: float) -> dict | None:
         """Raises ``LinkDown`` while the line is down: a reader rides that out (``attach``)."""
-        return self.line.call(m.ReadJournal(group_id, number, cursor, wait_s), wait_s + ASK_TIMEOUT_S,
-                              said=_say).value
+        asked = m.ReadJournal(group_id=group_id, number=number, cursor=cursor, wait_s=wait_s)
+        return self.line.call(asked, wait_s + ASK_TIMEOUT_S, said=_say).news
 
     def interrupt_job(self, group_id: str, number: int) -> None:
-        self.ask(m.InterruptJob(group_id, number))
+        self.ask(m.InterruptJob(group_id=group_id, number=number))
 
     def node_answers(self, node_id: str) -> bool:
-        return self.ask(m.NodeAnswers(node_id), timeout=NODE_DEATH_S + ASK_TIMEOUT_S)
+        return self.ask(m.NodeAnswers(node_id=node_id), timeout=NODE_DEATH_S + ASK_TIMEOUT_S).yes
 
     def wait_gone(self, node_ids: list[str], until: float) -> None:
-        self.ask(m.WaitGone(list(node_ids), until), timeout=max(0.0, until - time.time()) + ASK_TIMEOUT_S)
+        self.ask(m.WaitGone(node_ids=list(node_ids), until=until),
+                 timeout=max(0.0, until - time.time()) + ASK_TIMEOUT_S)
 
     def room(self, kind: str, each: float) -> int:
-        return self.ask(m.Room(kind, each))
+        return self.ask(m.Room(kind=kind, each=each)).workers
 
     def never_fits(self, workers: int, gpus_per_worker: float, grows: bool) -> None:
-        self.ask(m.NeverFits(workers, gpus_per_worker, grows))
+        self.ask(m.NeverFits(workers=workers, gpus_per_worker=gpus_per_worker, grows=grows))
 
 
 def _say(text: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import fields
 
 from ..cluster import registry
 from ..cluster.processes import this_kernel
@@ -33,11 +32,6 @@ DRAIN_WAIT_S = 2.0         # the keeper holds a read this long for a quiet cell'
 ANSWER_S = progress.ANSWER_WITHIN_S + 10.0   # rank 0's answer, then the way back, after a read's wait
 REDIAL_EVERY_S = 2.0       # while the line is down: dial again this often…
 REDIAL_MAX_S = 10.0        # …backing off to this
-
-
-def plain(options: RunOptions) -> dict:
-    """``RunOptions`` as plain data for the line (the keeper builds its own from it)."""
-    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 def _say(text: str) -> None:
@@ -77,8 +71,7 @@ class LineGroup:
         this machine can tell them gone), then built there — or found started (``begin``)."""
         if not self.warming:
             orphans.reclaim(self.driver, self.keep_s)
-        request = m.StartGroup(self.group_id, plain(self.options), this_kernel(), self.sample_gpus, self.notices,
-                               self.grows, self.keep_s)
+        request = self._start_request(background=False)
         try:
             started = self._ask(request, READY_TIMEOUT_S, riding=True)     # by its id: sent again, built once
         except BaseException:        # the stop button while it starts, or a refusal: nothing left half-built
@@ -90,26 +83,30 @@ class LineGroup:
         """Start it on the keeper without waiting (``up --workers``): ``start`` later takes it as
         started, or waits there for the rest of its start."""
         orphans.reclaim(self.driver, self.keep_s)
-        self._ask(m.StartGroup(self.group_id, plain(self.options), this_kernel(), self.sample_gpus, self.notices,
-                               self.grows, self.keep_s, background=True), ANSWER_S)
+        self._ask(self._start_request(background=True), ANSWER_S)
         self.warming = True
+
+    def _start_request(self, background: bool) -> m.StartGroup:
+        return m.StartGroup(group_id=self.group_id, options=self.options, owner=this_kernel(),
+                            sample_gpus=self.sample_gpus, notices=self.notices, grows=self.grows,
+                            keep_s=self.keep_s, background=background)
 
     def _took(self, started: m.GroupStarted) -> None:
         self.warming = False
         self.group_id, self.info = started.group_id, list(started.info)
-        self.options = RunOptions(**started.options)
+        self.options = started.options
         self.line_notes = list(started.notes)
 
     def adopt(self, group_id: str, owner: str) -> None:
         """Take over the group of a kernel that is gone (``orphans``), its variables with it."""
         self.group_id = group_id
-        self._took(self._ask(m.AdoptGroup(group_id, owner), READY_TIMEOUT_S, riding=True))
+        self._took(self._ask(m.AdoptGroup(group_id=group_id, owner=owner), READY_TIMEOUT_S, riding=True))
 
     def refind(self) -> bool:
         return not self.broken      # the keeper finds its groups by name itself
 
     def versions(self, names: list[str]) -> list[dict]:
-        return self._ask(m.Versions(self.group_id, list(names)), ANSWER_S).value
+        return self._ask(m.Versions(group_id=self.group_id, names=list(names)), ANSWER_S).ranks
 
     def connected(self) -> bool:
         """Whether this kernel is still on its line (not moved to another cluster since)."""
@@ -123,7 +120,7 @@ class LineGroup:
         if not self.connected():       # this kernel let go of that cluster: its keeper keeps the group
             return
         try:
-            self.line.call(m.StopGroup(self.group_id), ANSWER_S, said=_say)
+            self.line.call(m.StopGroup(group_id=self.group_id), ANSWER_S, said=_say)
         except (LinkDown, GpugeekError):
             pass
 
@@ -132,7 +129,7 @@ class LineGroup:
         if self.broken or not self.connected():
             return False
         try:
-            return bool(self.line.call(m.LeaveGroup(self.group_id), ANSWER_S).value)
+            return self.line.call(m.LeaveGroup(group_id=self.group_id), ANSWER_S).running
         except (LinkDown, GpugeekError):
             return True         # out of reach: whatever runs there goes on
 
@@ -146,7 +143,7 @@ class LineGroup:
         if not self.line.up or self.broken:
             return 0
         try:
-            samples = self.line.call(m.DrainTelemetry(self.group_id, every), ANSWER_S).value or []
+            samples = self.line.call(m.DrainTelemetry(group_id=self.group_id, every=every), ANSWER_S).samples
         except (LinkDown, GpugeekError):
             return 0
         if samples and self.on_node_samples is not None:
@@ -165,8 +162,8 @@ class LineGroup:
         uid = uuid.uuid4().hex
         printer = Printer(all_ranks)
         start = time.perf_counter()
-        request = m.RunCell(uid, self.group_id, source, plain(options), list(pull or []), dict(job or {}),
-                            pushing.dumps(push) if push else None, DRAIN_WAIT_S)
+        request = m.RunCell(uid=uid, group_id=self.group_id, source=source, options=options, pull=list(pull or []),
+                            job=dict(job or {}), push=pushing.dumps(push) if push else None, wait_s=DRAIN_WAIT_S)
         try:
             # the job's ledger row is written while the cell runs (``on_sent``: once, whichever way)
             news = self._ask(request, DRAIN_WAIT_S + ANSWER_S, riding=True, meanwhile=on_sent)
@@ -179,8 +176,8 @@ class LineGroup:
                     break
                 connection.check_stop()
                 self.drains += 1
-                news = self._ask(m.ReadCell(self.group_id, news.number, self.cursor, DRAIN_WAIT_S),
-                                 DRAIN_WAIT_S + ANSWER_S, riding=True)
+                news = self._ask(m.ReadCell(group_id=self.group_id, number=news.number, cursor=self.cursor,
+                                            wait_s=DRAIN_WAIT_S), DRAIN_WAIT_S + ANSWER_S, riding=True)
         except KeyboardInterrupt:
             self._interrupt(uid)
         outcome = news.news["outcome"]
@@ -196,7 +193,7 @@ class LineGroup:
     def _interrupt(self, uid: str) -> None:
         """The stop button: every rank, through the keeper; raises ``Interrupted`` as a local group's."""
         try:
-            broken = self.line.call(m.Interrupt(self.group_id, uid), progress.ANSWER_WITHIN_S + 10).value
+            broken = self.line.call(m.Interrupt(group_id=self.group_id, uid=uid), progress.ANSWER_WITHIN_S + 10).broken
         except LinkDown:
             job = (self.job or {}).get("id", "JOB")
             raise Interrupted(f"interrupted here, but the cluster is out of reach: the job goes on there — "

@@ -3,6 +3,8 @@ here or by a remote cluster's keeper on its head), then the verdict (``findings`
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from ..cells.driving import LineDriver
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
@@ -35,8 +37,9 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
         seen, sides = examine(names, labels, record.address, spec.remote.get("gcs_port")), {}
         reference, against = mine, "the kernel"
     else:
-        seen = LineDriver(line, f"cluster {record.name!r}").ask(
-            Examine(names, labels, spec.remote.get("gcs_port")), timeout=EXAMINE_TIMEOUT_S)
+        examined = LineDriver(line, f"cluster {record.name!r}").ask(
+            Examine(packages=names, labels=labels, gcs_port=spec.remote.get("gcs_port")), timeout=EXAMINE_TIMEOUT_S)
+        seen = {f.name: getattr(examined, f.name) for f in fields(examined)}
         welcome = line.welcome
         # the nodes run the head's Python and Ray; what the kernel sent, at the kernel's version
         reference, against = {**seen["reference"], **{dist: mine.get(dist) for dist in sent}}, "the head"

@@ -96,8 +96,8 @@ class Desk:
         del kept[:-SAMPLES_KEPT]
 
     def _started(self, group: WorkerGroup) -> m.GroupStarted:
-        options = {f: getattr(group.options, f) for f in RunOptions.__dataclass_fields__}
-        return m.GroupStarted(group.group_id, options, list(group.info), group.notes)
+        return m.GroupStarted(group_id=group.group_id, options=group.options, info=list(group.info),
+                              notes=group.notes)
 
     def group(self, group_id: str) -> WorkerGroup:
         """The group, held here or found again by name (this keeper started again)."""
@@ -115,7 +115,7 @@ class Desk:
         self.found.add(group_id)
         return found
 
-    def start_group(self, request: m.StartGroup, caller):
+    def start_group(self, request: m.StartGroup, caller) -> m.GroupStarted | m.Done:
         """The group built (or found built: asked again after the line came back). ``background``:
         built after the reply (``up --workers``: the first cell finds it started, or waits here for
         the rest of its start)."""
@@ -131,7 +131,7 @@ class Desk:
             held = self.groups.get(request.group_id)
             if held is not None and not held.broken:
                 return self._started(held)
-            group = self._new(RunOptions(**request.options), request.group_id, sample_gpus=request.sample_gpus,
+            group = self._new(request.options, request.group_id, sample_gpus=request.sample_gpus,
                               notices=request.notices, grows=request.grows)
             group.keep_s = request.keep_s
             try:
@@ -176,27 +176,28 @@ class Desk:
             self.driver.remove_group(group_id)
         return m.Done()
 
-    def leave_group(self, request: m.LeaveGroup, caller) -> m.Done:
+    def leave_group(self, request: m.LeaveGroup, caller) -> m.Staying:
         group_id = request.group_id
         if (self.driver.lead_state(group_id) or {}).get("running"):
-            return m.Done(True)
-        return self.stop_group(m.StopGroup(group_id), caller)
+            return m.Staying(running=True)
+        self.stop_group(m.StopGroup(group_id=group_id), caller)
+        return m.Staying(running=False)
 
-    def versions(self, request: m.Versions, caller) -> m.Done:
-        return m.Done(self.group(request.group_id).versions(request.names))
+    def versions(self, request: m.Versions, caller) -> m.RankVersions:
+        return m.RankVersions(ranks=self.group(request.group_id).versions(request.names))
 
-    def drain_telemetry(self, request: m.DrainTelemetry, caller) -> m.Done:
+    def drain_telemetry(self, request: m.DrainTelemetry, caller) -> m.NodeSamples:
         group_id = request.group_id
         group = self.groups.get(group_id)
         if group is not None and not group.broken:
             group.drain_telemetry(every=request.every)
         taken, self.samples[group_id] = self.samples.get(group_id, []), []
-        return m.Done(taken)
+        return m.NodeSamples(samples=taken)
 
-    def ship(self, request: m.Ship, caller) -> m.Done:
+    def ship(self, request: m.Ship, caller) -> m.Held:
         if request.modules or request.pip is not None or request.working_dir is not None:
             self.shipped.ship(request.modules, request.pip, request.working_dir)
-        return m.Done(self.shipped.held())
+        return m.Held(**self.shipped.held())
 
     # -- cells ----------------------------------------------------------------------------------
 
@@ -232,9 +233,8 @@ class Desk:
                 if kept.get("uid") == request.uid:
                     return Sent(group.group_id, kept["cell"])
         group.cells += 1
-        options = RunOptions(**request.options)
         job = {**request.job, "uid": request.uid}
-        call = CellCall.for_rank0(request.source, options, group.cells, request.pull, job)
+        call = CellCall.for_rank0(request.source, request.options, group.cells, request.pull, job)
         group.job = job
         ref = self._rank0(group).lead(pickle.dumps(call), request.push)
         return Sent(group.group_id, group.cells, ref)
@@ -276,7 +276,7 @@ class Desk:
             raise GpugeekError("rank 0 no longer keeps this cell's journal (its group was stopped, or a newer "
                                "group took its place) — `%gpugeek jobs` lists what the cluster keeps")
         return self._ended(group, sent, drained) if drained.get("outcome") is not None else \
-            m.CellNews(sent.number, drained)
+            m.CellNews(number=sent.number, news=drained)
 
     def _rank0(self, group: WorkerGroup) -> rank0.Rank0:
         """How this keeper reaches the group's rank 0: its lead line, opened once."""
@@ -293,7 +293,7 @@ class Desk:
         if ended["stuck"] or ended["dead"] is not None:
             group.broken = True
             group.stop()
-        return m.CellNews(sent.number, drained, group.broken)
+        return m.CellNews(number=sent.number, news=drained, broken=group.broken)
 
     def _journal(self, group_id: str, number: int, cursor: int, wait_s: float) -> dict | None:
         """A cell this keeper did not send (it started again since): rank 0's journal alone."""
@@ -302,12 +302,12 @@ class Desk:
         except Exception:  # noqa: BLE001 - rank 0 gone: nothing keeps the cell
             return None
 
-    def interrupt(self, request: m.Interrupt, caller) -> m.Done:
-        """Every rank of the cell stopped; True when one was stuck and the group had to go."""
+    def interrupt(self, request: m.Interrupt, caller) -> m.Stopped:
+        """Every rank of the cell stopped; broken when one was stuck and the group had to go."""
         sent = self.cells.get(request.uid)
         if sent is None:            # not here yet: it will not run when it comes
             self.interrupted.add(request.uid)
-            return m.Done(False)
+            return m.Stopped(broken=False)
         group = self.group(sent.group_id)
         if sent.ref is None:
             self.driver.interrupt_job(group.group_id, sent.number)
@@ -320,46 +320,46 @@ class Desk:
             if ended is None or ended["stuck"] or ended["dead"] is not None:
                 group.broken = True
                 group.stop()
-        return m.Done(group.broken)
+        return m.Stopped(broken=group.broken)
 
     # -- the cluster's groups, jobs and nodes, as a local kernel asks Ray ---------------------------
 
-    def list_groups(self, request, caller) -> m.Done:
-        return m.Done(self.driver.groups())
+    def list_groups(self, request, caller) -> m.Groups:
+        return m.Groups(groups=self.driver.groups())
 
-    def lead_state(self, request: m.LeadState, caller) -> m.Done:
-        return m.Done(self.driver.lead_state(request.group_id))
+    def lead_state(self, request: m.LeadState, caller) -> m.GroupState:
+        return m.GroupState(state=self.driver.lead_state(request.group_id))
 
     def remove_group(self, request: m.RemoveGroup, caller) -> m.Done:
         self.groups.pop(request.group_id, None)
         self.driver.remove_group(request.group_id)
         return m.Done()
 
-    def kept_jobs(self, request, caller) -> m.Done:
-        return m.Done([[group_id, job] for group_id, job in self.driver.kept_jobs()])
+    def kept_jobs(self, request, caller) -> m.Jobs:
+        return m.Jobs(kept=list(self.driver.kept_jobs()))
 
-    def read_journal(self, request: m.ReadJournal, caller) -> m.Done:
-        return m.Done(self.driver.journal(request.group_id, request.number, request.cursor, request.wait_s))
+    def read_journal(self, request: m.ReadJournal, caller) -> m.Journal:
+        return m.Journal(news=self.driver.journal(request.group_id, request.number, request.cursor, request.wait_s))
 
     def interrupt_job(self, request: m.InterruptJob, caller) -> m.Done:
         self.driver.interrupt_job(request.group_id, request.number)
         return m.Done()
 
-    def node_answers(self, request: m.NodeAnswers, caller) -> m.Done:
-        return m.Done(self.driver.node_answers(request.node_id))
+    def node_answers(self, request: m.NodeAnswers, caller) -> m.Answer:
+        return m.Answer(yes=self.driver.node_answers(request.node_id))
 
     def wait_gone(self, request: m.WaitGone, caller) -> m.Done:
         self.driver.wait_gone(request.node_ids, request.until)
         return m.Done()
 
-    def room(self, request: m.Room, caller) -> m.Done:
-        return m.Done(self.driver.room(request.kind, request.each))
+    def room(self, request: m.Room, caller) -> m.RoomFor:
+        return m.RoomFor(workers=self.driver.room(request.kind, request.each))
 
     def never_fits(self, request: m.NeverFits, caller) -> m.Done:
         self.driver.never_fits(request.workers, request.gpus_per_worker, request.grows)
         return m.Done()
 
-    def examine(self, request: m.Examine, caller) -> m.Done:
-        return m.Done(examine(request.packages, request.labels, self.gcs, request.gcs_port,
-                              self.shipped.group_env(self.index_url)))
+    def examine(self, request: m.Examine, caller) -> m.Examined:
+        return m.Examined(**examine(request.packages, request.labels, self.gcs, request.gcs_port,
+                                    self.shipped.group_env(self.index_url)))
 

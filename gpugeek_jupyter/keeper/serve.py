@@ -68,7 +68,8 @@ def welcome(order: dict, hello: Hello):
         return refused
     print(f"keeper: kernel {hello.kernel} (gpugeek-jupyter {hello.package}, Python {hello.python}, Ray "
           f"{hello.ray}) is on the line", file=sys.stderr, flush=True)
-    return Welcome(PROTOCOL, PACKAGE_VERSION, python, ray.__version__, version_of("torch"), os.getpid(), order["ip"])
+    return Welcome(protocol=PROTOCOL, package=PACKAGE_VERSION, python=python, ray=ray.__version__,
+                   torch=version_of("torch"), pid=os.getpid(), head=order["ip"])
 
 
 def main(argv: list[str]) -> int:

@@ -124,7 +124,8 @@ def _line(session, record: ClusterRecord) -> None:
         _leave_line(session)
     elif connection is not None:
         let_go()
-    hello = Hello(PROTOCOL, PACKAGE_VERSION, platform.python_version(), version_of("ray"), this_kernel())
+    hello = Hello(protocol=PROTOCOL, package=PACKAGE_VERSION, python=platform.python_version(), ray=version_of("ray"),
+                  kernel=this_kernel())
     line = Line(_dialer(record.id), token_text(), hello)
     deadline = time.monotonic() + KEEPER_WAIT_S
     while True:
@@ -149,11 +150,11 @@ def _ship_cluster_files(line: Line, record: ClusterRecord) -> None:
     spec = ClusterSpec.from_json(record.spec)
     if not spec.env and not spec.working_dir:
         return
-    held = line.call(Ship(), SHIP_TIMEOUT_S).value
+    held = line.call(Ship(), SHIP_TIMEOUT_S)
     send: dict = {}
-    if list(spec.env) != held["pip"]:
+    if list(spec.env) != held.pip:
         send["pip"] = list(spec.env)
-    if spec.working_dir and not held["working_dir"] and os.path.isdir(spec.working_dir):
+    if spec.working_dir and not held.working_dir and os.path.isdir(spec.working_dir):
         send["working_dir"] = environment.packed_folder(spec.working_dir)
     if send:
         line.call(Ship(**send), SHIP_TIMEOUT_S)

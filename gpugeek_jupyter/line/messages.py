@@ -1,40 +1,43 @@
-"""What a kernel and its cluster's keeper say to each other: one dataclass per message, each field
-plain data (text, numbers, lists, dicts, bytes). A message crosses the line as a pickle of those
-builtins alone (protocol 5), read back by an unpickler that refuses every class — so no code object,
-and none of our classes, ever crosses: the two ends may run other Pythons and other Rays.
+"""What a kernel and its cluster's keeper say to each other: one dataclass per message, built by
+keyword, each field typed: plain data (text, numbers, lists, dicts, bytes) or a *record* — a
+dataclass of plain data registered with ``record`` (the run options, ``workers/options.py``), which
+crosses as a dict named for it and is made again on the other end. A message crosses the line as a
+pickle of builtins alone (protocol 5), read back by an unpickler that refuses every class — so no
+code object, and none of our classes, ever crosses: the two ends may run other Pythons and other Rays.
 
 Values a cell pushes or pulls travel inside as ``bytes`` (pickled by the side that has their
 types); the messages themselves never hold them as objects.
 
 A conversation opens with ``Hello`` (the kernel's protocol and versions) and ``Welcome`` (the
-keeper's), or ``Refused`` with the reason in one line. Every request then gets one reply — its own
-message, ``Done`` with a plain value, or ``Failed`` — and any number of ``Said`` before it: what
-the keeper prints while it works on the request (a group waiting for room, say), shown in the cell.
+keeper's), or ``Refused`` with the reason in one line. Every request then gets one reply — the
+type its ``request`` declaration names (``Done`` where there is nothing to tell), or ``Failed`` —
+and any number of ``Said`` before it: what the keeper prints while it works on the request (a
+group waiting for room, say), shown in the cell. A reply of another type is a broken line.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import field
 
-PROTOCOL = 1        # a change to any message below is a new protocol: both ends must agree
+from .codec import (
+    MESSAGES,
+    RECORDS,
+    REPLIES,
+    Plain,
+    ProtocolError,
+    Record,
+    decode,
+    encode,
+    message,
+    record,
+    reply_fits,
+    request,
+)
 
-MESSAGES: dict[str, type] = {}
+__all__ = ["MESSAGES", "PROTOCOL", "RECORDS", "REPLIES", "Plain", "ProtocolError", "Record", "decode", "encode",
+           "message", "record", "reply_fits", "request"]     # with every message below
 
-
-class ProtocolError(Exception):
-    """What came over the line is no message of this protocol."""
-
-
-def message(cls):
-    """A message type: a frozen dataclass, known by its name on both ends."""
-    cls = dataclass(frozen=True)(cls)
-    MESSAGES[cls.__name__] = cls
-    return cls
-
-
+PROTOCOL = 2        # a change to any message below is a new protocol: both ends must agree
 # -- opening ---------------------------------------------------------------------------------------
 
 @message
@@ -70,9 +73,7 @@ class Refused:
 
 @message
 class Done:
-    """A request done; ``value`` is its plain answer (None for none)."""
-
-    value: Any = None
+    """A request done, with nothing to tell."""
 
 
 @message
@@ -94,12 +95,20 @@ class Said:
 # -- a worker group, held by the keeper for a kernel ----------------------------------------------------
 
 @message
+class GroupStarted:
+    group_id: str
+    options: Record                     # the group's RunOptions
+    info: list[dict[str, Plain]]        # each rank's description (``Worker.setup``)
+    notes: list[str] = field(default_factory=list)
+
+
+@request(GroupStarted | Done)
 class StartGroup:
-    """Build (or find already built) the group ``group_id`` for ``options`` (``RunOptions``' fields).
-    ``background``: answer at once and build it after (``up --workers``: the first cell finds it)."""
+    """Build (or find already built) the group ``group_id`` for ``options`` (a ``RunOptions``).
+    ``background``: answer ``Done`` at once and build it after (``up --workers``: the first cell finds it)."""
 
     group_id: str
-    options: dict
+    options: Record
     owner: str
     sample_gpus: bool = True
     notices: str | None = None
@@ -108,15 +117,7 @@ class StartGroup:
     background: bool = False
 
 
-@message
-class GroupStarted:
-    group_id: str
-    options: dict
-    info: list              # each rank's description (``Worker.setup``)
-    notes: list = field(default_factory=list)
-
-
-@message
+@request(GroupStarted)
 class AdoptGroup:
     """Kernel ``owner`` takes over the group of a kernel that is gone (``attach --adopt``)."""
 
@@ -124,27 +125,44 @@ class AdoptGroup:
     owner: str
 
 
-@message
+@request(Done)
 class StopGroup:
     group_id: str
 
 
 @message
+class Staying:
+    """Whether a job still runs on the group (so it stays)."""
+
+    running: bool
+
+
+@request(Staying)
 class LeaveGroup:
-    """The kernel goes: the group is stopped unless a job runs on it (``Done(True)`` then)."""
+    """The kernel goes: the group is stopped unless a job runs on it."""
 
     group_id: str
 
 
 @message
+class RankVersions:
+    ranks: list[dict[str, str | None]]      # by rank: {module: its version, None where it has none}
+
+
+@request(RankVersions)
 class Versions:
     """Each rank's version of each module (``versions.version_of``)."""
 
     group_id: str
-    names: list
+    names: list[str]
 
 
 @message
+class NodeSamples:
+    samples: list[dict[str, Plain]]         # each sampler's reports (``meter/telemetry.py``)
+
+
+@request(NodeSamples)
 class DrainTelemetry:
     """The node samplers' reports since the last ask, at most once every ``every`` seconds."""
 
@@ -153,21 +171,41 @@ class DrainTelemetry:
 
 
 @message
+class Held:
+    """What the keeper holds for new groups: each module's version, the pip requirements, and
+    whether a working folder came."""
+
+    modules: dict[str, str]
+    pip: list[str]
+    working_dir: bool
+
+
+@request(Held)
 class Ship:
     """What every new group's workers get besides the package: the kernel's modules (each a
     ``name``, ``version`` and a gzipped tar ``archive`` of its files and metadata, or a ``pip``
     requirement), ``up --env``'s requirements and the folder each cell starts in (a gzipped tar),
-    as Ray's ``runtime_env`` sends them to the nodes. What is None stays as it was; ``Done`` tells
-    what the keeper holds ({"modules": {name: version}, "pip": [...], "working_dir": bool})."""
+    as Ray's ``runtime_env`` sends them to the nodes. What is None stays as it was."""
 
-    modules: list = field(default_factory=list)
-    pip: list | None = None
+    modules: list[dict[str, Plain]] = field(default_factory=list)
+    pip: list[str] | None = None
     working_dir: bytes | None = None
 
 
 # -- a cell ----------------------------------------------------------------------------------------------
 
 @message
+class CellNews:
+    """What the cell sent home since the cursor (``journal.Journal.since``: the ranks' output and
+    reports, the nodes' samples, ``next``, and ``outcome`` once it ended), and whether the group is
+    broken (the keeper stopped it: a rank died or stuck)."""
+
+    number: int
+    news: dict[str, Plain]
+    broken: bool = False
+
+
+@request(CellNews)
 class RunCell:
     """A cell for the group, as source text. ``uid`` is the kernel's name for this sending: sent
     again after the line came back, it is not run again. The reply waits up to ``wait_s`` for the
@@ -176,14 +214,14 @@ class RunCell:
     uid: str
     group_id: str
     source: str
-    options: dict
-    pull: list
-    job: dict
+    options: Record                 # the cell's RunOptions
+    pull: list[str]
+    job: dict[str, Plain]           # the ledger's job: id, name, kernel
     push: bytes | None = None       # the pushed variables, pickled by the kernel
     wait_s: float = 0.0
 
 
-@message
+@request(CellNews)
 class ReadCell:
     """The cell's journal from ``cursor`` on, held up to ``wait_s`` for news."""
 
@@ -194,20 +232,16 @@ class ReadCell:
 
 
 @message
-class CellNews:
-    """What the cell sent home since the cursor (``journal.Journal.since``: the ranks' output and
-    reports, the nodes' samples, ``next``, and ``outcome`` once it ended), and whether the group is
-    broken (the keeper stopped it: a rank died or stuck)."""
+class Stopped:
+    """The stop button's end: whether a rank was stuck, and the group had to go."""
 
-    number: int
-    news: dict
-    broken: bool = False
+    broken: bool
 
 
-@message
+@request(Stopped)
 class Interrupt:
     """The stop button: every rank of the group's cell sent as ``uid`` (one that has not come yet
-    never runs); ``Done(broken)``: a rank was stuck, and the group had to go."""
+    never runs)."""
 
     group_id: str
     uid: str
@@ -216,30 +250,50 @@ class Interrupt:
 # -- the cluster's groups and jobs, whoever started them ------------------------------------------------------
 
 @message
+class Groups:
+    groups: dict[str, list[str]]        # {group id: its workers' names, by rank}
+
+
+@request(Groups)
 class ListGroups:
-    """Every worker group on the cluster: ``Done({group id: its workers' names, by rank})``."""
+    """Every worker group on the cluster."""
 
 
 @message
+class GroupState:
+    state: dict[str, Plain] | None      # rank 0's word (``Worker.state``); None: rank 0 is gone
+
+
+@request(GroupState)
 class LeadState:
-    """Rank 0's word on its group (``Worker.state``), None when rank 0 is gone."""
+    """Rank 0's word on its group (``Worker.state``)."""
 
     group_id: str
 
 
-@message
+@request(Done)
 class RemoveGroup:
     group_id: str
 
 
 @message
+class Jobs:
+    kept: list[tuple[str, dict[str, Plain]]]     # (its group, the job) for every kept job
+
+
+@request(Jobs)
 class KeptJobs:
-    """Every job the cluster's groups keep: ``Done([[group id, job], …])``."""
+    """Every job the cluster's groups keep."""
 
 
 @message
+class Journal:
+    news: dict[str, Plain] | None       # as ``CellNews.news``; None: the job is no longer kept
+
+
+@request(Journal)
 class ReadJournal:
-    """A kept job's journal from ``cursor`` on (``attach``); ``Done(None)`` when no longer kept."""
+    """A kept job's journal from ``cursor`` on (``attach``)."""
 
     group_id: str
     number: int
@@ -247,7 +301,7 @@ class ReadJournal:
     wait_s: float
 
 
-@message
+@request(Done)
 class InterruptJob:
     """The stop button from a kernel that attached: every rank of the group."""
 
@@ -258,21 +312,31 @@ class InterruptJob:
 # -- the cluster's nodes ---------------------------------------------------------------------------------------
 
 @message
+class Answer:
+    yes: bool
+
+
+@request(Answer)
 class NodeAnswers:
     """Whether the node still runs work (a worker can die alone on a node that lives on)."""
 
     node_id: str
 
 
-@message
+@request(Done)
 class WaitGone:
     """Until Ray finds these nodes gone, or ``until`` (Unix time)."""
 
-    node_ids: list
+    node_ids: list[str]
     until: float
 
 
 @message
+class RoomFor:
+    workers: int
+
+
+@request(RoomFor)
 class Room:
     """How many workers of ``each`` ``kind`` (GPU or CPU) the cluster holds now."""
 
@@ -280,7 +344,7 @@ class Room:
     each: float
 
 
-@message
+@request(Done)
 class NeverFits:
     """Refuse at once a group the cluster could never hold (``placement.never_fits``)."""
 
@@ -290,46 +354,23 @@ class NeverFits:
 
 
 @message
+class Examined:
+    """What ``health.nodes.examine`` found, as plain data: each node's facts, the pairs' and links'
+    figures, the collectives that failed, the phases' times, and the head's own versions."""
+
+    facts: list[dict[str, Plain]]
+    pairs: list[list[Plain]]
+    links: list[list[Plain]]
+    failed: list[list[Plain]]
+    phases: dict[str, float]
+    took_s: float
+    reference: dict[str, str | None]
+
+
+@request(Examined)
 class Examine:
     """``doctor``'s look at every node (``health.nodes.examine``), from the head."""
 
-    packages: list
-    labels: dict
+    packages: list[str]
+    labels: dict[str, str]
     gcs_port: int | None = None
-
-
-# -- encoding ---------------------------------------------------------------------------------------------------
-
-def encode(number: int, msg) -> bytes:
-    """The message as it crosses the line: a pickle of builtins alone."""
-    body = {f.name: getattr(msg, f.name) for f in fields(msg)}
-    return pickle.dumps({"id": number, "type": type(msg).__name__, "fields": body}, protocol=5)
-
-
-class _Builtins(pickle.Unpickler):
-    """Reads builtins only: any class a pickle names is refused, ours and everyone's."""
-
-    def find_class(self, module: str, name: str):
-        raise ProtocolError(f"a message may hold plain data only, not {module}.{name}")
-
-
-def decode(data: bytes) -> tuple[int, object]:
-    """(the request id, the message) from what came over the line."""
-    try:
-        raw = _Builtins(io.BytesIO(data)).load()
-    except ProtocolError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - anything unreadable is a broken message
-        raise ProtocolError(f"an unreadable message ({type(exc).__name__})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("fields"), dict) or not isinstance(raw.get("id"), int):
-        raise ProtocolError("a message is a dict of id, type and fields")
-    cls = MESSAGES.get(raw.get("type"))
-    if cls is None:
-        raise ProtocolError(f"no message {raw.get('type')!r} in protocol {PROTOCOL}")
-    known = {f.name for f in fields(cls)}
-    if set(raw["fields"]) - known:
-        raise ProtocolError(f"{cls.__name__} has no field {sorted(set(raw['fields']) - known)[0]!r}")
-    try:
-        return raw["id"], cls(**raw["fields"])
-    except TypeError as exc:
-        raise ProtocolError(f"{cls.__name__}: {exc}") from None

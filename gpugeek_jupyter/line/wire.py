@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import GpugeekError
-from .messages import PROTOCOL, Failed, Hello, ProtocolError, Refused, Said, Welcome, decode, encode
+from .messages import PROTOCOL, Failed, Hello, ProtocolError, Refused, Said, Welcome, decode, encode, reply_fits
 
 MAGIC = b"GGLINE1\n"             # what a keeper says first: this is the line, and which framing
 NONCE = 32
@@ -186,6 +186,9 @@ class Line:
                     continue
                 if isinstance(answer, Failed):
                     raise GpugeekError(answer.why)
+                if not reply_fits(request, answer):
+                    raise GpugeekError(f"the cluster's keeper answered {type(request).__name__} with "
+                                       f"{type(answer).__name__}, which line protocol {PROTOCOL} does not declare")
                 return answer
         finally:
             self._pending.pop(number, None)
@@ -288,7 +291,7 @@ class Server:
             sock.sendall(_proof(self._token, b"keeper", answer[DIGEST:]))
             number, hello = decode(read_frame(sock))
             if not isinstance(hello, Hello):
-                send_frame(sock, encode(number, Refused(f"a line opens with Hello, not {type(hello).__name__}")))
+                send_frame(sock, encode(number, Refused(why=f"a line opens with Hello, not {type(hello).__name__}")))
                 return None
             told = self.welcome(hello)
             send_frame(sock, encode(number, told))
@@ -305,19 +308,23 @@ class Server:
     def _request(self, number: int, request, hello: Hello, send) -> None:
         def say(text: str) -> None:
             try:
-                send(number, Said(text))
+                send(number, Said(text=text))
             except OSError:
                 pass
 
         try:
             reply = self.handle(request, Caller(hello, say))
         except GpugeekError as exc:
-            reply = Failed(str(exc))
+            reply = Failed(why=str(exc))
         except Exception as exc:  # noqa: BLE001 - the keeper's own failure: said in one line, logged whole
             import traceback
 
             self.log(f"line: {type(request).__name__} from {hello.kernel} failed:\n{traceback.format_exc()}")
-            reply = Failed(f"the cluster's keeper failed at {type(request).__name__} ({type(exc).__name__}: {exc})",
+            reply = Failed(why=f"the cluster's keeper failed at {type(request).__name__} ({type(exc).__name__}: "
+                               f"{exc})", ours=True)
+        if not isinstance(reply, Failed) and not reply_fits(request, reply):     # ours: said, and logged
+            self.log(f"line: {type(request).__name__} answered {type(reply).__name__}, which it does not declare")
+            reply = Failed(why=f"the cluster's keeper answered {type(request).__name__} with {type(reply).__name__}",
                            ours=True)
         try:
             send(number, reply)
@@ -330,7 +337,7 @@ def refusal(hello: Hello, package: str, python: str) -> Refused | None:
     None when it speaks this one."""
     if hello.protocol == PROTOCOL:
         return None
-    return Refused(f"the cluster's keeper speaks line protocol {PROTOCOL} (gpugeek-jupyter {package}, Python "
+    return Refused(why=f"the cluster's keeper speaks line protocol {PROTOCOL} (gpugeek-jupyter {package}, Python "
                    f"{python}); this kernel speaks protocol {hello.protocol} (gpugeek-jupyter {hello.package}) — "
                    f"run it with gpugeek-jupyter {package}, or `%gpugeek down` the cluster and `up` it from "
                    f"this kernel")

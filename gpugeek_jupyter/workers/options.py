@@ -9,14 +9,17 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from ..errors import GpugeekError
+from ..line.codec import record
 from ..units import number
 from ..vocab import Amp, Strategy
 
 
+@record
 @dataclass(frozen=True)
 class RunOptions:
     """Only ``workers``, ``gpus_per_worker`` and ``collective_timeout`` shape the group; the rest
-    are read by ``gg`` at each call, so changing them keeps the namespace."""
+    are read by ``gg`` at each call, so changing them keeps the namespace. One shape from the magic
+    to the worker: a remote cluster's line carries it as a record (``line/messages.record``)."""
 
     workers: int = 2
     gpus_per_worker: float = 0.0

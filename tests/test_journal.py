@@ -142,3 +142,30 @@ def test_a_drain_before_its_cell_is_kept_and_old_cells_go():
         kept.open(cell)
     assert kept.get(1) is None and kept.get().cell_id == 1 + journal.CELLS_KEPT
     assert [s["cell"] for s in kept.summaries()] == list(range(2, 2 + journal.CELLS_KEPT))
+
+
+def test_what_rank_0_tells_has_the_shapes_the_line_declares(monkeypatch):
+    """``line/news.py`` declares what crosses in ``CellNews``, ``Journal`` and ``GroupState``; the
+    dicts rank 0 makes (a journal's read, a cell's outcome, ``Worker.state``) have those keys."""
+    from typing import get_type_hints
+
+    from gpugeek_jupyter.line import news
+    from gpugeek_jupyter.workers import outcome
+    from gpugeek_jupyter.workers.worker import Worker
+
+    def keys(shape) -> set[str]:
+        return set(get_type_hints(shape, localns=vars(news)))
+
+    kept = Journal(1, {"id": "j1", "name": "train"})
+    kept.add(_drain("x\n", step=3))
+    ended = outcome.fresh()
+    outcome.judge(0, {"ok": True}, ended)
+    kept.end(ended)
+    read = kept.since(0)
+    assert set(read) == keys(news.News), set(read) ^ keys(news.News)
+    assert set(read["ranks"][0]) == keys(news.RankNews) and set(read["outcome"]) == keys(news.Outcome)
+    assert news.News.__required_keys__ == {"ranks", "nodes", "running"}, "what every drain carries"
+    monkeypatch.setattr(journal, "tell_watchdogs", lambda kept: None)
+    worker = Worker()
+    worker._journaled(1, {"id": "j1"}, lambda: {"ok": True}, lambda result: {**outcome.fresh(), "results": {0: result}})
+    assert set(worker.state()) == keys(news.LeadWord), set(worker.state()) ^ keys(news.LeadWord)

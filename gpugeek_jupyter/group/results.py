@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import GpugeekError
+from ..line.news import News
 from ..workers.journal import BOUND_BYTES
 
 
@@ -165,7 +166,7 @@ class Printer:
                 on_samples(ranks[rank]["samples"])
 
 
-def show_drained(drained: dict | None, printer: Printer, on_samples, on_node_samples, cursor: int,
+def show_drained(drained: News | None, printer: Printer, on_samples, on_node_samples, cursor: int,
                  step: int | None) -> tuple[int, int | None]:
     """A drain's answer (``progress.gather``, or a journal read from ``cursor``): the ranks' output
     shown and reports handed on, the nodes' reports to ``on_node_samples``; where to read on from,

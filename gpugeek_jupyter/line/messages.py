@@ -33,11 +33,14 @@ from .codec import (
     reply_fits,
     request,
 )
+from .news import LeadWord, News
 
 __all__ = ["MESSAGES", "PROTOCOL", "RECORDS", "REPLIES", "Plain", "ProtocolError", "Record", "decode", "encode",
            "message", "record", "reply_fits", "request"]     # with every message below
 
 PROTOCOL = 2        # a change to any message below is a new protocol: both ends must agree
+
+
 # -- opening ---------------------------------------------------------------------------------------
 
 @message
@@ -201,7 +204,7 @@ class CellNews:
     broken (the keeper stopped it: a rank died or stuck)."""
 
     number: int
-    news: dict[str, Plain]
+    news: News
     broken: bool = False
 
 
@@ -261,7 +264,7 @@ class ListGroups:
 
 @message
 class GroupState:
-    state: dict[str, Plain] | None      # rank 0's word (``Worker.state``); None: rank 0 is gone
+    state: LeadWord | None              # None: rank 0 is gone
 
 
 @request(GroupState)
@@ -288,7 +291,7 @@ class KeptJobs:
 
 @message
 class Journal:
-    news: dict[str, Plain] | None       # as ``CellNews.news``; None: the job is no longer kept
+    news: News | None                   # None: the job is no longer kept
 
 
 @request(Journal)

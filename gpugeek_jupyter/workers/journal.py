@@ -15,6 +15,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..line.news import News
 
 BOUND_BYTES = 16 * 2**20     # a cell's output and reports kept on rank 0, at most
 CELLS_KEPT = 4               # journals kept: the running cell's and the last ones before it
@@ -76,7 +80,7 @@ class Journal:
                 self.step = max(steps) if self.step is None else max(self.step, *steps)
             self._changed.notify_all()
 
-    def since(self, cursor: int, wait_s: float = 0.0) -> dict:
+    def since(self, cursor: int, wait_s: float = 0.0) -> News:
         """Every entry from ``cursor`` on, merged as one drain ({"ranks": {rank: {"output",
         "samples"}}, "nodes": [...]}), with "next" (the reader's next cursor), "dropped" (entries
         before it that the bound let go), "running", "step", and "outcome" once the cell ended.

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 from .. import ports
 from ..errors import GpugeekError
@@ -33,6 +34,9 @@ from .cell import Cell, on_cpu, portable, user_traceback
 from .helper import Helper
 from .options import CellCall, RunOptions
 from .outcome import CANCEL_WAIT_S, for_peers
+
+if TYPE_CHECKING:
+    from ..line.news import LeadWord
 
 LEAD_THREADS = 4        # rank 0's actor threads: the lead, a drain that waits, interrupt, one spare
                         # (its cell has its own)
@@ -378,7 +382,7 @@ class Worker:
     def _gather(self, wait_s: float | None) -> dict:
         return progress.gather(self._outbox, self._peers, self._nodes, wait_s)
 
-    def state(self) -> dict:
+    def state(self) -> LeadWord:
         """Rank 0: its latest cell, whether it still runs, and its latest step."""
         kept = self._journals.get()
         return {"cell": kept.cell_id if kept else None, "job": kept.job if kept else None,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.cluster.remote import Guarded, Remote, learn
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.raynodes import HEAD_ENV, token_text
 from gpugeek_jupyter.remote import headguard, ssh
@@ -94,18 +95,16 @@ def head(name: str, home, cpus: int = 2, budget: float | None = None, idle: floa
              "port": 6379, "keeper_port": 10002, "free_ports": True, "timeout": 120, "env": HEAD_ENV}
     started = onhost("start", json.dumps(order), token=token)
     assert started.get("ok"), started
-    spec = ClusterSpec("ssh")
-    spec.remote = {"hosts": ["root@127.0.0.1"], "head_ip": "127.0.0.1", "ips": ["127.0.0.1"],
-                   "gcs_port": started["port"], "keeper_port": started["keeper_port"],
-                   "line_address": f"127.0.0.1:{started['keeper_port']}", "token_path": order["token_path"],
-                   "temp_dirs": [order["temp_dir"]], "pythons": [sys.executable], "gpus_per_host": 0}
+    spec = ClusterSpec("ssh", remote=Remote(
+        hosts=("root@127.0.0.1",), head_ip="127.0.0.1", ips=("127.0.0.1",), gcs_port=started["port"],
+        keeper_port=started["keeper_port"], line_address=f"127.0.0.1:{started['keeper_port']}",
+        token_path=order["token_path"], temp_dirs=(order["temp_dir"],), pythons=(sys.executable,), gpus_per_host=0))
     registry.update(record.id, spec=spec.to_json(), address=f"127.0.0.1:{started['port']}")
     record = registry.get(record.id)
     told = headguard.order(record, spec, 1.0, ip="127.0.0.1", gcs_port=started["port"],
                            temp_dirs={"127.0.0.1": order["temp_dir"]}, token_path=order["token_path"])
     guard = onhost("guard", json.dumps(told), package=base64.b64encode(headguard.package_archive()).decode())
-    spec.remote["guard_home"] = told["home"]
-    registry.update(record.id, spec=spec.to_json(), ready=time.time())
+    learn(spec, Guarded(guard_home=told["home"], guard_pid=guard.get("pid")), record_id=record.id, ready=time.time())
     made = Head(registry.get(record.id), folder, [*started["pids"], guard.get("pid", 0)])
     made.sessions = {os.getsid(pid) for pid in made.pids if psutil.pid_exists(pid)}
     try:

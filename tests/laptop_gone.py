@@ -17,7 +17,7 @@ from gpugeek_jupyter.cluster.spec import ClusterSpec
 
 def head_ledger(head, spec: ClusterSpec, name: str) -> tuple[dict, list[dict], list[dict]]:
     """The head watchdog's record of the cluster, its nodes and its events, from its file."""
-    db = head.file(spec.remote["guard_home"].replace("~", "/root", 1)) / "state.db"
+    db = head.file(spec.remote.guard_home.replace("~", "/root", 1)) / "state.db"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         conn.row_factory = sqlite3.Row
         cluster = dict(conn.execute("SELECT * FROM clusters WHERE name=? ORDER BY id DESC", (name,)).fetchone())

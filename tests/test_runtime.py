@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster.remote import Remote
 from gpugeek_jupyter.remote import runtime
 
 MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -26,7 +27,7 @@ def on_this_machine(command: str, order: dict, python: str = "/usr/bin/python3")
 
 @pytest.fixture
 def order(tmp_path):
-    return {**runtime.order_for({}), "root": str(tmp_path / "runtime")}
+    return {**runtime.order_for(Remote()), "root": str(tmp_path / "runtime")}
 
 
 def test_a_python_given_is_used_as_it_is_when_it_has_the_kernels_ray(order):
@@ -91,7 +92,7 @@ def test_a_runtime_marked_whole_is_ready_and_one_cut_short_is_not(order, tmp_pat
 
 
 def test_the_order_is_the_kernels_versions():
-    order = runtime.order_for({"pip_index_url": "http://mirror/simple", "install": False})
+    order = runtime.order_for(Remote(pip_index_url="http://mirror/simple", install=False))
     assert (order["ray"], order["torch"], order["minor"]) == (metadata.version("ray"), metadata.version("torch"),
                                                               MINOR)
     assert order["index_url"] == "http://mirror/simple" and order["install"] is False

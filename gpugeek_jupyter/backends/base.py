@@ -11,6 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import Fact
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..raynodes import RayNode, read_nodes
@@ -35,11 +36,14 @@ REHEARSAL_ONLY = "rehearses losing a spot node, on a sim cluster only (`up --bac
 
 @dataclass
 class Started:
+    """What a backend's ``start`` brought up; ``up`` records it, with what it ``learned``, in one write."""
+
     address: str | None
     session_id: int | None = None
     pids: list[int] | None = None
     temp_dir: str | None = None
     dashboard_url: str | None = None
+    learned: tuple[Fact, ...] = ()   # of the machines, for the cluster's record (``cluster.remote``)
 
 
 @dataclass

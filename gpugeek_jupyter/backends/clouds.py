@@ -11,6 +11,7 @@ import yaml
 from ..clouds import Cloud
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import CloudHead, Guarded, LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..remote import ssh, tunnel
@@ -65,14 +66,14 @@ class LauncherBackend(Backend):
         launcher.write_node_files(record.name, guard)
         launcher.ray_cli("up", "-y", str(path), log=log)
         found = launcher.find_head(record.name, path, log)
-        spec.remote.update(hosts=[f"{found.ssh_user}@{found.public_ip}"], head_ip=found.private_ip,
-                           ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT,
-                           known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"),
-                           guard_home=guard["home"])
-        registry.update(record.id, spec=spec.to_json())
+        learn(spec, CloudHead(hosts=(f"{found.ssh_user}@{found.public_ip}",), head_ip=found.private_ip,
+                              ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT,
+                              known_hosts=str(ssh.local_dir(record.name, record.id) / "known_hosts"),
+                              pip_index_url=guard["keeper"]["index_url"]),
+              Guarded(guard_home=guard["home"]), record_id=record.id)   # a running head: what reaches it
         opened = tunnel.open_tunnel(record, spec)
-        spec.remote["line_address"] = opened.line
-        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path),
+                       learned=(LineOpened(line_address=opened.line),))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         return  # `ray up` returns once the head is up; workers join as the autoscaler brings them

@@ -15,8 +15,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor, wait
 from types import MappingProxyType
 
-from ..cluster import processes, registry
+from ..cluster import processes
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import Fact, Found, Guarded, HeadStarted, LaidOut, LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..config import settings
 from ..errors import GpugeekError
@@ -31,7 +32,7 @@ START_TIMEOUT_S = 150
 
 
 def targets(spec: ClusterSpec) -> list[ssh.Target]:
-    return ssh.parse_hosts(spec.remote["hosts"])
+    return ssh.parse_hosts(list(spec.remote.hosts))
 
 
 def prepare(spec: ClusterSpec) -> None:
@@ -41,31 +42,29 @@ def prepare(spec: ClusterSpec) -> None:
     made ready is one line, and nothing is left to list or stop."""
     hosts = targets(spec)
     answers = runtime.ready(spec)
-    spec.remote["pythons"] = [a["python"] for a in answers]
-    spec.remote["ips"] = [_node_ip(t, a) for t, a in zip(hosts, answers, strict=True)]
+    learn(spec, Found(pythons=tuple(a["python"] for a in answers),
+                      ips=tuple(_node_ip(t, a) for t, a in zip(hosts, answers, strict=True))))
 
 
-def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
+def start(record: ClusterRecord, spec: ClusterSpec) -> Started:
     """Ray on the head, then at once: Ray on every other host, the tunnel and the head's watchdog
-    (neither needs the workers). ``spec.remote`` gains what a stop needs — recorded before
-    anything starts, so a failure half-way can be cleaned up.
+    (neither needs the workers). Where each host keeps its files is recorded before anything
+    starts, so a failure half-way can be cleaned up.
 
     This thread alone changes the spec: the tunnel's and the watchdog's threads only read it and
     hand back what they learned. It is written when what a stop needs is known, and again only
-    when a start fails half-way (``up`` writes the started cluster once, with its address)."""
-    remote = spec.remote
+    when a start fails half-way (``up`` writes the started cluster once, with what it learned)."""
     hosts = targets(spec)
-    if not remote.get("ips"):
+    if not spec.remote.ips:
         prepare(spec)
     tag = hashlib.sha1(record.marker.encode()).hexdigest()[:8]
-    remote.update(
-        temp_dirs=[f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))],
-        token_path=f"~/.gpugeek/clusters/{tag}/auth_token",
-        gcs_port=GCS_PORT, keeper_port=KEEPER_PORT, head_ip=remote["ips"][0])
-    registry.update(record.id, spec=spec.to_json())
+    learn(spec, LaidOut(temp_dirs=tuple(f"/tmp/gg-{tag}-{i}" for i in range(len(hosts))),
+                        token_path=f"~/.gpugeek/clusters/{tag}/auth_token", head_ip=spec.remote.ips[0],
+                        gcs_port=GCS_PORT, keeper_port=KEEPER_PORT), record_id=record.id)
     token = token_text()
     head = _ray_start(record, spec, 0, "head", token)     # on other ports when the usual ones are taken there
-    remote.update(gcs_port=head["port"], keeper_port=head["keeper_port"])
+    learned: list[Fact] = [HeadStarted(gcs_port=head["port"], keeper_port=head["keeper_port"])]
+    learn(spec, *learned)       # what the workers, the tunnel and the watchdog dial
     failed: BaseException | None = None
     with ThreadPoolExecutor(2) as pool:
         opening, guarding = pool.submit(tunnel.open_tunnel, record, spec), pool.submit(guard_head, record, spec)
@@ -77,19 +76,19 @@ def start(record: ClusterRecord, spec: ClusterSpec) -> tunnel.Tunnel:
         wait([opening, guarding])
     opened, guarded = (done.exception() or done.result() for done in (opening, guarding))
     if isinstance(opened, tunnel.Tunnel):
-        remote["line_address"] = opened.line
-    if isinstance(guarded, dict):
-        remote.update(guarded)
+        learned.append(LineOpened(line_address=opened.line))
+    if isinstance(guarded, Guarded):
+        learned.append(guarded)
     failed = failed or next((r for r in (opened, guarded) if isinstance(r, BaseException)), None)
     if failed is not None:      # what a stop of the rest needs: the tunnel's process, the watchdog's pid
         tunnelled = {"address": opened.gcs, "session_id": opened.pid, "pids": [opened.pid]} if (
             isinstance(opened, tunnel.Tunnel)) else {}
-        registry.update(record.id, spec=spec.to_json(), **tunnelled)
+        learn(spec, *learned, record_id=record.id, **tunnelled)
         raise failed
-    return opened
+    return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], learned=tuple(learned))
 
 
-def guard_head(record: ClusterRecord, spec: ClusterSpec) -> dict | None:
+def guard_head(record: ClusterRecord, spec: ClusterSpec) -> Guarded | None:
     """The watchdog on the head too, so that the budget cap and idle stop hold without this
     machine; where it keeps its state and its pid, for the spec. A cluster whose head could not
     start it is still watched from here, and says so (None)."""
@@ -105,13 +104,13 @@ def guard_head(record: ClusterRecord, spec: ClusterSpec) -> dict | None:
 
 def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, token: str) -> dict:
     remote, hosts = spec.remote, targets(spec)
-    order = {"role": role, "marker": record.marker, "temp_dir": remote["temp_dirs"][i], "ip": remote["ips"][i],
-             "gpus": remote["gpus_per_host"], "cpus": remote.get("cpus_per_host"),
-             "token_path": remote["token_path"], "node_type": "host", "port": remote["gcs_port"],
-             "keeper_port": remote["keeper_port"], "head": f"{remote['head_ip']}:{remote['gcs_port']}",
+    order = {"role": role, "marker": record.marker, "temp_dir": remote.temp_dirs[i], "ip": remote.ips[i],
+             "gpus": remote.gpus_per_host, "cpus": remote.cpus_per_host,
+             "token_path": remote.token_path, "node_type": "host", "port": remote.gcs_port,
+             "keeper_port": remote.keeper_port, "head": f"{remote.head_ip}:{remote.gcs_port}",
              "free_ports": True, "timeout": START_TIMEOUT_S, "env": HEAD_ENV if role == "head" else NODE_ENV,
              **({"system_config": LINK_CONFIG} if role == "head" else {})}
-    answer = ssh.on_host(hosts[i], remote.get("ssh_key"), remote["pythons"][i], "start", json.dumps(order),
+    answer = ssh.on_host(hosts[i], remote.ssh_key, remote.pythons[i], "start", json.dumps(order),
                          token=token, timeout=START_TIMEOUT_S + 30)
     if not answer.get("ok"):
         raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
@@ -137,12 +136,12 @@ def stop(record: ClusterRecord, grace: float = 5.0, head_first: bool = False) ->
     head before the others (an autoscaler there would start them again)."""
     spec = ClusterSpec.from_json(record.spec)
     remote = spec.remote
-    hosts, pythons = targets(spec), remote.get("pythons")
-    if pythons and remote.get("temp_dirs"):      # else nothing was started on them
+    hosts, pythons = targets(spec), remote.pythons
+    if pythons and remote.temp_dirs:      # else nothing was started on them
         def stop_one(i: int) -> str | None:
             try:
-                answer = ssh.on_host(hosts[i], remote.get("ssh_key"), pythons[i], "stop", record.marker,
-                                     str(grace), remote["temp_dirs"][i], timeout=grace + 40)
+                answer = ssh.on_host(hosts[i], remote.ssh_key, pythons[i], "stop", record.marker,
+                                     str(grace), remote.temp_dirs[i], timeout=grace + 40)
             except GpugeekError as exc:
                 return str(exc)
             return None if answer.get("ok") else f"{hosts[i]}: processes {answer.get('left')} would not stop"
@@ -160,7 +159,7 @@ def processes_on_hosts(record: ClusterRecord) -> dict[str, list[int]]:
     spec = ClusterSpec.from_json(record.spec)
     remote, hosts = spec.remote, targets(spec)
     answers = ssh.on_hosts(list(range(len(hosts))), lambda i: ssh.on_host(
-        hosts[i], remote.get("ssh_key"), remote["pythons"][i], "ps", record.marker))
+        hosts[i], remote.ssh_key, remote.pythons[i], "ps", record.marker))
     return {str(t): a["pids"] for t, a in zip(hosts, answers, strict=True)}
 
 
@@ -192,12 +191,11 @@ class SshBackend(Backend):
 
     def show(self, name, spec):
         remote = spec.remote
-        lines = [f"head: {remote['hosts'][0]}  ray start --head --port={GCS_PORT} "
-                 f"--num-gpus={remote['gpus_per_host']}, then the watchdog and the keeper (127.0.0.1:{KEEPER_PORT})"]
-        lines += [f"worker: {h}  ray start --address=<head>:{GCS_PORT} --num-gpus={remote['gpus_per_host']}"
-                  for h in remote["hosts"][1:]]
-        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{GCS_PORT} -L <line>:127.0.0.1:{KEEPER_PORT} "
-                     f"{remote['hosts'][0]}")
+        lines = [f"head: {remote.head}  ray start --head --port={GCS_PORT} "
+                 f"--num-gpus={remote.gpus_per_host}, then the watchdog and the keeper (127.0.0.1:{KEEPER_PORT})"]
+        lines += [f"worker: {h}  ray start --address=<head>:{GCS_PORT} --num-gpus={remote.gpus_per_host}"
+                  for h in remote.hosts[1:]]
+        lines.append(f"tunnel: ssh -tt -L <gcs>:<head>:{GCS_PORT} -L <line>:127.0.0.1:{KEEPER_PORT} {remote.head}")
         return LaunchConfig(self.name, "\n".join(lines), None, "run without --dry-run to start it", {})
 
     def preflight(self, spec):
@@ -205,17 +203,17 @@ class SshBackend(Backend):
         prepare(spec)
 
     def start(self, record, spec):
-        opened = start(record, spec)
-        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid])
+        return start(record, spec)
 
     def stop(self, record, grace=5.0):
         stop(record, grace)
 
     def scale(self, record, spec, workers):
         """An ssh cluster is the hosts named: scaling to all of them brings back any whose Ray is gone."""
-        if workers != len(spec.remote["hosts"]) - 1:
-            raise GpugeekError(f"an ssh cluster is the hosts you named ({len(spec.remote['hosts']) - 1} besides the "
-                               f"head) — `scale {len(spec.remote['hosts']) - 1}` restarts Ray on any of them that lost "
+        others = len(spec.remote.hosts) - 1
+        if workers != others:
+            raise GpugeekError(f"an ssh cluster is the hosts you named ({others} besides the "
+                               f"head) — `scale {others}` restarts Ray on any of them that lost "
                                f"it; other hosts need `down`, then `up` with other --hosts")
         back = rejoin(record)
         print(f"Ray started again on {', '.join(back)}" if back else "every host runs its Ray: nothing to do",

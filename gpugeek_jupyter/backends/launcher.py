@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from ..clouds import CLOUDS, Cloud
+from ..cluster.remote import Remote
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
 from ..errors import GpugeekError
@@ -84,11 +85,11 @@ def _onprem(name: str, spec: ClusterSpec, marker: str | None) -> dict:
     other host a worker that Ray's autoscaler on the head starts (all of them, always). Ray keeps
     this cluster's state under its name on each machine, so each ``up`` gets a name of its own."""
     remote = spec.remote
-    targets = ssh.parse_hosts(remote["hosts"])
-    ips = remote.get("ips") or [t.host for t in targets]
+    targets = ssh.parse_hosts(list(remote.hosts))
+    ips = list(remote.ips or [t.host for t in targets])
     auth = {"ssh_user": targets[0].user or "root"}
-    if remote.get("ssh_key"):
-        auth["ssh_private_key"] = remote["ssh_key"]
+    if remote.ssh_key:
+        auth["ssh_private_key"] = remote.ssh_key
     tag = _tag(marker) if marker else "<tag>"
     return {"cluster_name": f"{name}-{tag}", "max_workers": len(ips) - 1,
             "provider": {"type": "local", "head_ip": ips[0], "worker_ips": ips[1:]}, "auth": auth}
@@ -105,9 +106,9 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
     python = runtime.python_on_host()     # the runtime the setup command makes
     if spec is not None and rented_from(spec) is None:
         # the node type is the one Ray's provider names (RAY_NODE_TYPE_NAME): its autoscaler knows no other
-        order.update(gpus=spec.remote.get("gpus_per_host"), cpus=spec.remote.get("cpus_per_host"))
+        order.update(gpus=spec.remote.gpus_per_host, cpus=spec.remote.cpus_per_host)
         head = {"role": "head", **order, "dashboard": spec.dashboard}
-        python = spec.remote.get("python") or python       # --python: an environment of yours, checked by setup
+        python = spec.remote.python or python       # --python: an environment of yours, checked by setup
     else:
         head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
     head.update(env=HEAD_ENV, system_config=LINK_CONFIG)     # every head of ours: its checks, the keepalive
@@ -128,20 +129,20 @@ def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI (your own machines:
     ``--pip-index-url``, and what the jobs' storage needs)."""
     own = spec is not None and rented_from(spec) is None
-    order = runtime.order_for(spec.remote if own else {"pip_index_url": settings().pip_index_url})
+    order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url))
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 
 def guard_order(record, spec: ClusterSpec) -> dict:
     """The head watchdog's order for a cloud head (its address filled in there), and for the keeper
-    it starts (on the usual port: the head is a machine of this cluster's own)."""
-    spec.remote.setdefault("keeper_port", KEEPER_PORT)
+    it starts (on the usual port: the head is a machine of this cluster's own), with the mirror
+    the hosts install from (a rented one: ``[hosts] pip_index_url`` in config.toml)."""
     provider = rented_from(spec)
-    if provider is not None:
-        spec.remote.setdefault("pip_index_url", settings().pip_index_url)
+    index_url = spec.remote.pip_index_url or (settings().pip_index_url if provider is not None else None)
     return headguard.order(record, spec, settings().meter_interval_s, ip="{head_ip}", gcs_port=GCS_PORT,
                            temp_dirs={"*": temp_dir(record.name)}, token_path=f"{node_dir(record.name)}/auth_token",
-                           cloud=provider.name if provider else None)
+                           cloud=provider.name if provider else None,
+                           keeper_port=spec.remote.keeper_port or KEEPER_PORT, index_url=index_url)
 
 
 def node_ip_command(name: str) -> str:

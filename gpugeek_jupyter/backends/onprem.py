@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 import yaml
 
-from ..cluster import registry
+from ..cluster.remote import Found, Guarded, LaidOut, LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..remote import ssh, tunnel
@@ -27,14 +27,14 @@ def check_onprem(spec: ClusterSpec) -> None:
     """One line for what Ray's on-premise provider cannot do with ``--hosts``: it logs in to every
     host as one user on port 22, copies files with ``rsync``, and its autoscaler on the head
     logs in to the others with the key ``ray up`` copies there."""
-    targets = ssh.parse_hosts(spec.remote["hosts"])
+    targets = ssh.parse_hosts(list(spec.remote.hosts))
     if len(targets) < 2:
         raise GpugeekError("--backend onprem: name at least two --hosts (the head and a worker) — for one "
                            "machine use --backend ssh")
     if len({t.user for t in targets}) > 1 or any(t.port for t in targets):
         raise GpugeekError("--backend onprem: Ray's on-premise provider logs in to every host as one user on "
                            "port 22 — write --hosts as USER@HOST for one USER, or use --backend ssh")
-    if not spec.remote.get("ssh_key"):
+    if not spec.remote.ssh_key:
         raise GpugeekError("--backend onprem: give --ssh-key: Ray copies it to the head, whose autoscaler "
                            "logs in to the other hosts with it")
     if shutil.which("rsync") is None:
@@ -42,18 +42,18 @@ def check_onprem(spec: ClusterSpec) -> None:
                            "(apt install rsync, brew install rsync)")
 
 
-def onprem_ips(spec: ClusterSpec) -> list[str]:
+def onprem_ips(spec: ClusterSpec) -> tuple[str, ...]:
     """Each host's address, as Ray's on-premise provider will look it up (one line if a name does
     not resolve here)."""
     import socket
 
     ips = []
-    for target in ssh.parse_hosts(spec.remote["hosts"]):
+    for target in ssh.parse_hosts(list(spec.remote.hosts)):
         try:
             ips.append(socket.gethostbyname(target.host))
         except OSError:
             raise GpugeekError(f"--hosts {target.host!r}: the name does not resolve here — give its address") from None
-    return ips
+    return tuple(ips)
 
 
 class OnPremBackend(LauncherBackend):
@@ -85,27 +85,23 @@ class OnPremBackend(LauncherBackend):
 
     def preflight(self, spec):
         check_onprem(spec)
-        spec.remote["ips"] = onprem_ips(spec)    # as Ray's provider will look them up
+        ips = onprem_ips(spec)      # as Ray's provider will look them up; ``onhost.py`` (ps, stop) needs
+        learn(spec, Found(ips=ips, pythons=("python3",) * len(ips)))   # only the standard library
 
     def start(self, record, spec):
-        remote = spec.remote         # its "ips": preflight found them
-        # `onhost.py` (ps, stop) needs only the standard library: the host's python3 runs it
-        remote.update(pythons=["python3"] * len(remote["ips"]), head_ip=remote["ips"][0],
-                      temp_dirs=[launcher.temp_dir(record.name).replace("{ip}", ip) for ip in remote["ips"]],
-                      token_path=f"{launcher.node_dir(record.name)}/auth_token",
-                      gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT)
-        config = self.config(record.name, spec, record.marker)
-        path = launcher.write(record.name, config)
-        registry.update(record.id, temp_dir=str(path), spec=spec.to_json())   # a stop knows the hosts from here on
+        ips = spec.remote.ips         # preflight found them
+        laid = LaidOut(temp_dirs=tuple(launcher.temp_dir(record.name).replace("{ip}", ip) for ip in ips),
+                       token_path=f"{launcher.node_dir(record.name)}/auth_token", head_ip=ips[0],
+                       gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT)
+        path = launcher.write(record.name, self.config(record.name, spec, record.marker))
+        learn(spec, laid, record_id=record.id, temp_dir=str(path))   # a stop knows the hosts from here on
         guard = launcher.guard_order(record, spec)
         launcher.write_node_files(record.name, guard)
         launcher.ray_cli("up", "-y", "--no-config-cache", str(path), log=self._log(record),
                          timeout=UP_TIMEOUT_S, env=ONPREM_UP_ENV)
-        remote["guard_home"] = guard["home"]
-        registry.update(record.id, spec=spec.to_json())
         opened = tunnel.open_tunnel(record, spec)
-        remote["line_address"] = opened.line
-        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path))
+        return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid], temp_dir=str(path),
+                       learned=(Guarded(guard_home=guard["home"]), LineOpened(line_address=opened.line)))
 
     def wait_ready(self, record, spec, timeout=READY_TIMEOUT_S):
         """Every host joins: the head's autoscaler starts them all, each after its setup command
@@ -118,7 +114,7 @@ class OnPremBackend(LauncherBackend):
         shutil.rmtree(launcher.node_files(record.name), ignore_errors=True)
 
     def scale(self, record, spec, workers):
-        others = len(spec.remote["hosts"]) - 1
+        others = len(spec.remote.hosts) - 1
         if workers != others:
             raise GpugeekError(f"an onprem cluster is the hosts you named ({others} besides the head) — other "
                                f"hosts need `down`, then `up` with other --hosts")

@@ -111,7 +111,7 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
         return      # a Ray driver builds its group with its first cell
     spec = ClusterSpec.from_json(record.spec)
     if capable(record).your_hosts:
-        opts = options(workers=workers, gpus_per_worker=1 if spec.remote.get("gpus_per_host") else None)
+        opts = options(workers=workers, gpus_per_worker=1 if spec.remote.gpus_per_host else None)
     else:
         gpus = spec.workers.gpu_count if spec.workers else 0
         opts = options(workers=workers * max(1, gpus), gpus_per_worker=1 if gpus else None)

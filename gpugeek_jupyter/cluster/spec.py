@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from ..vocab import NodePrice
+from .remote import Remote
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ClusterSpec:
     notes: list[str] = field(default_factory=list)
     dashboard: bool = False           # Ray's dashboard on the head (local and sim)
     dashboard_url: str | None = None  # where it answers, once started
-    remote: dict = field(default_factory=dict)   # ssh, clouds: hosts, key, head address and ports, tunnel
+    remote: Remote = field(default_factory=Remote)   # your machines, clouds: hosts, key, head, ports, tunnel
     env: list[str] = field(default_factory=list)  # pip requirements every job gets (``up --env``)
     working_dir: str | None = None    # the folder every cell starts in, sent to the nodes (``up --working-dir``)
     storage: str | None = None        # where jobs checkpoint unless told (``up --storage``): a URL or shared path
@@ -75,4 +76,5 @@ class ClusterSpec:
         data = {k: v for k, v in data.items() if k in known}
         data["node_types"] = [NodeType(**t) for t in data.get("node_types", [])]
         data["head_price"] = NodePrice(**data["head_price"])
+        data["remote"] = Remote.from_json(data.get("remote"))
         return cls(**data)

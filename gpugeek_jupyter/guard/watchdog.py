@@ -111,7 +111,7 @@ class Watch:
     def _guard(self, record, on_head: bool) -> dict:
         """Who enforces the limits now: the head's watchdog (its heartbeat is fresh), else this one."""
         if on_head:
-            head = ClusterSpec.from_json(record.spec).remote.get("hosts", ["the head"])[0]
+            head = ClusterSpec.from_json(record.spec).remote.head or "the head"
             return {"by": "head", "pid": self.beat.get("pid"), "host": head, "beat": self.beat.get("at")}
         return {"by": self.guard_kind, "pid": os.getpid(), "host": socket.gethostname()}
 
@@ -181,7 +181,7 @@ class Watch:
 
     def _reopen_tunnel(self, record):
         """The record with a new tunnel if the one to a remote head had dropped, else None."""
-        if not capable(record).tunnelled or not ClusterSpec.from_json(record.spec).remote.get("head_ip"):
+        if not capable(record).tunnelled or not ClusterSpec.from_json(record.spec).remote.head_ip:
             return None
         try:
             fresh = tunnel.ensure(record)

@@ -34,11 +34,11 @@ def doctor(name: str | None = None, *, packages: list[str] | str | None = None) 
     mine = probe_module.versions(names)
     line = connection.line()
     if line is None:
-        seen, sides = examine(names, labels, record.address, spec.remote.get("gcs_port")), {}
+        seen, sides = examine(names, labels, record.address, spec.remote.gcs_port), {}
         reference, against = mine, "the kernel"
     else:
         examined = LineDriver(line, f"cluster {record.name!r}").ask(
-            Examine(packages=names, labels=labels, gcs_port=spec.remote.get("gcs_port")), timeout=EXAMINE_TIMEOUT_S)
+            Examine(packages=names, labels=labels, gcs_port=spec.remote.gcs_port), timeout=EXAMINE_TIMEOUT_S)
         seen = {f.name: getattr(examined, f.name) for f in fields(examined)}
         welcome = line.welcome
         # the nodes run the head's Python and Ray; what the kernel sent, at the kernel's version
@@ -69,5 +69,4 @@ def _package_names(extra: list[str]) -> list[str]:
 
 def _labels(spec: ClusterSpec) -> dict[str, str]:
     """How the user named each node's host, where they did (``--hosts``), by its Ray address."""
-    remote = spec.remote
-    return dict(zip(remote.get("ips", []), remote.get("hosts", []), strict=False))
+    return dict(zip(spec.remote.ips, spec.remote.hosts, strict=False))

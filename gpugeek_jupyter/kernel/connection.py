@@ -62,7 +62,7 @@ def connect(record: ClusterRecord) -> None:
     session = current()
     can = capable(record)
     # a cloud head not yet reached (its `up` failed half-way) has no tunnel to open: attached only
-    reachable = not can.tunnelled or ClusterSpec.from_json(record.spec).remote.get("hosts")
+    reachable = not can.tunnelled or ClusterSpec.from_json(record.spec).remote.hosts
     if can.tunnelled and reachable:
         record = tunnel.ensure(record)
     if not record.address or not reachable or can.kernel_joins is None:
@@ -174,7 +174,7 @@ def _dialer(cluster_id: int):
             record = tunnel.ensure(record)
         except GpugeekError as exc:
             raise OSError(str(exc)) from None
-        host, _, port = ClusterSpec.from_json(record.spec).remote["line_address"].rpartition(":")
+        host, _, port = ClusterSpec.from_json(record.spec).remote.line_address.rpartition(":")
         return socket.create_connection((host, int(port)), timeout=DIAL_TIMEOUT_S)
     return dial
 
@@ -290,7 +290,7 @@ def job_env(record: ClusterRecord, *, remote: bool) -> dict:
     # the workers' priority too, for a cluster whose nodes someone else started (ours have it); pip
     # installs from the index the hosts' runtime came from (`--pip-index-url`), where one was given
     return {**environment.runtime_env(spec.env, modules, folder=spec.working_dir,
-                                      index_url=(spec.remote or {}).get("pip_index_url")), "env_vars": dict(NODE_ENV)}
+                                      index_url=spec.remote.pip_index_url), "env_vars": dict(NODE_ENV)}
 
 
 def reconnect(record: ClusterRecord) -> None:

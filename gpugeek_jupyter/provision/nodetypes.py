@@ -12,6 +12,7 @@ import pandas as pd
 from ..backends.interface import capable
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
+from ..cluster.remote import Asked, learn
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import settings
 from ..errors import GpugeekError, NoMatchingOffers
@@ -88,9 +89,9 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
     if pip_index_url is not None and not re.match(r"(https?|file)://\S+$", pip_index_url):
         raise GpugeekError(f"--pip-index-url {pip_index_url!r}: give the URL of a package index, like "
                            f"https://pypi.example.com/simple")
-    spec.remote = {"hosts": [str(t) for t in targets], "ssh_key": ssh_key, "gpus_per_host": gpus,
-                   "cpus_per_host": cpus_per_host, "python": python, "install": bool(install),
-                   "pip_index_url": pip_index_url or settings().pip_index_url}
+    learn(spec, Asked(hosts=tuple(str(t) for t in targets), ssh_key=ssh_key, gpus_per_host=gpus,
+                      cpus_per_host=cpus_per_host, python=python, install=bool(install),
+                      pip_index_url=pip_index_url or settings().pip_index_url))
     return spec
 
 

@@ -14,6 +14,7 @@ from .. import ports
 from ..backends.interface import BACKENDS, CLIENT_SCHEME, DEFAULT, LaunchConfig, capable
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import StorageNeeds, learn
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..guard.lifecycle import start_watchdog, sync_ledger
@@ -70,7 +71,7 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
     spec.working_dir = folder
     spec.storage = storage_url(request.storage) if request.storage else None
     if capable(spec).your_hosts:     # the hosts' runtime gets the file system the jobs' storage needs
-        spec.remote["extra"] = storage_packages(spec.storage) if spec.storage else []
+        learn(spec, StorageNeeds(extra=tuple(storage_packages(spec.storage)) if spec.storage else ()))
     impl = BACKENDS[request.backend]
     if request.dry_run or (impl.confirm and not request.yes):
         return impl.show(request.name, spec)
@@ -91,7 +92,7 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
 def _what(spec: ClusterSpec) -> str:
     """`` (2 × A100x8)`` or `` on 3 hosts``: what is being started, for people."""
     if capable(spec).your_hosts:
-        hosts = len(spec.remote["hosts"])
+        hosts = len(spec.remote.hosts)
         return f" on {hosts} host{'s' if hosts > 1 else ''}"
     return f" ({spec.workers.min_workers} × {spec.workers.name})" if spec.workers else ""
 
@@ -118,8 +119,8 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
     try:
         started = impl.start(record, spec)
         spec.dashboard_url = started.dashboard_url
-        registry.update(record.id, address=started.address, session_id=started.session_id,
-                        spec=spec.to_json(), pids=started.pids or [], temp_dir=started.temp_dir)
+        learn(spec, *started.learned, record_id=record.id, address=started.address, session_id=started.session_id,
+              spec=spec.to_json(), pids=started.pids or [], temp_dir=started.temp_dir)
         record = registry.get(record.id)
         if record.stopping or record.stopped:  # shut down (from JupyterLab, say) while starting
             impl.stop(record)

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import Guarded, Remote
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter import ledger
@@ -57,7 +58,7 @@ def fresh(report: dict | None, now: float) -> bool:
 def guarded(record: ClusterRecord) -> bool:
     """Whether the cluster's head runs the watchdog: ``up`` records where it keeps its state once
     it started it (an ssh head's by ``start``, a cloud head's by the launcher)."""
-    return bool(ClusterSpec.from_json(record.spec).remote.get("guard_home"))
+    return bool(ClusterSpec.from_json(record.spec).remote.guard_home)
 
 
 def head_files(entries: tuple[str, ...] = HEAD_PACKAGE + KEEPER_PACKAGE) -> list[Path]:
@@ -91,14 +92,15 @@ def copy_package(folder: Path) -> None:
 
 
 def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str, gcs_port: int,
-          temp_dirs: dict[str, str], token_path: str, cloud: str | None = None) -> dict:
+          temp_dirs: dict[str, str], token_path: str, cloud: str | None = None, keeper_port: int | None = None,
+          index_url: str | None = None) -> dict:
     """What the head's watchdog is told at its start (``headwatch.main``). ``ip`` may be
     ``{head_ip}``, filled in on the head; ``temp_dirs`` maps a node's address to Ray's temp dir
     there (``*``: any, ``{ip}`` in it being the node's); ``cloud``: the provider whose instance the
     head is (it ends itself), None on the user's own machine. The watchdog starts the keeper on
-    the head's loopback port the spec names (``keeper``), with the mirror the hosts install from."""
-    remote = spec.remote
-    keeper = {"port": remote.get("keeper_port"), "index_url": remote.get("pip_index_url")}
+    the head's loopback port the spec names (``keeper``), with the mirror the hosts install from
+    (``keeper_port``, ``index_url``: others than the spec's, for a head not yet started)."""
+    keeper = {"port": keeper_port or spec.remote.keeper_port, "index_url": index_url or spec.remote.pip_index_url}
     return {"name": record.name, "backend": record.backend, "cloud": cloud, "spec": spec.to_json(),
             "marker": record.marker, "budget": record.budget_usd, "idle": record.idle_minutes,
             "created": record.created, "gcs": f"{ip}:{gcs_port}", "ip": ip, "temp_dirs": temp_dirs,
@@ -106,25 +108,25 @@ def order(record: ClusterRecord, spec: ClusterSpec, interval: float, *, ip: str,
             "keeper": keeper}
 
 
-def _on_head(remote: dict, command: str, *args: str, **kwargs) -> dict:
+def _on_head(remote: Remote, command: str, *args: str, **kwargs) -> dict:
     """``onhost.py COMMAND`` on the cluster's head, over SSH, with the head's Python."""
-    head = ssh.parse_hosts([remote["hosts"][0]])[0]
-    python = (remote.get("pythons") or [remote.get("python", "python3")])[0]
-    return ssh.on_host(head, remote.get("ssh_key"), python, command, *args, **kwargs)
+    head = ssh.parse_hosts([remote.head])[0]
+    python = (remote.pythons or [remote.python or "python3"])[0]
+    return ssh.on_host(head, remote.ssh_key, python, command, *args, **kwargs)
 
 
-def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> dict:
+def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> Guarded:
     """Start an ssh cluster's head watchdog over SSH (this package travels in the script); where
     it keeps its state and its pid there, for the spec's ``remote`` (the caller records them).
     (A cloud head starts its own: ``launcher.start_commands``.)"""
     remote = spec.remote
-    told = order(record, spec, interval, ip=remote["head_ip"], gcs_port=remote["gcs_port"],
-                 temp_dirs=dict(zip(remote["ips"], remote["temp_dirs"], strict=True)), token_path=remote["token_path"])
+    told = order(record, spec, interval, ip=remote.head_ip, gcs_port=remote.gcs_port,
+                 temp_dirs=dict(zip(remote.ips, remote.temp_dirs, strict=True)), token_path=remote.token_path)
     answer = _on_head(remote, "guard", json.dumps(told), package=base64.b64encode(package_archive()).decode(),
                       timeout=60)
     if not answer.get("ok"):
-        raise GpugeekError(f"{remote['hosts'][0]}: the head's watchdog did not start ({answer.get('error')})")
-    return {"guard_home": told["home"], "guard_pid": answer["pid"]}
+        raise GpugeekError(f"{remote.head}: the head's watchdog did not start ({answer.get('error')})")
+    return Guarded(guard_home=told["home"], guard_pid=answer["pid"])
 
 
 def heartbeat(record: ClusterRecord, timeout: float = 2.0) -> dict | None:
@@ -153,7 +155,7 @@ def pull(record: ClusterRecord) -> dict | None:
     not answer. A stop the head made is recorded here with its reason and time."""
     remote = ClusterSpec.from_json(record.spec).remote
     try:
-        dump = _on_head(remote, "ledger", remote["guard_home"], record.name, timeout=30)
+        dump = _on_head(remote, "ledger", remote.guard_home, record.name, timeout=30)
     except GpugeekError:
         return None
     if not dump.get("ok") or not dump.get("cluster"):
@@ -169,10 +171,10 @@ def pull(record: ClusterRecord) -> dict | None:
     return dump
 
 
-def _forget_on_head(record: ClusterRecord, remote: dict) -> None:
+def _forget_on_head(record: ClusterRecord, remote: Remote) -> None:
     """The head's folder of the stopped cluster, once its ledger is copied here: removed there
     (the copy here is kept); a failure is said in the ledger."""
-    folder = str(PurePosixPath(remote["token_path"]).parent)
+    folder = str(PurePosixPath(remote.token_path).parent)
     try:
         answer = _on_head(remote, "forget", folder, timeout=30)
         why = None if answer.get("ok") else answer.get("error", "it is still there")

@@ -18,6 +18,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from ..cluster.remote import Remote
 from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
@@ -31,16 +32,15 @@ INSTALL_TIMEOUT_S = 1300
 _packing = threading.Lock()
 
 
-def order_for(remote: dict) -> dict:
+def order_for(remote: Remote) -> dict:
     """What the hosts must run: this kernel's Ray and torch (its Python minor version is said, not
     asked for: the hosts' runtime is made with their own Python), and the user's
     ``--python``, ``--no-install`` and ``--pip-index-url`` (from an ssh spec's ``remote``)."""
     ray, torch, minor = _kernel()
     return {"ray": ray, "torch": torch, "minor": minor,
-            "python": remote.get("python"), "install": remote.get("install", True),
-            "index_url": remote.get("pip_index_url"),
+            "python": remote.python, "install": remote.install, "index_url": remote.pip_index_url,
             # pip, for what a job installs there (Ray's pip environments are clones of the runtime)
-            "extra": sorted({"pip", *(remote.get("extra") or [])})}
+            "extra": sorted({"pip", *remote.extra})}
 
 
 @lru_cache(maxsize=1)
@@ -51,7 +51,7 @@ def _kernel() -> tuple[str | None, str | None, str]:
 
 def python_on_host(order: dict | None = None) -> str:
     """The runtime's Python on a host, for this kernel (as ``onhost/runtime.py`` names its folder)."""
-    order = order or order_for({})
+    order = order or order_for(Remote())
     return f"~/.gpugeek/runtime/ray-{order['ray']}/bin/python"
 
 
@@ -59,7 +59,7 @@ def ready(spec: ClusterSpec, say=print) -> list[dict]:
     """Each host's answer, in ``--hosts`` order, its runtime made first where needed: ``python``
     (what runs Ray there) and ``interfaces`` (its IPv4 addresses → interface names)."""
     order = order_for(spec.remote)
-    key = spec.remote.get("ssh_key")
+    key = spec.remote.ssh_key
 
     def one(target: ssh.Target) -> dict:
         answer = _call(target, key, "check", order, CHECK_TIMEOUT_S)
@@ -83,7 +83,7 @@ def ready(spec: ClusterSpec, say=print) -> list[dict]:
         say(f"{target}: ready in {time.monotonic() - began:.1f} s", flush=True)
         return done
 
-    return ssh.on_hosts(ssh.parse_hosts(spec.remote["hosts"]), one)
+    return ssh.on_hosts(ssh.parse_hosts(list(spec.remote.hosts)), one)
 
 
 def _call(target: ssh.Target, key: str | None, command: str, order: dict, timeout: float) -> dict:

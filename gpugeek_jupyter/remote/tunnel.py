@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from .. import ports
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
+from ..cluster.remote import LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter import ledger
@@ -38,16 +39,16 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     """Start the tunnel (on the ``wanted`` ports here when given and free) and wait until both ends
     answer."""
     remote = spec.remote
-    head = ssh.parse_hosts([remote["hosts"][0]])[0]
+    head = ssh.parse_hosts([remote.head])[0]
     gcs_port, line_port = wanted if wanted and all(ports.is_free(p, reuse=True) for p in wanted) else (
         ports.free_ports(2))
-    forward = [f"-L127.0.0.1:{gcs_port}:{remote['head_ip']}:{remote['gcs_port']}",
-               f"-L127.0.0.1:{line_port}:127.0.0.1:{remote['keeper_port']}"]
+    forward = [f"-L127.0.0.1:{gcs_port}:{remote.head_ip}:{remote.gcs_port}",
+               f"-L127.0.0.1:{line_port}:127.0.0.1:{remote.keeper_port}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
     # (TCP_NODELAY), and every small Ray Client request stops waiting out a 40 ms delayed ACK
     # the hold carries the cluster's marker, so the head's own stop ends it (and this tunnel with it)
     hold = f"exec env {processes.MARKER}={ssh.quote(record.marker)} sleep {HOLD_S}"
-    cmd = ssh.argv(head, remote.get("ssh_key"), "-tt", hold, known_hosts=remote.get("known_hosts"))
+    cmd = ssh.argv(head, remote.ssh_key, "-tt", hold, known_hosts=remote.known_hosts)
     cmd[1:1] = ["-o", "ExitOnForwardFailure=yes", *forward]
     log = ssh.local_dir(record.name, record.id) / "tunnel.log"
     proc = processes.start_detached(cmd, {**os.environ, processes.MARKER: record.marker}, log)
@@ -80,10 +81,10 @@ def _ensure(record: ClusterRecord) -> ClusterRecord:
     if record.session_id and processes.alive(record.session_id):
         processes.stop_session(record.session_id, record.created, record.marker, grace=1)
     wanted = None
-    if record.address and spec.remote.get("line_address"):
-        wanted = (int(record.address.rpartition(":")[2]), int(spec.remote["line_address"].rpartition(":")[2]))
+    if record.address and spec.remote.line_address:
+        wanted = (int(record.address.rpartition(":")[2]), int(spec.remote.line_address.rpartition(":")[2]))
     tunnel = open_tunnel(record, spec, wanted)
-    registry.update(record.id, session_id=tunnel.pid, address=tunnel.gcs, remote={"line_address": tunnel.line})
+    learn(spec, LineOpened(line_address=tunnel.line), record_id=record.id, session_id=tunnel.pid, address=tunnel.gcs)
     if record.session_id:            # whoever found it dropped (a kernel's line, the watchdog) says so
         ledger.event(record.id, "tunnel", f"the SSH tunnel to the head had dropped; reopened it on the same ports "
                                           f"({tunnel.gcs})" if wanted and tunnel.gcs == record.address else

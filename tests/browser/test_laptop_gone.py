@@ -209,7 +209,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
         local = ledger.nodes_frame(record.id).sort_values("node_id")
         assert [(r.node_id, r.started, r.ended, r.usd_per_hour) for r in local.itertuples()] == \
             [(n["node_id"], n["started"], n["ended"], n["usd_per_hour"]) for n in head_nodes]
-        folder = hosts.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent
+        folder = hosts.hosts[0].file(spec.remote.token_path.replace("~", "/root", 1)).parent
         assert not folder.exists(), "the head kept the stopped cluster's folder after its ledger was copied"
         left = {h.name: h.strays(ssh_sessions=False) for h in hosts.hosts}
         assert not any(left.values()), f"processes of the cluster on the hosts: {left}"

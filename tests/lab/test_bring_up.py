@@ -24,6 +24,7 @@ from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.cluster.remote import Remote
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import home
 from gpugeek_jupyter.remote import runtime
@@ -125,8 +126,8 @@ def test_a_changed_host_key_is_one_line_that_says_how_to_forget_it(lab, gpugeek_
     host = lab.host("h2")
     assert lab.ssh(host, "true").returncode == 0
     # the checks `up` makes first, over our SSH: the host's key goes into our known_hosts
-    runtime.ready(ClusterSpec(backend="ssh", remote={"hosts": [f"root@{host.address}"], "ssh_key": str(lab.key),
-                                                     "pip_index_url": lab.index_url}))
+    runtime.ready(ClusterSpec(backend="ssh", remote=Remote(hosts=(f"root@{host.address}",), ssh_key=str(lab.key),
+                                                           pip_index_url=lab.index_url)))
     registry_before = {r.name for r in registry.all_records()}
     lab.new_host_key(host)
     lab.restart_host(host)
@@ -152,8 +153,8 @@ def test_without_uv_venv_and_pip_make_the_runtime(lab, gpugeek_home, monkeypatch
     monkeypatch.setattr(runtime, "order_for", lambda remote: {**kernel(remote), "root": "~/.gpugeek/runtime-pip"})
     monkeypatch.setattr(runtime, "_local_uv", lambda: None)
     lab.ssh(host, "rm -f ~/.gpugeek/bin/uv")       # the uv an earlier up sent
-    spec = ClusterSpec(backend="ssh", remote={"hosts": [f"root@{host.address}"], "ssh_key": str(lab.key),
-                                              "pip_index_url": lab.index_url})
+    spec = ClusterSpec(backend="ssh", remote=Remote(hosts=(f"root@{host.address}",), ssh_key=str(lab.key),
+                                                    pip_index_url=lab.index_url))
     began = time.monotonic()
     [answer] = runtime.ready(spec)
     python = answer["python"]

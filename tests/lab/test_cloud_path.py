@@ -158,8 +158,8 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
 
         spec = ClusterSpec.from_json(record.spec)
         head = lab.hosts[0]
-        assert spec.remote["hosts"] == [f"root@{head.address}"] and spec.remote["head_ip"] == head.address
-        assert spec.remote["line_address"].startswith("127.0.0.1:")
+        assert spec.remote.hosts == (f"root@{head.address}",) and spec.remote.head_ip == head.address
+        assert spec.remote.line_address.startswith("127.0.0.1:")
         assert record.address.startswith("127.0.0.1:") and processes.alive(record.session_id), "no tunnel"
         on_hosts = {h.name: _ours(h, record.marker) for h in lab.hosts}
         assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"

@@ -132,5 +132,5 @@ def test_a_cell_rides_out_a_blink_and_goes_on_through_a_cut_past_the_tunnels_kee
             lab.reconnect_laptop()
             gg.down("guarded")
         if spec is not None:
-            shutil.rmtree(lab.hosts[0].file(spec.remote["token_path"].replace("~", "/root", 1)).parent,
+            shutil.rmtree(lab.hosts[0].file(spec.remote.token_path.replace("~", "/root", 1)).parent,
                           ignore_errors=True)

@@ -108,7 +108,7 @@ def test_three_hosts_up_attach_reconnect_train(lab, on_lab3):
 
     spec = ClusterSpec.from_json(record.spec)
     for host in lab.hosts:     # the token, on each host's own disk
-        mode = lab.ssh(host, f"stat -c %a {spec.remote['token_path']}").stdout.strip()
+        mode = lab.ssh(host, f"stat -c %a {spec.remote.token_path}").stdout.strip()
         assert mode == "600", f"the token copied onto {host.name} is readable by others ({mode})"
     local = Path(os.path.expanduser("~/.ray/auth_token"))
     assert stat.S_IMODE(local.stat().st_mode) == 0o600, "the local token is readable by others"

@@ -111,13 +111,13 @@ def test_a_stranger_on_the_hosts_network_gets_no_answer_without_the_token(lab, p
         for folder in ("/root/.gpugeek", "/root/.gpugeek/clusters"):
             mode = stat.S_IMODE(host.file(folder).stat().st_mode)
             assert mode == 0o700, f"{host.name}:{folder} is {oct(mode)}"
-        token = host.file(spec.remote["token_path"].replace("~", "/root"))
+        token = host.file(spec.remote.token_path.replace("~", "/root"))
         assert stat.S_IMODE(token.stat().st_mode) == 0o600, f"{host.name}: the token is {oct(token.stat().st_mode)}"
 
     # the observer can see an open door: holding the token, the GCS answers a driver (which, off
     # the cluster's nodes, goes no further)
-    gcs = spec.remote["gcs_port"]
-    token = str(head.file(spec.remote["token_path"].replace("~", "/root")))
+    gcs = spec.remote.gcs_port
+    token = str(head.file(spec.remote.token_path.replace("~", "/root")))
     control_touch = f"/tmp/stranger-control-{uuid.uuid4().hex[:8]}"
     with_token = stranger(lab, head.address, [gcs], control_touch, token=token)
     print(f"\nholding the token: a driver at {gcs}: {with_token[gcs]['driver']}")

@@ -13,6 +13,7 @@ side, is ``benchmarks/bench_up_hosts.py --against onprem``.)
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -55,8 +56,19 @@ def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(l
     settings(gpugeek_home, meter_interval_s=INTERVAL_S)
     with (gpugeek_home / "config.toml").open("a") as f:
         f.write(f'\n[hosts]\npip_index_url = "{lab.index_url}"\n')
+    writes, write = [], registry.update
+
+    def observed(cluster_id, **fields):
+        write(cluster_id, **fields)
+        if "spec" in fields or fields.get("remote"):
+            writes.append(json.dumps(registry.get(cluster_id).spec, sort_keys=True))
+
+    monkeypatch.setattr(registry, "update", observed)
     try:
         onprem_s = _up(lab, "rayup", "onprem")
+        monkeypatch.setattr(registry, "update", write)
+        # what a stop needs (the hosts' folders, with the launcher's config), then the started cluster
+        assert len(writes) == 2 and writes[0] != writes[1], f"the spec was written {len(writes)} times in `up`"
         record = registry.live("rayup")
         spec = ClusterSpec.from_json(record.spec)
         config = launcher.validate(launcher.cluster_config("rayup", spec, record.marker))

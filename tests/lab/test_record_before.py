@@ -48,7 +48,7 @@ def _runs(pid: int) -> bool:
 
 def test_a_cluster_the_version_before_started_lists_attaches_and_downs(lab, gpugeek_home, tmp_path):
     before = the_version_before(tmp_path / "before")
-    hosts = lab.hosts[:2]
+    hosts = lab.hosts[:1]       # one host is all a record's load, list, attach and down need
     names = ",".join(f"root@{h.address}" for h in hosts)
     code = (f"import gpugeek_jupyter as gg\nassert gg.__file__.startswith({str(before)!r}), gg.__file__\n"
             f"gg.up('before', backend='ssh', hosts={names!r}, ssh_key={str(lab.key)!r}, cpus_per_host=1, "
@@ -61,12 +61,11 @@ def test_a_cluster_the_version_before_started_lists_attaches_and_downs(lab, gpug
         assert isinstance(record.spec["remote"], dict) and "known_hosts" not in record.spec["remote"], \
             "not a record of the version before"
         listed = gg.clusters().set_index("name").loc["before"]
-        assert (listed["backend"], listed["state"], listed["nodes"]) == ("ssh", "running", 2), listed.to_dict()
+        assert (listed["backend"], listed["state"], listed["nodes"]) == ("ssh", "running", 1), listed.to_dict()
 
         gg.up("before")        # attach: this kernel, over the line to that version's keeper
-        names = gg.run("import socket\nimport torch.distributed as dist\nnames = [None] * world_size\n"
-                       "dist.all_gather_object(names, socket.gethostname())\nsorted(names)", workers=2).shown()
-        assert names == sorted(h.name for h in hosts), f"the ranks' hostnames: {names}"
+        name = gg.run("import socket\nsocket.gethostname()", workers=1).shown()
+        assert name == hosts[0].name, f"the cell ran on {name}"
     finally:
         if registry.live("before") is not None:
             gg.down("before")

@@ -32,7 +32,7 @@ START_TIMEOUT_S = 150
 
 
 def targets(spec: ClusterSpec) -> list[ssh.Target]:
-    return ssh.parse_hosts(list(spec.remote.hosts))
+    return ssh.parse_hosts(spec.remote.hosts)
 
 
 def prepare(spec: ClusterSpec) -> None:

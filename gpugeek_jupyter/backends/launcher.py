@@ -85,7 +85,7 @@ def _onprem(name: str, spec: ClusterSpec, marker: str | None) -> dict:
     other host a worker that Ray's autoscaler on the head starts (all of them, always). Ray keeps
     this cluster's state under its name on each machine, so each ``up`` gets a name of its own."""
     remote = spec.remote
-    targets = ssh.parse_hosts(list(remote.hosts))
+    targets = ssh.parse_hosts(remote.hosts)
     ips = list(remote.ips or [t.host for t in targets])
     auth = {"ssh_user": targets[0].user or "root"}
     if remote.ssh_key:

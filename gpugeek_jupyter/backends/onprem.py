@@ -27,7 +27,7 @@ def check_onprem(spec: ClusterSpec) -> None:
     """One line for what Ray's on-premise provider cannot do with ``--hosts``: it logs in to every
     host as one user on port 22, copies files with ``rsync``, and its autoscaler on the head
     logs in to the others with the key ``ray up`` copies there."""
-    targets = ssh.parse_hosts(list(spec.remote.hosts))
+    targets = ssh.parse_hosts(spec.remote.hosts)
     if len(targets) < 2:
         raise GpugeekError("--backend onprem: name at least two --hosts (the head and a worker) — for one "
                            "machine use --backend ssh")
@@ -48,7 +48,7 @@ def onprem_ips(spec: ClusterSpec) -> tuple[str, ...]:
     import socket
 
     ips = []
-    for target in ssh.parse_hosts(list(spec.remote.hosts)):
+    for target in ssh.parse_hosts(spec.remote.hosts):
         try:
             ips.append(socket.gethostbyname(target.host))
         except OSError:

@@ -14,7 +14,7 @@ version added are dropped, as ``ClusterSpec.from_json`` drops its own.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 from . import registry
@@ -52,9 +52,6 @@ class Remote:
     def head(self) -> str | None:
         """The head host as the user named it."""
         return self.hosts[0] if self.hosts else None
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict | None) -> Remote:

@@ -83,7 +83,7 @@ def ready(spec: ClusterSpec, say=print) -> list[dict]:
         say(f"{target}: ready in {time.monotonic() - began:.1f} s", flush=True)
         return done
 
-    return ssh.on_hosts(ssh.parse_hosts(list(spec.remote.hosts)), one)
+    return ssh.on_hosts(ssh.parse_hosts(spec.remote.hosts), one)
 
 
 def _call(target: ssh.Target, key: str | None, command: str, order: dict, timeout: float) -> dict:

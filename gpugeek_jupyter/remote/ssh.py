@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +38,9 @@ class Target:
         return f"{self.user + '@' if self.user else ''}{self.host}{f':{self.port}' if self.port else ''}"
 
 
-def parse_hosts(text: str | list[str] | None) -> list[Target]:
-    """``--hosts a,b,c`` as targets, or one line saying which entry is wrong."""
-    items = text if isinstance(text, list) else [t.strip() for t in (text or "").split(",")]
+def parse_hosts(text: str | Sequence[str] | None) -> list[Target]:
+    """``--hosts a,b,c`` (or a record's hosts) as targets, or one line saying which entry is wrong."""
+    items = [t.strip() for t in (text or "").split(",")] if text is None or isinstance(text, str) else list(text)
     items = [t for t in items if t]
     if not items:
         raise GpugeekError("--hosts: name the machines, like --hosts ubuntu@10.0.0.5,10.0.0.6")

@@ -102,13 +102,14 @@ test: test-setup lint chromium sshd prometheus
 test-setup:
 	@$(MAKE) --no-print-directory -j2 system-packages $(VENV)/.installed-test
 
-# chromium, openssh-server and rsync, prometheus: the ones missing, in one apt-get run (as root;
+# chromium, openssh-server and rsync, prometheus, sudo (the cloud box's images have it): the ones missing, in one apt-get run (as root;
 # elsewhere the chromium, sshd and prometheus targets below say what to do)
 system-packages:
 	@missing=""; \
 	[ -x "$(CHROMIUM)" ] || missing="$$missing chromium"; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v rsync >/dev/null 2>&1 || missing="$$missing rsync"; \
+	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing$$missing (apt)"; \
@@ -121,6 +122,12 @@ test-fast: $(VENV)/.installed-test
 
 test-browser: $(VENV)/.installed-test chromium
 	$(PYTEST_BROWSER)
+
+# EC2 in a box (tests/cloudbox): moto's EC2 on a lab bridge, a host behind each instance, in the
+# foreground till ^C; it prints the exports that point the AWS SDK (and `up --offer aws/…`) at it.
+.PHONY: cloudbox
+cloudbox: $(VENV)/.installed-test sshd lab-files
+	PYTHONPATH=tests $(PY) -m cloudbox
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
 # `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the
@@ -179,13 +186,13 @@ chromium:
 
 # The multi-host lab (tests/lab/, tests/netlab.py) runs an sshd per host: Debian's openssh-server,
 # installed when missing (as root; elsewhere those tests skip with the reason), and rsync, with
-# which Ray's cluster launcher copies files to the hosts.
+# which Ray's cluster launcher copies files to the hosts, and sudo (the cloud box's images have it).
 sshd:
-	@if [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null 2>&1; then \
+	@if [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null 2>&1 || ! command -v sudo >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing openssh-server and rsync (apt)"; \
+	    echo "installing openssh-server, rsync and sudo (apt)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq --no-install-recommends openssh-server rsync >/dev/null || exit 1; \
+	      apt-get install -y -qq --no-install-recommends openssh-server rsync sudo >/dev/null || exit 1; \
 	  else \
 	    echo "no /usr/sbin/sshd and not root: the multi-host lab tests will skip" >&2; \
 	  fi; \

@@ -96,6 +96,9 @@ class Host:
     disk: str = ""     # the folder that holds its /root, /tmp and project folder
     bare: bool = False  # only the OS's python3: no machine image
     image: str = ""     # the machine image it mounts at /opt/image, when not IMAGE (``up(images=…)``)
+    login: str = "root"     # the one user its sshd lets in (a cloud image's: ``ubuntu``)
+    keys: str = ""          # that user's authorized keys, when not the lab's (an instance's key pair)
+    setup: str = ""         # shell lines run in its mount namespace before sshd: its image's own files
     sshd: subprocess.Popen | None = None
 
     def file(self, path: str) -> Path:
@@ -333,9 +336,10 @@ class Lab:
         env = {"PATH": (f"{IMAGE_AT}/bin:" if not host.bare else "") + HOST_PATH, **self.env, **(env or {})}
         config.write_text("\n".join([
             "Port 22", f"ListenAddress {host.address}", f"HostKey {self.dir / f'host_key-{host.name}'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}", "PidFile none",
+            f"AuthorizedKeysFile {host.keys or self.dir / 'authorized_keys'}", "PidFile none",
             "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "MaxStartups 64", "MaxSessions 64",
+            "PermitRootLogin " + ("prohibit-password" if host.login == "root" else "no"), f"AllowUsers {host.login}",
+            "AllowTcpForwarding yes", "MaxStartups 64", "MaxSessions 64",
             "LogLevel ERROR", "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()), "",   # one line: sshd
         ]))                                                                        # takes the first SetEnv only
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
@@ -368,7 +372,7 @@ class Lab:
         lines += [f"mount --bind {disk}/root /root", f"mount --bind {disk}/tmp /tmp"]
         lines += [f"[ ! -e {p} ] || mount --bind /dev/null {p}" for p in ("/etc/pip.conf",)]
         lines += [f"[ ! -d {p} ] || mount -t tmpfs tmpfs {p}" for p in ("/etc/xdg/pip", "/root/.config/pip")]
-        lines += [f"mount -t tmpfs tmpfs {self.dir / 'disks'}"]
+        lines += [*host.setup.splitlines(), f"mount -t tmpfs tmpfs {self.dir / 'disks'}"]
         return "".join(f"{line}\n" for line in lines)
 
     def new_host_key(self, host: Host) -> None:
@@ -402,7 +406,8 @@ class Lab:
     def save(self) -> None:
         state = {"bridge": self.bridge, "gateway": self.gateway,
                  "hosts": [{"name": h.name, "netns": h.netns, "address": h.address, "link": h.link,
-                            "disk": h.disk, "bare": h.bare, "image": h.image} for h in self.hosts]}
+                            "disk": h.disk, "bare": h.bare, "image": h.image, "login": h.login, "keys": h.keys,
+                            "setup": h.setup} for h in self.hosts]}
         (self.dir / "lab.json").write_text(json.dumps(state, indent=1))
 
     @classmethod

@@ -1,0 +1,191 @@
+"""The cloud in a box: EC2 (moto) in a namespace on a lab bridge, and a host behind each instance.
+
+Safety first, before the first launch:
+- the VPC's range (moto's default VPC, 172.31.0.0/16) must overlap no route or address of this
+  machine, or the box refuses to start;
+- that whole range is routed to the lab's bridge: a packet to an address no instance holds dies
+  there unanswered, and none leaves by the default route;
+- every subnet of the box's regions launches without a public address (``cloud.py``);
+- the laptop's environment the box prints sets ``AWS_EC2_METADATA_DISABLED=true``: only the hosts
+  have a metadata service, their own (this machine's route to 169.254.169.254 is never touched).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import netlab
+
+from .fabric import Fabric, wait_for
+
+VPC = ipaddress.ip_network("172.31.0.0/16")    # moto's default VPC, in every region
+PORT = 80
+REGIONS = ("us-east-1",)
+CLOUD = Path(__file__).with_name("cloud.py")
+START_TIMEOUT_S = 60
+
+
+@dataclass
+class Box:
+    lab: netlab.Lab
+    regions: tuple[str, ...]
+    netns: str
+    link: str
+    address: str                   # the EC2 endpoint's, on the bridge
+    cloud: subprocess.Popen | None = None
+    fabric: Fabric | None = None
+    routed: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.address}:{PORT}"
+
+    def env(self) -> dict[str, str]:
+        """What points the AWS SDK (boto3, Ray's AWS provider, the product) at the box."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": self.regions[0], "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def exports(self) -> str:
+        return "".join(f"export {k}={v}\n" for k, v in self.env().items())
+
+    def ec2(self, region: str | None = None):
+        import boto3
+
+        return boto3.client("ec2", endpoint_url=self.endpoint, region_name=region or self.regions[0],
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    # -- what the box does to instances, as the cloud does ---------------------------------------
+
+    def _ask(self, what: str, order: dict | None = None) -> dict:
+        body = json.dumps(order or {}).encode()
+        request = urllib.request.Request(f"{self.endpoint}/_box/{what}", body, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def fault(self, code: str, action: str = "RunInstances", times: int = -1, **where: str) -> None:
+        """The next ``times`` calls of ``action`` (that match ``where``: ``type``, ``zone``; -1: every
+        one, till ``clear_faults``) get EC2's ``code`` (``cloud.FAULTS``) in place of moto's answer."""
+        self._ask("faults", {"code": code, "action": action, "times": times, **where})
+
+    def clear_faults(self) -> None:
+        self._ask("clear")
+
+    def faults_given(self) -> list[dict]:
+        return self._ask("given")["given"]
+
+    def preempt(self, instance_id: str, notice_s: float = 120.0, region: str | None = None) -> dict:
+        """A spot instance's interruption: its notice in IMDS, then the instance terminated."""
+        return self._ask("preempt", {"instance_id": instance_id, "region": region or self.regions[0],
+                                     "notice_s": notice_s})["notice"]
+
+    def instances(self, region: str | None = None, **filters: str) -> list[dict]:
+        """Every instance EC2 lists (``filters``: ``tag:Name`` → value, or any EC2 filter)."""
+        found = self.ec2(region).describe_instances(
+            Filters=[{"Name": k, "Values": [v]} for k, v in filters.items()])["Reservations"]
+        return [i for r in found for i in r["Instances"]]
+
+    def host_of(self, instance_id: str) -> netlab.Host:
+        return wait_for(lambda: (m := self.fabric.machines.get(instance_id)) and m.host, 30,
+                        f"a host behind {instance_id}")
+
+    # -- life -------------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        """Every host, the cloud's namespace, the routes and the lab's bridge: gone."""
+        if self.fabric is not None:
+            self.fabric.stop()
+        if self.cloud is not None and self.cloud.poll() is None:
+            self.cloud.kill()
+            self.cloud.wait(timeout=10)
+        _ip("link", "del", self.link, check=False)
+        _ip("netns", "del", self.netns, check=False)
+        if self.routed:
+            _ip("route", "del", str(VPC), "dev", self.lab.bridge, check=False)
+        for address in self.fabric.blackholed if self.fabric is not None else ():
+            _ip("route", "del", "blackhole", address, check=False)
+        self.lab.down()
+
+    def leftovers(self) -> list[str]:
+        left = self.lab.leftovers()
+        if self.netns in _ip("netns", "list", check=False).stdout.split():
+            left.append(f"namespace {self.netns}")
+        routes = _ip("-4", "route", "show", "table", "all", check=False).stdout
+        left += [f"route {line}" for line in routes.splitlines() if line.split()[:1] == [str(VPC)]]
+        return left
+
+
+def overlaps(network: ipaddress.IPv4Network) -> list[str]:
+    """This machine's routes and addresses that overlap ``network``: the box will not start over them."""
+    found = []
+    for line in _ip("-4", "route", "show", "table", "all", check=False).stdout.splitlines():
+        words = line.split()
+        if words and words[0] in ("local", "broadcast", "blackhole", "unreachable", "prohibit", "throw",
+                                  "unicast", "anycast", "multicast"):
+            words = words[1:]
+        if not words or words[0] == "default":
+            continue
+        try:
+            if ipaddress.ip_network(words[0], strict=False).overlaps(network):
+                found.append(f"route {line.strip()}")
+        except ValueError:
+            continue
+    for line in _ip("-4", "-o", "addr", "show", check=False).stdout.splitlines():
+        words = line.split()
+        if "inet" in words and ipaddress.ip_interface(words[words.index("inet") + 1]).network.overlaps(network):
+            found.append(f"address {' '.join(words[1:4])}")
+    return found
+
+
+def start(regions: tuple[str, ...] = REGIONS) -> Box:
+    """The box, up and safe: the lab's bridge (and its wheel index), EC2 on it, the fabric watching."""
+    taken = overlaps(VPC)
+    if taken:
+        raise RuntimeError(f"the box's VPC range {VPC} overlaps this machine's {'; '.join(taken)}: not started")
+    lab = netlab.up(0)
+    lab_id = lab.bridge[2:-2]
+    box = Box(lab, tuple(regions), netns=f"{netlab.PREFIX}{lab_id}-ec2", link=f"gl{lab_id}ec2",
+              address=lab.gateway.rsplit(".", 1)[0] + ".6")
+    try:
+        lab.serve_index()
+        _ip("route", "add", str(VPC), "dev", lab.bridge)
+        box.routed = True
+        _ip("netns", "add", box.netns)
+        _ip("link", "add", box.link, "type", "veth", "peer", "name", "eth0", "netns", box.netns)
+        _ip("link", "set", box.link, "master", lab.bridge)
+        _ip("link", "set", box.link, "up")
+        for cmd in (("addr", "add", f"{box.address}/24", "dev", "eth0"),
+                    ("addr", "add", "169.254.169.254/32", "dev", "eth0"),     # in the box's namespace alone
+                    ("link", "set", "eth0", "up"), ("link", "set", "lo", "up"),
+                    ("route", "add", str(VPC), "dev", "eth0")):
+            _ip("-n", box.netns, *cmd)
+        log = open(lab.dir / "cloud.log", "ab")  # noqa: SIM115 - the child keeps it
+        box.cloud = subprocess.Popen(
+            ["ip", "netns", "exec", box.netns, sys.executable, str(CLOUD), box.address, str(PORT), ",".join(regions)],
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true", "AWS_EC2_METADATA_DISABLED": "true"})
+        log.close()
+        began = time.monotonic()
+        ready = select.select([box.cloud.stdout], [], [], START_TIMEOUT_S)[0]
+        line = box.cloud.stdout.readline() if ready else b""     # "ready", once moto and the front answer
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the box's EC2 did not start ({time.monotonic() - began:.0f} s): "
+                               f"{(lab.dir / 'cloud.log').read_text(errors='replace')[-800:]}")
+        box.fabric = Fabric(lab, {r: box.ec2(r) for r in regions}, box.endpoint, VPC)
+        box.fabric.start()
+    except BaseException:
+        box.down()
+        raise
+    return box
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)

@@ -41,7 +41,7 @@ from pathlib import Path
 BASE_PYTHON = "/usr/bin/python3"     # the OS's own Python: what every lab host has
 
 
-RUNTIME = ("ray", "torch", "numpy", "pip", "s3fs")       # what a host's runtime holds
+RUNTIME = ("ray", "torch", "numpy", "pip", "s3fs", "boto3")   # what a host's runtime holds (a cloud head's: boto3)
 # what a job's ``up --env`` may add, and what a cell imports that the kernel sends (pandas: a kernel
 # of another Python pulls a DataFrame made on the hosts)
 FRAMEWORKS = ("transformers", "accelerate", "lightning", "pandas")
@@ -104,6 +104,7 @@ def _whole_index(folder: Path, versions: dict) -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(files),
                     f"ray[default]=={versions['ray']}", f"torch=={versions['torch']}",
                     f"numpy=={versions['numpy']}", f"pip=={versions['pip']}", f"s3fs=={versions['s3fs']}",
+                    f"boto3=={versions['boto3']}",
                     *(f"{name}=={versions[name]}" for name in FRAMEWORKS), "setuptools", "wheel"],
                    check=True, timeout=900)
     _pages(folder)

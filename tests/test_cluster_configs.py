@@ -94,8 +94,13 @@ def test_onprem_yaml_is_the_clouds_with_the_hosts_for_its_provider():
                 dry_run=True).config
     machines = {"cluster_name", "max_workers", "provider", "auth", "available_node_types", "head_node_type"}
     starts = {"head_start_ray_commands", "worker_start_ray_commands"}
-    assert {k: v for k, v in cloud.items() if k not in machines | starts} == \
-        {k: v for k, v in own.items() if k not in machines | starts}
+    setup = {"setup_commands"}
+    assert {k: v for k, v in cloud.items() if k not in machines | starts | setup} == \
+        {k: v for k, v in own.items() if k not in machines | starts | setup}
+    [cloud_setup], [own_setup] = cloud["setup_commands"], own["setup_commands"]
+    cloud_order, own_order = (json.loads(shlex.split(c)[-1]) for c in (cloud_setup, own_setup))
+    # the same runtime, and the cloud's SDK for the head's autoscaler, which launches the workers
+    assert cloud_order == {**own_order, "extra": sorted({*own_order["extra"], "boto3"})}
     resources = {"gpus", "cpus", "node_type", "dashboard"}    # a cloud's head is a CPU machine
     for key in starts:
         [a], [b] = cloud[key], own[key]

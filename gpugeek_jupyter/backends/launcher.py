@@ -59,7 +59,12 @@ def cluster_config(name: str, spec: ClusterSpec, marker: str | None = None) -> d
         "idle_timeout_minutes": NODE_IDLE_MINUTES,
         **machines,
         "file_mounts": {node_dir(name): str(node_files(name))},
+        # every list of commands said, none left to Ray's provider defaults (AWS's pip-installs boto3
+        # into the image's Python: the runtime has it)
+        "initialization_commands": [],
         "setup_commands": [setup_command(name, spec)],
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
         "head_start_ray_commands": [head_start],
         "worker_start_ray_commands": [worker_start],
     }
@@ -75,7 +80,9 @@ def _cloud(name: str, spec: ClusterSpec, provider: Cloud) -> dict:
     workers = {t.name: _worker(provider, t) for t in spec.node_types}
     head_config = provider.head_config(provider.node_config(provider.head_instance, None, spot=False))
     return {"cluster_name": name, "max_workers": sum(t.max_workers for t in spec.node_types),
-            "provider": provider.provider_section(spec.node_types[0], name), "auth": provider.auth(),
+            "provider": {**provider.provider_section(spec.node_types[0], name),
+                         **({"use_internal_ips": True} if spec.internal_ips else {})},
+            "auth": provider.auth(),
             "available_node_types": {"head": {"node_config": head_config, "resources": {}}, **workers},
             "head_node_type": "head"}
 
@@ -127,9 +134,12 @@ def temp_dir(name: str) -> str:
 def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     """Run on every node before its start command: the runtime made there (or found made), by the
     image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI (your own machines:
-    ``--pip-index-url``, and what the jobs' storage needs)."""
-    own = spec is not None and rented_from(spec) is None
-    order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url))
+    ``--pip-index-url``, and what the jobs' storage needs; a cloud's nodes: its SDK too)."""
+    provider = rented_from(spec)
+    own = spec is not None and provider is None
+    # a cloud's head runs Ray's autoscaler, which launches the workers through the cloud's SDK
+    sdk = tuple(provider.sdk[1].split()) if provider is not None else ()
+    order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url, extra=sdk))
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 

@@ -54,6 +54,7 @@ class ClusterSpec:
     env: list[str] = field(default_factory=list)  # pip requirements every job gets (``up --env``)
     working_dir: str | None = None    # the folder every cell starts in, sent to the nodes (``up --working-dir``)
     storage: str | None = None        # where jobs checkpoint unless told (``up --storage``): a URL or shared path
+    internal_ips: bool = False        # a cloud's nodes reached at their private addresses (``up --internal-ips``)
 
     @property
     def workers(self) -> NodeType | None:

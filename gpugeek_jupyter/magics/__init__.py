@@ -121,8 +121,8 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @subcommand
 @magic_arguments()
 @argument("name", nargs="?", help="cluster name (default: the backend's name); a live one is re-attached")
-@argument("--backend", help="local (default), sim, ssh, onprem (your hosts through Ray's `ray up`), aws, gcp, "
-                             "azure or kuberay")
+@argument("--backend", help="local (default; a cloud's --offer: that cloud), sim, ssh, onprem (your hosts through "
+                             "Ray's `ray up`), aws, gcp, azure or kuberay")
 @argument("--hosts", help="ssh, onprem: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
 @argument("--ssh-key", help="ssh: the private key to log in with (default: your ssh config and agent)")
 @argument("--gpus-per-host", type=number("--gpus-per-host", int), help="ssh: GPUs each host has")
@@ -135,6 +135,8 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--working-dir", help="a folder sent to every node: each cell starts in its copy (data beside the notebook)")
 @argument("--storage", help="where jobs checkpoint unless a cell says: s3://…, gs://…, az://… or a shared path")
+@argument("--internal-ips", action="store_true",
+          help="clouds: reach the nodes at their private addresses (from inside their network: VPN, bastion, VPC)")
 @argument("--address", help="attach to a running Ray cluster at host:port instead")
 @argument("--offer", help="offer id from `%%gpugeek offers`")
 @argument("--plan", help="name of a plan in the notebook: use its best offer and node count")

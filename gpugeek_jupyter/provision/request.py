@@ -54,12 +54,13 @@ class UpRequest:
     pip_index_url: str | None = None
     working_dir: str | None = None
     storage: str | None = None
+    internal_ips: bool = False
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:
         """The request from ``up``'s arguments: the backend named (``attach`` for an address)."""
         known = {f.name for f in fields(cls)}
-        backend = backend_name(flags.get("backend"), flags.get("address"))
+        backend = backend_name(flags.get("backend"), flags.get("address"), flags.get("offer"))
         request = cls(**{**{k: v for k, v in flags.items() if k in known}, "backend": backend,
                          "name": flags.get("name") or backend})
         if not isinstance(request.name, str) or not NAME.fullmatch(request.name):
@@ -82,13 +83,16 @@ class UpRequest:
         return ["--" + n.replace("_", "-") for n in names if getattr(self, n) not in (None, False)]
 
 
-def backend_name(backend: str | None, address: str | None) -> str:
-    """The backend named, or the default; for an ``--address``, the one that attaches."""
+def backend_name(backend: str | None, address: str | None, offer: str | None = None) -> str:
+    """The backend named; for an ``--address``, the one that attaches; for a cloud's ``--offer``
+    (``aws/…``), that cloud's; else the default."""
     launching = [name for name, impl in BACKENDS.items() if impl.launches]
     if address:
         if backend is not None and backend != DEFAULT and (backend not in BACKENDS or backend in launching):
             raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
         return ATTACH
+    if backend is None and isinstance(offer, str) and (cloud := renting.renting(offer.split("/", 1)[0])) is not None:
+        backend = cloud         # the offers' up_with: the backend that rents it
     backend = backend or DEFAULT
     if backend not in launching:
         if backend in providers():           # RunPod, Lambda, …: a catalog's provider no backend rents
@@ -121,8 +125,12 @@ def spec_of(request: UpRequest) -> ClusterSpec:
         raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")
     can.check(*([Feature.DASHBOARD] if request.dashboard else []),
               *([Feature.LIMITS] if request.budget or request.idle else []))
+    if request.internal_ips and not can.provider:
+        raise GpugeekError(f"--internal-ips: only for a cloud's nodes (--backend {_those('provider')}); "
+                           f"--backend {request.backend} reaches its own")
     spec = _ssh(request) if can.your_hosts else _from_offers(request)
     spec.dashboard = bool(request.dashboard)
+    spec.internal_ips = request.internal_ips
     return spec
 
 

@@ -38,7 +38,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        usd_per_hour: float | None = None, env: str | None = None,
        residency: str | None = None, python: str | None = None, install: bool = True,
        pip_index_url: str | None = None, working_dir: str | None = None,
-       storage: str | None = None) -> Cluster | LaunchConfig:
+       storage: str | None = None, internal_ips: bool = False) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -48,7 +48,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     ``env`` (a requirements.txt or pyproject.toml) is pip-installed for every job on every node.
     ``working_dir`` is sent to every node; each cell starts in its copy there. ``storage`` (an
     ``s3://``, ``gs://`` or ``az://`` URL, or a path every host shares) is where jobs checkpoint
-    unless a cell names its own ``checkpoint_dir``.
+    unless a cell names its own ``checkpoint_dir``. ``internal_ips`` reaches a cloud's nodes at their
+    private addresses (from inside their network: a VPN, a bastion, a machine of the same VPC).
     On ``hosts``, Ray runs in a runtime made there at this kernel's versions unless ``python``
     names an environment to use as it is; ``install=False`` refuses to make one, and
     ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from;

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import shlex
 import stat
-from importlib import metadata
+from importlib import metadata, resources
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,14 @@ def test_launcher_yaml_passes_rays_validation(backend, gpu, count, pricing):
                 "gcp": node.get("scheduling", {}).get("provisioningModel")}[backend] in ("spot", "SPOT")
     if backend == "gcp" and gpu == "T4":
         assert node["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
-    assert "not priced" in shown.next_step, "the unpriced CPU head is said, not hidden"
+    head = shown.config["available_node_types"]["head"]["node_config"]
+    if backend == "aws":       # the catalog's own m5.xlarge row of the workers' region, on demand
+        rows = [r for r in csv.DictReader(open(resources.files("gpugeek_jupyter.catalog") / "data" /
+                                               "aws-head-nodes.csv")) if r["InstanceType"] == head["InstanceType"]
+                and r["Region"] == offer["region"]]
+        assert rows and f"priced at ${float(rows[0]['Price']):g}/h" in shown.next_step, shown.next_step
+    else:
+        assert "not priced" in shown.next_step, "the unpriced CPU head is said, not hidden"
     assert not gg.clusters()["name"].tolist(), "showing a config records no cluster"
 
 

@@ -36,6 +36,7 @@ class LauncherBackend(Backend):
     def __init__(self, provider: Cloud):
         self.cloud = provider
         self.name = self.provider = provider.name
+        self.head_instance = provider.head_instance
         self.notices = provider.name     # its metadata service warns a spot node before taking it
 
     def config(self, name: str, spec: ClusterSpec, marker: str | None = None) -> dict:
@@ -46,8 +47,10 @@ class LauncherBackend(Backend):
     def show(self, name, spec):
         config = self.config(name, spec)
         path = launcher.write(name, config)
-        head_note = (f"The head node ({self.cloud.head_instance}) is not priced: the catalog "
-                     f"holds GPU offers only. ")
+        head_note = (f"The head node ({self.cloud.head_instance}) is priced at ${spec.head_price.usd_per_hour:g}/h "
+                     f"({spec.head_price.offer_id}). " if spec.head_price.offer_id else
+                     f"The head node ({self.cloud.head_instance}) is not priced: the catalog holds no "
+                     f"{self.cloud.head_instance} row for its region. ")
         notes = " ".join(spec.notes)
         return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), path,
                             f"Ray validated this config. {head_note}{notes}Add --yes to run `ray up -y` on it "

@@ -10,6 +10,7 @@ import re
 import pandas as pd
 
 from ..backends.interface import capable
+from ..catalog.heads import head_offer
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
 from ..cluster.remote import Asked, learn
@@ -49,6 +50,10 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
         raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
     spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
                       spot_fallback=spot_fallback)
+    if can.head_instance:       # a cloud's head: a CPU machine, on demand, where the workers are
+        head = head_offer(can.provider, can.head_instance, spec.node_types[0].region, spec.node_types[0].zone)
+        if head is not None:
+            spec.head_price = NodePrice(head.id, Pricing.ON_DEMAND, head.usd_per_hour, head.usd_per_hour)
     spec.notes.extend(can.notes(spec))
     return spec
 

@@ -50,9 +50,9 @@ def test_launcher_yaml_passes_rays_validation(backend, gpu, count, pricing):
         assert node["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
     head = shown.config["available_node_types"]["head"]["node_config"]
     if backend == "aws":       # the catalog's own m5.xlarge row of the workers' region, on demand
-        rows = [r for r in csv.DictReader(open(resources.files("gpugeek_jupyter.catalog") / "data" /
-                                               "aws-head-nodes.csv")) if r["InstanceType"] == head["InstanceType"]
-                and r["Region"] == offer["region"]]
+        text = (resources.files("gpugeek_jupyter.catalog") / "data" / "aws-head-nodes.csv").read_text()
+        rows = [r for r in csv.DictReader(text.splitlines())
+                if r["InstanceType"] == head["InstanceType"] and r["Region"] == offer["region"]]
         assert rows and f"priced at ${float(rows[0]['Price']):g}/h" in shown.next_step, shown.next_step
     else:
         assert "not priced" in shown.next_step, "the unpriced CPU head is said, not hidden"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 FILES = {"aws": "aws-head-nodes.csv"}
@@ -29,7 +29,7 @@ class HeadOffer:
         return "/".join(p for p in (self.provider, self.instance_type, self.region, self.zone) if p)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rows(provider: str) -> tuple[HeadOffer, ...]:
     name = FILES.get(provider)
     if name is None:

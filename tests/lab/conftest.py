@@ -5,6 +5,9 @@ laptop serves on the lab's bridge."""
 
 from __future__ import annotations
 
+import subprocess
+
+import cloudbox
 import netlab
 import pytest
 
@@ -15,3 +18,19 @@ def lab():
     server on the bridge, bucket ``lab``, which every host is configured for."""
     with netlab.fixture(3, bare=("h3",), storage=True) as made:
         yield made
+
+
+@pytest.fixture(scope="session")
+def box():
+    """EC2 in a box (``tests/cloudbox``): moto on a bridge of its own, a host behind each instance;
+    taken down at the end with every host, route and namespace it made."""
+    if reason := netlab.why_not():
+        pytest.skip(reason)
+    made = cloudbox.start()
+    try:
+        yield made
+    finally:
+        made.down()
+        left = made.leftovers()
+        assert not left, f"the box left {', '.join(left)}"
+        assert made.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -15,7 +15,6 @@ import time
 
 import botocore.exceptions
 import cloudbox
-import netlab
 import pytest
 from cloudbox import box as boxes
 from cloudbox.cloud import FAULTS
@@ -33,20 +32,6 @@ IMDS = ("import json, sys, urllib.request as u\n"
         "token = u.urlopen(u.Request('http://169.254.169.254/latest/api/token', method='PUT',"
         " headers={'X-aws-ec2-metadata-token-ttl-seconds': '60'}), timeout=5).read().decode()\n"
         "print(json.dumps({p: get(p, token) for p in sys.argv[1:]} | {'no token': get(sys.argv[1], '')}))\n")
-
-
-@pytest.fixture(scope="module")
-def box():
-    if reason := netlab.why_not():
-        pytest.skip(reason)
-    made = cloudbox.start()
-    try:
-        yield made
-    finally:
-        made.down()
-        left = made.leftovers()
-        assert not left, f"the box left {', '.join(left)}"
-        assert made.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 @pytest.fixture(scope="module")

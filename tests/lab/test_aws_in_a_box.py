@@ -1,0 +1,93 @@
+"""The AWS path end to end, with nothing of it stood in for: ``up`` on an AWS GPU offer runs Ray's
+cluster launcher and its AWS provider against EC2 in a box (``tests/cloudbox``: moto, a host behind
+each instance); Ray's bootstrap makes the IAM profile, key pair and security group; the head's
+autoscaler launches the two workers from the head, with the instance profile's credentials from
+the head's IMDS and the endpoint from its image's ``~/.aws/config``; a cell runs as DDP across the
+two worker instances; ``down`` terminates the cluster's instances and nothing else.
+
+Counted from outside: instances by EC2's own ``describe_instances``, processes by network
+namespace, dollars against each instance's lifetime as EC2 records it × the catalog's price."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+
+import pytest
+from cloudbox.fabric import wait_for
+from models import DDP_ACROSS_HOSTS
+from netlab import described
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.config import settings
+
+pytestmark = pytest.mark.slow
+
+OFFER = "aws/g4dn.xlarge/us-east-1/use1-az1"
+
+
+def _ended(instance: dict) -> float:
+    """When EC2 says the instance ended (``StateTransitionReason``: "User initiated (… UTC)")."""
+    when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\)", instance["StateTransitionReason"])[1]
+    return datetime.strptime(when, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+
+
+def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_ends_them_alone(
+        box, gpugeek_home, monkeypatch, tmp_path, capsys):
+    for key, value in box.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOME", str(tmp_path))      # Ray's launcher keeps the key pair it makes in ~/.ssh
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
+    ec2 = box.ec2()
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    decoy = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="m5.xlarge", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "not-the-cluster"}]}])["Instances"][0]
+    began = time.monotonic()
+    try:
+        gg.up("inbox", offer=OFFER, workers=2, internal_ips=True, yes=True)
+        took_up = time.monotonic() - began
+        record = registry.live("inbox")
+        ours = {"tag:ray-cluster-name": "inbox"}
+        workers = wait_for(lambda: len(w := box.instances(**ours, **{"tag:ray-node-type": "worker",
+                                                                       "instance-state-name": "running"})) == 2
+                           and w, 120, "the head's autoscaler launching two workers")
+        wait_for(lambda: len(gg.status().nodes) == 3, 240, "both workers joined the head's Ray", every=2)
+        joined = time.monotonic() - began
+        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
+        first_cell = time.monotonic() - began
+        assert equal, "gradients differ between the worker instances"
+        assert ips == sorted(w["PrivateIpAddress"] for w in workers), f"ranks ran on {ips}"
+        spec = ClusterSpec.from_json(record.spec)
+        assert spec.head_price.usd_per_hour > 0 and spec.head_price.offer_id.startswith("aws/m5.xlarge/us-east-1")
+    finally:
+        downed = time.monotonic()
+        if registry.live("inbox") is not None:
+            gg.down("inbox")
+        took_down = time.monotonic() - downed
+    said = capsys.readouterr().out
+    mine = box.instances(**ours)
+    assert len(mine) == 3 and {i["State"]["Name"] for i in mine} == {"terminated"}, \
+        [(i["InstanceId"], i["State"]["Name"]) for i in mine]
+    [still] = box.instances(**{"instance-id": decoy["InstanceId"]})
+    assert still["State"]["Name"] == "running", "down touched an instance that is not the cluster's"
+    wait_for(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, 20, "the cluster's hosts gone")
+    left = box.host_of(decoy["InstanceId"]).strays()
+    assert not left, f"processes on the decoy's host: {described(left)}"
+
+    # $: each instance's lifetime as EC2 records it (launch to termination) × the catalog's price. The
+    # ledger meters a node from when it joins Ray: what EC2 bills before (boot, setup) it does not count
+    # yet, so it may read less than EC2's bill, never more (one metering interval and EC2's second apart)
+    prices = {"m5.xlarge": spec.head_price.usd_per_hour, "g4dn.xlarge": spec.workers.usd_per_hour}
+    lifetimes = {i["InstanceId"]: _ended(i) - i["LaunchTime"].timestamp() for i in mine}
+    billed = sum(prices[i["InstanceType"]] * lifetimes[i["InstanceId"]] / 3600 for i in mine)
+    ledger = gg.cost("inbox").total_usd
+    slack = sum(prices[i["InstanceType"]] for i in mine) * (settings().meter_interval_s + 1.0) / 3600
+    print(f"\naws in a box: up {took_up:.1f} s, workers joined {joined:.1f} s, first cell {first_cell:.1f} s, "
+          f"down {took_down:.1f} s; lifetimes {sorted(round(v) for v in lifetimes.values())} s; ledger "
+          f"${ledger:.5f}, EC2's lifetimes × price ${billed:.5f}")
+    assert 0 < ledger <= billed + slack, (ledger, billed, said[-2000:])
+    box.ec2().terminate_instances(InstanceIds=[decoy["InstanceId"]])

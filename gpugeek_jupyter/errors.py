@@ -17,6 +17,15 @@ class GpugeekError(Exception):
         return [f"\x1b[0;31mgpugeek:\x1b[0m {self}"]
 
 
+class LaunchRefused(GpugeekError):
+    """A cloud refused to launch a machine (capacity, quota, permissions, …): its own ``code`` and
+    words (``said``), as its API answered Ray's launcher."""
+
+    def __init__(self, message: str, code: str, said: str, no_capacity: bool = False):
+        super().__init__(message)
+        self.code, self.said, self.no_capacity = code, said, no_capacity
+
+
 class NoMatchingOffers(GpugeekError):
     """No offer in the catalog meets the filters; ``suggestions`` names the nearest ones."""
 

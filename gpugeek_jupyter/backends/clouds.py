@@ -14,6 +14,7 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.remote import CloudHead, Guarded, LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..config import home
+from ..errors import LaunchRefused
 from ..remote import ssh, tunnel
 from . import hosts, launcher
 from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
@@ -67,7 +68,13 @@ class LauncherBackend(Backend):
         log = self._log(record)
         guard = launcher.guard_order(record, spec)
         launcher.write_node_files(record.name, guard)
-        launcher.ray_cli("up", "-y", str(path), log=log)
+        try:
+            launcher.ray_cli("up", "-y", str(path), log=log)
+        except LaunchRefused as refused:     # the cloud's own code and words, and what to do
+            what = self.cloud.refusals.get(refused.code, "see the log")
+            raise LaunchRefused(f"{self.name} refused to launch the cluster's machines: {refused.code} "
+                                f"({refused.said}) — {what}", refused.code, refused.said,
+                                no_capacity=refused.code in self.cloud.no_capacity) from None
         found = launcher.find_head(record.name, path, log)
         learn(spec, CloudHead(hosts=(f"{found.ssh_user}@{found.public_ip}",), head_ip=found.private_ip,
                               ssh_key=found.ssh_key, gcs_port=hosts.GCS_PORT, keeper_port=hosts.KEEPER_PORT,

@@ -18,6 +18,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ from ..clouds import CLOUDS, Cloud
 from ..cluster.remote import Remote
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
-from ..errors import GpugeekError
+from ..errors import GpugeekError, LaunchRefused
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
@@ -288,12 +289,35 @@ def ray_cli(*args: str, log: Path, timeout: float | None = None, env: dict | Non
 def _run(cmd: list[str], args, log: Path, timeout: float | None = None, env: dict | None = None) -> str:
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(log, "ab") as out:
+        began = out.tell()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=out, timeout=timeout,
                               env={**os.environ, **env} if env else None)
         out.write(done.stdout)
     if done.returncode != 0:
-        raise GpugeekError(f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}) — see {log}")
+        failed = f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}) — see {log}"
+        with open(log, "rb") as f:
+            f.seek(began)
+            refused = refusal(f.read().decode(errors="replace"))
+        if refused is not None:
+            code, said = refused
+            raise LaunchRefused(f"{failed}: {code}", code, said)
+        raise GpugeekError(failed)
     return done.stdout.decode(errors="replace")
+
+
+# how Ray's launcher reports a cloud API's refusal: its own exception, or the SDK's error
+REFUSED = (re.compile(r"Node Launch Exception \((?P<code>[\w.]+)\): (?P<said>[^\n\x1b]+)"),
+           re.compile(r"An error occurred \((?P<code>[\w.]+)\) when calling the \w+ operation[^:]*: "
+                      r"(?P<said>[^\n\x1b]+)"))
+
+
+def refusal(text: str) -> tuple[str, str] | None:
+    """The cloud's last refusal in a Ray CLI's output: its error code and its words."""
+    for pattern in REFUSED:
+        found = list(pattern.finditer(text))
+        if found:
+            return found[-1]["code"], found[-1]["said"].strip().rstrip(".") + "."
+    return None
 
 
 def kubectl_available() -> bool:

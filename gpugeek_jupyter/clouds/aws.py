@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
+from types import MappingProxyType
 
 from . import base
 
@@ -22,6 +23,21 @@ class Aws(base.Cloud):
                     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI"),
                    ("~/.aws/credentials", "~/.aws/config"))
     no_credentials = "no AWS credentials found (AWS_* variables, ~/.aws) — run `aws configure` or set AWS_PROFILE"
+    no_capacity = ("InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity")
+    # EC2's error codes (docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html): what to do
+    refusals = MappingProxyType({
+        "InsufficientInstanceCapacity": "AWS has none of that type free there now",
+        "SpotMaxPriceTooLow": "the spot price there is above the most this launch would pay — "
+                              "use --pricing on-demand, or --spot-fallback",
+        "VcpuLimitExceeded": "your account's vCPU quota for that instance family is too low — ask AWS to raise it "
+                             "(Service Quotas → Amazon EC2), or pick an offer with fewer vCPUs",
+        "InvalidAMIID.NotFound": "the machine image Ray's launcher chose does not exist in that region — "
+                                 "pick an offer in another region",
+        "UnauthorizedOperation": "your AWS credentials may not launch instances — give them EC2 launch rights "
+                                 "(ec2:RunInstances, ec2:CreateTags, iam:PassRole), or use a profile that has them "
+                                 "(AWS_PROFILE)",
+        "AuthFailure": "AWS did not accept your credentials — check them with `aws sts get-caller-identity`",
+    })
 
     def provider_section(self, node_type, cluster_name):
         out = {"type": "aws", "region": node_type.region, "cache_stopped_nodes": False}

@@ -13,7 +13,9 @@ import importlib.util
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from ..errors import GpugeekError
 
@@ -22,8 +24,8 @@ METADATA_TIMEOUT_S = 0.5
 
 class Cloud:
     """One provider. ``name`` is the catalog's and Ray's provider type; ``head_instance`` a small
-    CPU machine (the head runs Ray's control plane, not training; the catalog holds GPU offers only,
-    so it is not priced); ``self_stop`` the shell command with which a head ends itself, as the
+    CPU machine (the head runs Ray's control plane, not training; priced where ``catalog/heads.py``
+    holds it); ``self_stop`` the shell command with which a head ends itself, as the
     provider documents it."""
 
     name: str
@@ -33,6 +35,8 @@ class Cloud:
     sdk: tuple[str, str]          # the module ``ray up`` needs for this provider, and its pip names
     credentials: tuple[tuple[str, ...], tuple[str, ...]]   # the variables and files its chain reads
     no_credentials: str           # what to do when none are found
+    refusals: Mapping[str, str] = MappingProxyType({})   # its API's error code → what to do, when it refuses a launch
+    no_capacity: tuple[str, ...] = ()   # the codes that mean "none free there now": another zone or offer
 
     def provider_section(self, node_type, cluster_name: str) -> dict:
         """The YAML's ``provider`` section, placed where the first node type's offer is."""

@@ -193,3 +193,18 @@ def _price(row: pd.Series, pricing: str) -> float | None:
 
 def _num(value) -> float | None:
     return None if pd.isna(value) else float(value)
+
+
+def another_offer(spec: ClusterSpec) -> str | None:
+    """The cheapest offer like ``spec``'s (the same provider, GPU, count and pricing) in another
+    region: where to try when the cloud has none free where it was asked (a catalog's AWS zones
+    are zone ids, which name no zone of the user's account, so another zone is no other place)."""
+    node = spec.workers
+    if node is None:
+        return None
+    try:
+        offers = find_offers(gpu=node.gpu, count=node.gpu_count, provider=node.provider, pricing=node.pricing)
+    except GpugeekError:
+        return None
+    others = offers[offers["region"] != node.region]
+    return None if others.empty else str(others.iloc[0]["id"])

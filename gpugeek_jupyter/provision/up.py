@@ -16,7 +16,7 @@ from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.remote import StorageNeeds, learn
 from ..cluster.spec import ClusterSpec
-from ..errors import GpugeekError
+from ..errors import GpugeekError, LaunchRefused
 from ..guard.lifecycle import start_watchdog, sync_ledger
 from ..kernel import environment
 from ..kernel.environment import read_env_file, storage_packages, storage_url
@@ -25,6 +25,7 @@ from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..vocab import Pricing
 from .actions import Cluster, stop
+from .nodetypes import another_offer
 from .request import UpRequest, spec_of
 
 
@@ -133,7 +134,9 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
     except BaseException as exc:
         _abandon(record, exc)
         if isinstance(exc, GpugeekError):      # the stop worked: say so, or the user checks by hand
-            raise GpugeekError(f"{exc} — what had started was stopped, nothing of {record.name!r} runs") from exc
+            elsewhere = another_offer(spec) if isinstance(exc, LaunchRefused) and exc.no_capacity else None
+            hint = f"; the next offer to try: --offer {elsewhere}" if elsewhere else ""
+            raise GpugeekError(f"{exc}{hint} — what had started was stopped, nothing of {record.name!r} runs") from exc
         raise
     registry.update(record.id, ready=time.time())
 

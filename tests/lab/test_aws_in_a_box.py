@@ -91,3 +91,37 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
           f"${ledger:.5f}, EC2's lifetimes × price ${billed:.5f}")
     assert 0 < ledger <= billed + slack, (ledger, billed, said[-2000:])
     box.ec2().terminate_instances(InstanceIds=[decoy["InstanceId"]])
+
+
+@pytest.mark.parametrize("code, pricing, says", [
+    ("InsufficientInstanceCapacity", "on-demand", "the next offer to try: --offer aws/g4dn.xlarge/"),
+    ("VcpuLimitExceeded", "on-demand", "ask AWS to raise it (Service Quotas → Amazon EC2)"),
+    ("InvalidAMIID.NotFound", "on-demand", "pick an offer in another region"),
+    ("UnauthorizedOperation", "on-demand", "give them EC2 launch rights"),
+])
+def test_what_a_real_account_refuses_is_one_line_and_leaves_nothing_billing(
+        box, gpugeek_home, monkeypatch, tmp_path, code, pricing, says):
+    """EC2's refusal of the launch (given by the box as EC2 words it), once for each: one line
+    with EC2's code and words and what to do, and no instance of the cluster left running. These
+    refuse ``ray up``'s own launch, the head's; a refusal of the workers the head's autoscaler
+    launches (a spot price too low among them: the head is on demand) reaches no one yet."""
+    for key, value in box.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
+    name = f"refused-{code.split('.')[0].lower()}"
+    box.fault(code)          # every RunInstances, till cleared: Ray's launcher tries each subnet
+    try:
+        with pytest.raises(gg.GpugeekError) as failed:
+            gg.up(name, offer=OFFER, pricing=pricing, internal_ips=True, yes=True)
+    finally:
+        box.clear_faults()
+    said = str(failed.value)
+    assert "\n" not in said and "Traceback" not in said, said
+    assert said.startswith(f"aws refused to launch the cluster's machines: {code} ("), said
+    assert says in said and said.endswith(f"nothing of {name!r} runs"), said
+    assert any(g["code"] == code for g in box.faults_given())
+    running = box.instances(**{"tag:ray-cluster-name": name, "instance-state-name": "running"})
+    assert not running, [i["InstanceId"] for i in running]
+    assert registry.live(name) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from cloudbox.fabric import wait_for
@@ -29,6 +30,17 @@ pytestmark = pytest.mark.slow
 OFFER = "aws/g4dn.xlarge/us-east-1/use1-az1"
 
 
+@pytest.fixture
+def ray_keys():
+    """The key pairs Ray's launcher saves in ~/.ssh for a box's account are removed after the test:
+    the box, and its account, go with the session. (HOME stays: Ray's token lives under it.)"""
+    ssh = Path("~/.ssh").expanduser()
+    before = set(ssh.glob("ray-autoscaler*.pem"))
+    yield
+    for made in set(ssh.glob("ray-autoscaler*.pem")) - before:
+        made.unlink()
+
+
 def _ended(instance: dict) -> float:
     """When EC2 says the instance ended (``StateTransitionReason``: "User initiated (… UTC)")."""
     when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\)", instance["StateTransitionReason"])[1]
@@ -36,10 +48,9 @@ def _ended(instance: dict) -> float:
 
 
 def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_ends_them_alone(
-        box, gpugeek_home, monkeypatch, tmp_path, capsys):
+        box, gpugeek_home, monkeypatch, ray_keys, capsys):
     for key, value in box.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("HOME", str(tmp_path))      # Ray's launcher keeps the key pair it makes in ~/.ssh
     gpugeek_home.mkdir(parents=True, exist_ok=True)
     (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
     ec2 = box.ec2()
@@ -100,14 +111,13 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
     ("UnauthorizedOperation", "on-demand", "give them EC2 launch rights"),
 ])
 def test_what_a_real_account_refuses_is_one_line_and_leaves_nothing_billing(
-        box, gpugeek_home, monkeypatch, tmp_path, code, pricing, says):
+        box, gpugeek_home, monkeypatch, ray_keys, code, pricing, says):
     """EC2's refusal of the launch (given by the box as EC2 words it), once for each: one line
     with EC2's code and words and what to do, and no instance of the cluster left running. These
     refuse ``ray up``'s own launch, the head's; a refusal of the workers the head's autoscaler
     launches (a spot price too low among them: the head is on demand) reaches no one yet."""
     for key, value in box.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("HOME", str(tmp_path))
     gpugeek_home.mkdir(parents=True, exist_ok=True)
     (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
     name = f"refused-{code.split('.')[0].lower()}"

@@ -173,7 +173,10 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         status = gg.status()
         workers = spec.node_types[0]
         assert len(status.nodes) == 3
-        assert status.usd_per_hour == pytest.approx(2 * workers.usd_per_hour), "node types not priced"
+        # the workers at the offer's rate, and the head (a CPU machine) at the catalog's own
+        assert spec.head_price.offer_id and spec.head_price.usd_per_hour > 0, spec.head_price
+        assert status.usd_per_hour == pytest.approx(2 * workers.usd_per_hour + spec.head_price.usd_per_hour), \
+            "node types not priced"
 
         # a restarted kernel finds the cluster by name, through the same tunnel (tunnel.ensure)
         again = new_kernel("import gpugeek_jupyter as gg\n"

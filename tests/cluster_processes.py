@@ -26,14 +26,14 @@ def settings(home, **cluster) -> None:
     (home / "config.toml").write_text(f"[cluster]\n{body}")
 
 
-def wait_until(predicate, timeout: float, what: str):
-    """``predicate()``'s first truthy value, polled for up to ``timeout`` seconds."""
+def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
+    """``predicate()``'s first truthy value, polled every ``every`` s for up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

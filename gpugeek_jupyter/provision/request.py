@@ -91,8 +91,8 @@ def backend_name(backend: str | None, address: str | None, offer: str | None = N
         if backend is not None and backend != DEFAULT and (backend not in BACKENDS or backend in launching):
             raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
         return ATTACH
-    if backend is None and isinstance(offer, str) and (cloud := renting.renting(offer.split("/", 1)[0])) is not None:
-        backend = cloud         # the offers' up_with: the backend that rents it
+    if backend is None and isinstance(offer, str):
+        backend = renting.renting(offer.split("/", 1)[0])    # the offers' up_with: the backend that rents it
     backend = backend or DEFAULT
     if backend not in launching:
         if backend in providers():           # RunPod, Lambda, …: a catalog's provider no backend rents

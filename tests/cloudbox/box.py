@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import netlab
+from cluster_processes import wait_until
 
-from .fabric import Fabric, wait_for
+from .fabric import Fabric
 
 VPC = ipaddress.ip_network("172.31.0.0/16")    # moto's default VPC, in every region
 PORT = 80
@@ -94,7 +95,7 @@ class Box:
         return [i for r in found for i in r["Instances"]]
 
     def host_of(self, instance_id: str) -> netlab.Host:
-        return wait_for(lambda: (m := self.fabric.machines.get(instance_id)) and m.host, 30,
+        return wait_until(lambda: (m := self.fabric.machines.get(instance_id)) and m.host, 30,
                         f"a host behind {instance_id}")
 
     # -- life -------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,12 +208,3 @@ def _free_uid() -> int:
     taken = {int(line.split(":")[2]) for line in Path("/etc/passwd").read_text().splitlines() if line.count(":") >= 2}
     return next(uid for uid in range(1000, 60000) if uid not in taken)
 
-
-def wait_for(check, timeout: float, what: str, every: float = 0.2):
-    """``check()``'s first true answer within ``timeout`` seconds, or one line saying what never came."""
-    deadline = time.monotonic() + timeout
-    while not (answer := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(every)
-    return answer

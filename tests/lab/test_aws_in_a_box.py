@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from cloudbox.fabric import wait_for
+from cluster_processes import wait_until
 from models import DDP_ACROSS_HOSTS
 from netlab import described
 
@@ -63,10 +63,10 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
         took_up = time.monotonic() - began
         record = registry.live("inbox")
         ours = {"tag:ray-cluster-name": "inbox"}
-        workers = wait_for(lambda: len(w := box.instances(**ours, **{"tag:ray-node-type": "worker",
+        workers = wait_until(lambda: len(w := box.instances(**ours, **{"tag:ray-node-type": "worker",
                                                                        "instance-state-name": "running"})) == 2
                            and w, 120, "the head's autoscaler launching two workers")
-        wait_for(lambda: len(gg.status().nodes) == 3, 240, "both workers joined the head's Ray", every=2)
+        wait_until(lambda: len(gg.status().nodes) == 3, 240, "both workers joined the head's Ray", every=2)
         joined = time.monotonic() - began
         equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
         first_cell = time.monotonic() - began
@@ -85,7 +85,7 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
         [(i["InstanceId"], i["State"]["Name"]) for i in mine]
     [still] = box.instances(**{"instance-id": decoy["InstanceId"]})
     assert still["State"]["Name"] == "running", "down touched an instance that is not the cluster's"
-    wait_for(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, 20, "the cluster's hosts gone")
+    wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, 20, "the cluster's hosts gone")
     left = box.host_of(decoy["InstanceId"]).strays()
     assert not left, f"processes on the decoy's host: {described(left)}"
 

@@ -18,7 +18,7 @@ import cloudbox
 import pytest
 from cloudbox import box as boxes
 from cloudbox.cloud import FAULTS
-from cloudbox.fabric import wait_for
+from cluster_processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +85,8 @@ def test_an_instance_launched_by_hand_is_a_machine_that_ends_itself(box, pem):
     route = subprocess.run(["ip", "route", "get", "172.31.250.250"], capture_output=True, text=True).stdout
     assert f"dev {box.lab.bridge}" in route, route
     _ssh(pem, host, "sudo shutdown -h now")
-    wait_for(lambda: _state(box, iid) == "terminated", 20, "the instance ended by its own shutdown")
-    wait_for(lambda: host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+    wait_until(lambda: _state(box, iid) == "terminated", 20, "the instance ended by its own shutdown")
+    wait_until(lambda: host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                       text=True).stdout, 20, "its host gone")
 
 
@@ -96,12 +96,13 @@ def test_a_stopped_instance_keeps_its_disk_and_takes_logins_again_when_started(b
     host = box.host_of(iid)
     assert _ssh(pem, host, "echo kept > ~/mark").returncode == 0
     _ssh(pem, host, "sudo poweroff")
-    wait_for(lambda: _state(box, iid) == "stopped", 20, "the instance stopped by its own poweroff")
-    wait_for(lambda: not host.pids(), 20, "its host's processes ended")
+    wait_until(lambda: _state(box, iid) == "stopped", 20, "the instance stopped by its own poweroff")
+    wait_until(lambda: not host.pids(), 20, "its host's processes ended")
     box.ec2().start_instances(InstanceIds=[iid])
-    wait_for(lambda: _ssh(pem, host, "cat ~/mark", timeout=15).stdout.strip() == "kept", 30, "a login after the start")
+    wait_until(lambda: _ssh(pem, host, "cat ~/mark", timeout=15).stdout.strip() == "kept", 30,
+               "a login after the start")
     box.ec2().terminate_instances(InstanceIds=[iid])
-    wait_for(lambda: iid not in box.fabric.machines, 20, "its host gone with the instance")
+    wait_until(lambda: iid not in box.fabric.machines, 20, "its host gone with the instance")
 
 
 def test_a_spot_notice_shows_in_the_instances_metadata_before_it_goes(box, pem):
@@ -112,8 +113,8 @@ def test_a_spot_notice_shows_in_the_instances_metadata_before_it_goes(box, pem):
     path = "/latest/meta-data/spot/instance-action"
     answer = json.loads(_ssh(pem, host, f"python3 -c {subprocess.list2cmdline([IMDS])} {path}").stdout)
     assert json.loads(answer[path]) == notice and notice["action"] == "terminate", answer
-    wait_for(lambda: _state(box, iid) == "terminated", 20, "the spot instance taken after its notice")
-    wait_for(lambda: iid not in box.fabric.machines, 20, "its host gone")
+    wait_until(lambda: _state(box, iid) == "terminated", 20, "the spot instance taken after its notice")
+    wait_until(lambda: iid not in box.fabric.machines, 20, "its host gone")
 
 
 @pytest.mark.parametrize("code", sorted(FAULTS))

@@ -129,6 +129,13 @@ test-browser: $(VENV)/.installed-test chromium
 cloudbox: $(VENV)/.installed-test sshd lab-files
 	PYTHONPATH=tests $(PY) -m cloudbox
 
+# AWS in a box, the long scenarios (tests/cloudbox; `make test` runs the AWS path end to end and its
+# refusals): the laptop gone from an AWS cluster with a budget, the head ending every instance at the
+# cap (tests/lab/test_aws_laptop_gone.py, about four minutes).
+.PHONY: cloud-lab
+cloud-lab: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_CLOUD_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_aws_laptop_gone.py
+
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
 # `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the
 # link cut; the head stops at the cap, and every reader shows the head's dollars afterwards.

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from . import base
 
 IMDS = "http://169.254.169.254"
+# Ray's tags on every instance its launcher makes (ray.autoscaler.tags)
+CLUSTER_TAG, NODE_TYPE_TAG, NODE_KIND_TAG = "ray-cluster-name", "ray-user-node-type", "ray-node-kind"
+# EC2 bills an instance until it begins shutting down or stopping; describe_instances then says when,
+# in StateTransitionReason: "User initiated (2026-12-02 19:55:21 GMT)"
+NOT_BILLED = ("shutting-down", "terminated", "stopping", "stopped")
+_WHEN = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
 
 
 class Aws(base.Cloud):
@@ -24,6 +30,8 @@ class Aws(base.Cloud):
                    ("~/.aws/credentials", "~/.aws/config"))
     no_credentials = "no AWS credentials found (AWS_* variables, ~/.aws) — run `aws configure` or set AWS_PROFILE"
     no_capacity = ("InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity")
+    lists_instances = True
+    billing_minimum_s = 60.0     # per-second billing, a minute at least (Linux on-demand and spot)
     # EC2's error codes (docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html): what to do
     refusals = MappingProxyType({
         "InsufficientInstanceCapacity": "AWS has none of that type free there now",
@@ -55,6 +63,28 @@ class Aws(base.Cloud):
     def head_config(self, config):
         return {**config, "InstanceInitiatedShutdownBehavior": "terminate"}    # for self_stop
 
+    def instances(self, cluster_name, region, since=0.0):
+        """``describe_instances`` by Ray's cluster tag (EC2 lists an ended instance for about an
+        hour after)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = _client(region)
+        try:
+            pages = client.get_paginator("describe_instances").paginate(
+                Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster_name]}])
+            found = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+        except (BotoCoreError, ClientError) as exc:
+            raise base.CloudUnanswered(f"EC2 did not list the cluster's instances: {exc}") from None
+        return [instance for instance in map(_instance, found) if instance.launched >= since]
+
+    def terminate(self, instance_ids, region):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            _client(region).terminate_instances(InstanceIds=list(instance_ids))
+        except (BotoCoreError, ClientError) as exc:
+            raise base.CloudUnanswered(f"EC2 did not terminate {', '.join(instance_ids)}: {exc}") from None
+
     def read_notice(self, node_id=""):
         """``spot/instance-action`` answers 404 until there is a notice, then {"action":
         "terminate"|"stop", "time": "2026-11-23T08:22:00Z"} (IMDSv2: a session token first)."""
@@ -64,6 +94,27 @@ class Aws(base.Cloud):
         if not action:
             return None
         return datetime.fromisoformat(json.loads(action)["time"].replace("Z", "+00:00")).timestamp()
+
+
+def _client(region: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("ec2", region_name=region, config=Config(
+        connect_timeout=base.API_TIMEOUT_S, read_timeout=base.API_TIMEOUT_S, retries={"max_attempts": 2}))
+
+
+def _instance(described: dict) -> base.Instance:
+    tags = {t["Key"]: t["Value"] for t in described.get("Tags", [])}
+    state = described["State"]["Name"]
+    when = _WHEN.search(described.get("StateTransitionReason") or "")
+    ended = datetime.fromisoformat(when.group(1)).replace(tzinfo=UTC).timestamp() \
+        if when and state in NOT_BILLED else None
+    return base.Instance(id=described["InstanceId"], node_type=tags.get(NODE_TYPE_TAG, ""),
+                         launched=described["LaunchTime"].timestamp(), ended=ended, state=state,
+                         address=described.get("PrivateIpAddress", ""),
+                         spot=described.get("InstanceLifecycle") == "spot", gone=state in NOT_BILLED,
+                         head=tags.get(NODE_KIND_TAG) == "head")
 
 
 AWS = Aws()

@@ -4,7 +4,8 @@ hears it is being taken, and how a head there ends itself. One object a provider
 
 Runs on: the laptop (the launcher's YAML, the credentials), the workers (preemption notices),
 a cloud head (its self-stop). The standard library alone (and ``errors``): every one of those
-has it.
+has it. A provider's SDK is imported only to list what it bills (``instances``), where the cluster
+is rented from: the laptop, a cloud head.
 """
 
 from __future__ import annotations
@@ -14,12 +15,34 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from ..errors import GpugeekError
 
 METADATA_TIMEOUT_S = 0.5
+API_TIMEOUT_S = 5.0        # one call to a provider's API from a watchdog's look: a look is seconds
+
+
+class CloudUnanswered(GpugeekError):
+    """The provider's API did not answer (or refused to): what it bills stays as last known."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One machine of a cluster as its provider bills it: from ``launched`` until ``ended``
+    (None while it bills, or when the provider does not say when it ended: then ``gone``)."""
+
+    id: str
+    node_type: str        # the launcher's node type: ``head``, or a worker type's name
+    launched: float       # seconds since the epoch, as the provider recorded
+    ended: float | None
+    state: str            # the provider's own word (EC2: pending, running, shutting-down, terminated, …)
+    address: str          # the private address
+    spot: bool
+    gone: bool            # no longer billed (ended, stopped or terminated)
+    head: bool = False    # the cluster's head (Ray's node kind tag)
 
 
 class Cloud:
@@ -37,6 +60,8 @@ class Cloud:
     no_credentials: str           # what to do when none are found
     refusals: Mapping[str, str] = MappingProxyType({})   # its API's error code → what to do, when it refuses a launch
     no_capacity: tuple[str, ...] = ()   # the codes that mean "none free there now": another zone or offer
+    billing_minimum_s: float = 0.0      # an instance is billed at least this long once launched
+    lists_instances = False             # ``instances`` and ``terminate`` speak its API (else: Ray's node table)
 
     def provider_section(self, node_type, cluster_name: str) -> dict:
         """The YAML's ``provider`` section, placed where the first node type's offer is."""
@@ -55,6 +80,17 @@ class Cloud:
 
     def read_notice(self, node_id: str = "") -> float | None:
         """On a spot node: when it goes (a Unix time), once the provider has said so; else None."""
+        raise NotImplementedError
+
+    def instances(self, cluster_name: str, region: str, since: float = 0.0) -> list[Instance]:
+        """The instances of the cluster Ray's launcher named ``cluster_name`` (found by its tags),
+        launched at or after ``since``: the provider's own record of what it bills. Raises
+        ``CloudUnanswered``."""
+        raise NotImplementedError
+
+    def terminate(self, instance_ids: list[str], region: str) -> None:
+        """End these instances through the provider's API (billing stops as they shut down).
+        Raises ``CloudUnanswered``."""
         raise NotImplementedError
 
     def check_credentials(self) -> None:

@@ -3,13 +3,15 @@ closed, asleep or cut off.
 
 ``up`` starts it on the head, right after Ray (``onhost.py guard``: the part of this package that
 ``remote/headguard.py`` names, unpacked beside the cluster's token and run by the head's Python,
-which has Ray). It keeps a ledger of its own on the head, metered from Ray's node table there,
-and runs the laptop watchdog's ``Watch`` with three differences:
+which has Ray). It keeps a ledger of its own on the head, metered from Ray's node table there
+(a cloud's: from its provider's list of instances), and runs the laptop watchdog's ``Watch`` with
+three differences:
 
 - the stop goes through Ray: a task on every other node starts the stop of our processes there
   (``onhost.py stop``, by the cluster's marker, in a session of its own so that it outlives the
   raylet it ends); once those nodes have left Ray's table the ledger is closed, and the head
-  stops itself the same way;
+  stops itself the same way. On a cloud, the autoscaler is ended and the other instances are
+  terminated through the provider's API; then the head ends itself as its cloud documents;
 - idleness: the laptop's watchdog writes its verdict (a notebook's cells, a job's device
   readings) into the cluster's KV store at every look; while that report is fresh it is the
   verdict here, and once it stops coming the head judges by Ray's own idle clock;
@@ -35,12 +37,13 @@ from ..backends.launcher import BOOTSTRAP
 from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
+from ..cluster.spec import ClusterSpec
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
 from .keeping import Keeper
-from .lifecycle import LET_GO_S
+from .lifecycle import LET_GO_S, instances_of
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed
@@ -150,14 +153,25 @@ class HeadWatch(Watch):
             time.sleep(LET_GO_S)    # a laptop still watching hears of the stop first, as its kernels do
 
     def _stop_cloud_workers(self, record, grace: float) -> None:
-        """A cloud's workers are instances: Ray's autoscaler terminates them (``ray down
-        --workers-only`` on the config ``ray up`` left on the head, with the head's own role)."""
+        """A cloud's workers are instances: Ray's autoscaler here is ended first (it would launch
+        them again to its minimum: seen), then every instance of the cluster but this head is
+        terminated through the provider's API, with the head's own role; a provider whose API is
+        not spoken here, through Ray's launcher (``ray down --workers-only``). The head ends itself
+        after (``end_cloud_head``)."""
         self._say_stopping()
-        done = subprocess.run([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "down",
-                               "--workers-only", "-y", os.path.expanduser(BOOTSTRAP)],
-                              capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"ray down --workers-only failed: {done.stderr.strip()[-300:]}")
+        spec = ClusterSpec.from_json(record.spec)
+        cloud = CLOUDS[spec.backend]
+        if not cloud.lists_instances:     # its API not spoken here: Ray's launcher, with the head's role
+            done = subprocess.run([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "down",
+                                   "--workers-only", "-y", os.path.expanduser(BOOTSTRAP)],
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"ray down --workers-only failed: {done.stderr.strip()[-300:]}")
+            return
+        end_autoscaler(self.order["marker"])
+        workers = [i.id for i in instances_of(record) if not i.gone and not i.head]
+        if workers:
+            cloud.terminate(workers, spec.node_types[0].region)
 
     def _rehearse(self, record, nodes) -> None:
         """Time a stop's Ray part (a driver, a task on every other node) once the nodes are there,

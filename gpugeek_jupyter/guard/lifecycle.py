@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.interface import BACKENDS, capable
+from ..clouds import CLOUDS
+from ..clouds.base import CloudUnanswered
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home, settings
 from ..errors import GpugeekError
 from ..meter import ledger
+from ..meter.instances import all_ended, sync_instances
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard, tunnel
 from ..units import clock, duration
@@ -42,6 +45,9 @@ WATCHDOG_GRACE_S = 2.0
 # drain's 3 s; then it shuts its Ray connection, which takes a second or two): a Ray driver whose
 # cluster dies under it can be ended by Ray itself, and a notebook's kernel with it
 LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 5.0
+# a provider's clock against ours: an instance launched this long before `up` recorded the cluster
+# is still its own (an earlier cluster of the name lived longer than that)
+CLOCK_SLACK_S = 30.0
 
 
 def phase_of(record: ClusterRecord) -> ClusterPhase:
@@ -213,12 +219,18 @@ def start_watchdog(record: ClusterRecord) -> None:
 
 
 def sync_ledger(record: ClusterRecord) -> None:
-    """Pull Ray's node table into the ledger (cheap; the kernel and the watchdog both do it).
-    A cluster that does not answer is left as the ledger has it — unless its head keeps a ledger
-    of its own (``headguard``) and answers over SSH: then that one is copied, with a stop the
-    head made while this machine was away."""
+    """Pull what the cluster's machines cost into the ledger (cheap; the kernel and the watchdog
+    both do it). A cluster that does not answer is left as the ledger has it — unless its head
+    keeps a ledger of its own (``headguard``) and answers over SSH: then that one is copied, with
+    a stop the head made while this machine was away. A rented cluster is metered from its
+    provider's list of instances whether its head answers or not."""
     if not record.address or record.stopped or record.address.startswith("ray://"):
         return      # a cluster we reach only as a Ray Client (someone else's): its GCS is not ours to read
+    rented = meter_instances(record)
+    gone = machines_gone(record) if rented else None
+    if gone and not registry.get(record.id).stopping:
+        shutdown(record, gone, sync=False)
+        return
     try:
         if capable(record).tunnelled and not tunnel.forwards(record.address):
             raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
@@ -227,7 +239,44 @@ def sync_ledger(record: ClusterRecord) -> None:
         if headguard.guarded(record):
             headguard.pull(record)
         return
-    ledger.sync_nodes(record.id, nodes, ClusterSpec.from_json(record.spec).prices())
+    if rented is None:
+        ledger.sync_nodes(record.id, nodes, ClusterSpec.from_json(record.spec).prices())
+
+
+def meter_instances(record: ClusterRecord, reason: str | None = None) -> bool | None:
+    """A rented cluster's instances into the ledger, as its provider lists them (``meter/instances.py``:
+    billed from launch, boot and set-up included, not from when Ray saw the node). Returns None
+    for a cluster that is not rented (Ray's node table is its record), False when the provider
+    did not answer (its open rows keep counting), True once metered."""
+    spec = ClusterSpec.from_json(record.spec)
+    cloud = CLOUDS.get(spec.backend)
+    if cloud is None or not cloud.lists_instances or not spec.node_types:
+        return None
+    try:
+        found = instances_of(record)
+    except CloudUnanswered:
+        return False
+    sync_instances(record.id, found, spec.prices(), {t.name: float(t.gpu_count) for t in spec.node_types},
+                   time.time(), cloud.billing_minimum_s, reason)
+    return True
+
+
+def instances_of(record: ClusterRecord) -> list:
+    """A rented cluster's instances (``Cloud.instances``: by Ray's tag, launched since ``up``
+    recorded it). Raises ``CloudUnanswered``."""
+    spec = ClusterSpec.from_json(record.spec)
+    return CLOUDS[spec.backend].instances(record.name, spec.node_types[0].region,
+                                          since=record.created - CLOCK_SLACK_S)
+
+
+def machines_gone(record: ClusterRecord) -> str | None:
+    """Why a rented cluster is over, when every instance it had has ended with no stop of ours:
+    its head's watchdog stopped it while this machine was away (and ended itself, its ledger with
+    it), or someone did in the provider's console. The stop that follows ends what runs here."""
+    cloud = CLOUDS.get(ClusterSpec.from_json(record.spec).backend)
+    if cloud is None or not cloud.lists_instances or not all_ended(record.id):
+        return None
+    return f"every instance has ended, as {cloud.name} lists them (stopped from its head or by hand)"
 
 
 def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False, sync: bool = True,
@@ -259,6 +308,7 @@ def shutdown(record: ClusterRecord, reason: str, *, from_watchdog: bool = False,
         ledger.event(record.id, "stop-failed", f"stopping failed ({exc}) — the cluster may still be running")
         raise
     at = time.time()
+    meter_instances(record, reason)   # a rented cluster's instances end where its provider says billing did
     ledger.end_all_nodes(record.id, at, reason)
     registry.mark_stopped(record.id, reason, at)
     ledger.event(record.id, "down", reason, at=at, options={"reason": reason, "grace_s": grace})

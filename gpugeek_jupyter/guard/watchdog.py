@@ -41,7 +41,7 @@ from ..remote import headguard, tunnel
 from ..units import clock
 from . import health
 from .clusterjobs import ClusterJobs
-from .lifecycle import shutdown
+from .lifecycle import machines_gone, meter_instances, shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
 UNREACHABLE = "unreachable"   # why a watchdog ended with its (remote) cluster still live
@@ -86,8 +86,12 @@ class Watch:
         nodes = self._read(record)
         if isinstance(nodes, str):
             return nodes
-        if nodes is not None:
+        rented = meter_instances(record)         # a rented cluster: its provider's record
+        if rented is None and nodes is not None:
             ledger.sync_nodes(self.cluster_id, nodes, ClusterSpec.from_json(record.spec).prices())
+        elif rented and (gone := machines_gone(record)):
+            shutdown(record, gone, from_watchdog=True, sync=False, stop=self.stop)   # (or another stop did)
+            return "ended"
         now = time.time()
         on_head = nodes is not None and self._head_guards(record, now)
         if nodes is not None:

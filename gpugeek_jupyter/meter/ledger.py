@@ -1,7 +1,9 @@
 """The ledger: node lifetimes and jobs, each with its price, and the sums every $ shown comes from.
 
 A node row is written when Ray first reports the node (start time from Ray) and closed once:
-by Ray's own end time, by a preemption, or when we stop the cluster. Its price is fixed when it
+by Ray's own end time, by a preemption, or when we stop the cluster. A rented cluster's rows are
+its instances instead, from launch to the end of billing as its provider records them
+(``instances.py``). Its price is fixed when it
 is written — the offer's $/h under the pricing model the node was bought with — so a later
 catalog change never rewrites what a past run cost. Cost = Σ $/h × hours alive.
 """

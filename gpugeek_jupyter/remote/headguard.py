@@ -34,7 +34,7 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # watchdog from the archive alone.
 HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py",
                 "ports.py", "versions.py",
-                "meter/__init__.py", "meter/activity.py", "meter/ledger.py",
+                "meter/__init__.py", "meter/activity.py", "meter/ledger.py", "meter/instances.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py",
                 "cluster/", "remote/", "backends/", "clouds/", "onhost/__init__.py", "onhost/script.py")

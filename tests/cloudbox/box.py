@@ -15,12 +15,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import netlab
@@ -45,6 +47,7 @@ class Box:
     cloud: subprocess.Popen | None = None
     fabric: Fabric | None = None
     routed: bool = False
+    cut: list[str] = field(default_factory=list)   # instances' addresses this machine is cut off from
 
     @property
     def endpoint(self) -> str:
@@ -98,11 +101,34 @@ class Box:
         return wait_until(lambda: (m := self.fabric.machines.get(instance_id)) and m.host, 30,
                         f"a host behind {instance_id}")
 
+    def cut_laptop(self) -> list[str]:
+        """Take this machine off the instances' network, as a laptop's lid closing does: every
+        instance's host still reaches the others, EC2 and its metadata service, but what passes
+        between it and this machine is dropped, silently, both ways (blackhole routes). Returns
+        the addresses cut off."""
+        for machine in list(self.fabric.machines.values()):
+            if machine.host is None or machine.host.address in self.cut:
+                continue
+            _ip("route", "add", "blackhole", f"{machine.host.address}/32")
+            self.cut.append(machine.host.address)
+            machine.host.ns("ip", "route", "add", "blackhole", f"{self.lab.gateway}/32", check=False)
+        return list(self.cut)
+
+    def reconnect_laptop(self) -> None:
+        """Undo ``cut_laptop`` (a host whose instance ended went with its own routes)."""
+        for machine in list(self.fabric.machines.values()):
+            if machine.host is not None and machine.host.address in self.cut:
+                machine.host.ns("ip", "route", "del", "blackhole", f"{self.lab.gateway}/32", check=False)
+        for address in self.cut:
+            _ip("route", "del", "blackhole", f"{address}/32", check=False)
+        self.cut.clear()
+
     # -- life -------------------------------------------------------------------------------------
 
     def down(self) -> None:
         """Every host, the cloud's namespace, the routes and the lab's bridge: gone."""
         if self.fabric is not None:
+            self.reconnect_laptop()
             self.fabric.stop()
         if self.cloud is not None and self.cloud.poll() is None:
             self.cloud.kill()
@@ -120,8 +146,20 @@ class Box:
         if self.netns in _ip("netns", "list", check=False).stdout.split():
             left.append(f"namespace {self.netns}")
         routes = _ip("-4", "route", "show", "table", "all", check=False).stdout
-        left += [f"route {line}" for line in routes.splitlines() if line.split()[:1] == [str(VPC)]]
+        left += [f"route {line}" for line in routes.splitlines() if line.split()[:1] == [str(VPC)]
+                 or (line.split()[:1] == ["blackhole"] and ipaddress.ip_address(line.split()[1].split("/")[0]) in VPC)]
         return left
+
+
+def lifetime(instance: dict, now: float | None = None) -> float:
+    """How long EC2 billed the instance, from its own record: launch to the moment it ended
+    (``StateTransitionReason``: "User initiated (… UTC)"), or to ``now`` while it runs; a minute
+    at least, as EC2 bills."""
+    ended = now if now is not None else time.time()
+    if instance["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped"):
+        when = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\)", instance["StateTransitionReason"])[1]
+        ended = datetime.strptime(when, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    return max(60.0, ended - instance["LaunchTime"].timestamp())
 
 
 def overlaps(network: ipaddress.IPv4Network) -> list[str]:

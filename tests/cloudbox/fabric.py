@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -195,6 +196,10 @@ class Fabric:
         if host in self.lab.hosts:
             self.lab.hosts.remove(host)
             self.lab.save()
+        kept = os.environ.get("GPUGEEK_BOX_KEEP_DISKS")    # a folder: a terminated host's disk moves there
+        if kept:
+            Path(kept).mkdir(parents=True, exist_ok=True)
+            shutil.move(host.disk, Path(kept) / machine.instance_id)
         shutil.rmtree(host.disk, ignore_errors=True)
         self.machines.pop(machine.instance_id, None)
 

@@ -6,6 +6,7 @@ laptop serves on the lab's bridge."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import cloudbox
 import netlab
@@ -34,3 +35,20 @@ def box():
         left = made.leftovers()
         assert not left, f"the box left {', '.join(left)}"
         assert made.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def aws_account(box, gpugeek_home, monkeypatch):
+    """This machine as a laptop with an AWS account in the box: the SDK pointed at it, the hosts'
+    pip mirror in config.toml. The key pairs Ray's launcher saves in ~/.ssh for that account are
+    removed afterwards (HOME stays: Ray's token lives under it, and a test's own HOME would make
+    every later cluster of the session another token)."""
+    for key, value in box.env().items():
+        monkeypatch.setenv(key, value)
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
+    ssh = Path("~/.ssh").expanduser()
+    before = set(ssh.glob("ray-autoscaler*.pem"))
+    yield box
+    for made in set(ssh.glob("ray-autoscaler*.pem")) - before:
+        made.unlink()

@@ -7,7 +7,9 @@ its worker start commands on the workers over SSH, in the login shell and with t
 updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the head over SSH, and
 ``ray down`` ends every process of the cluster on the hosts (what terminating the instances does).
 The head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud
-API's part — and exits. Everything else is the production code: the generated YAML, its setup
+API's part — and exits. It is the cloud's list of instances too (``Cloud.instances``, by which a
+rented cluster is metered): each host an instance from its ``ray up`` to its ``ray down``; the
+head's own watchdog, on a lab host with no EC2 to ask, meters nothing. Everything else is the production code: the generated YAML, its setup
 command that makes each node's runtime (``runtime.py``, from the lab's wheel index), ``onhost.py``
 on the nodes, the tunnel, the line to the head's keeper, a cell through ``gg.run``, the stop by process.
 """
@@ -30,6 +32,7 @@ from netlab import described, left_on_hosts
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.backends import launcher
 from gpugeek_jupyter.clouds import AWS
+from gpugeek_jupyter.clouds.base import Instance
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.onhost import script as onhost
@@ -47,6 +50,17 @@ class LabCloud:
         for host in lab.hosts:      # a cloud image's login shell reads one
             host.file("/root/.bashrc").write_text("# the image's\n")
         self.ran: list[tuple[str, str]] = []
+        self.launched: dict[str, tuple[str, float]] = {}   # host name → (node type, launched at)
+        self.ended: dict[str, float] = {}
+
+    # -- the cloud's API: what it bills ----------------------------------------------------------------
+
+    def instances(self, cluster_name: str, region: str, since: float = 0.0) -> list[Instance]:
+        hosts = {h.name: h for h in self.lab.hosts}
+        return [Instance(id=f"lab-{name}", node_type=kind, launched=at, ended=self.ended.get(name),
+                         state="terminated" if name in self.ended else "running", address=hosts[name].address,
+                         spot=False, gone=name in self.ended, head=kind == "head")
+                for name, (kind, at) in self.launched.items() if at >= since]
 
     # -- the ray CLI, as launcher.ray_cli calls it ---------------------------------------------------
 
@@ -55,6 +69,7 @@ class LabCloud:
         config = launcher.validate(yaml.safe_load(path.read_text()))
         head, workers = self.lab.hosts[0], self.lab.hosts[1:]
         if command == "up":
+            self.launched[head.name] = ("head", time.time())
             for host in self.lab.hosts:
                 self._mount(host, config["file_mounts"])
             with ThreadPoolExecutor(len(self.lab.hosts)) as pool:     # Ray's updaters set up the nodes at once
@@ -66,6 +81,9 @@ class LabCloud:
                      if name != config["head_node_type"] for _ in range(t.get("min_workers", 0))]
             assert len(kinds) <= len(workers), "the lab has fewer hosts than the config's workers"
             [start] = config["worker_start_ray_commands"]
+
+            for i, kind in enumerate(kinds):
+                self.launched[workers[i].name] = (kind, time.time())
 
             def join(i: int) -> str:
                 env = {"RAY_HEAD_IP": head.address, **self._env(config, kinds[i], workers[i])}
@@ -89,6 +107,7 @@ class LabCloud:
 
             with ThreadPoolExecutor(len(self.lab.hosts)) as pool:
                 list(pool.map(end, self.lab.hosts))
+            self.ended.update({name: time.time() for name in self.launched})
             return ""
         raise AssertionError(f"ray {command} is not part of the cloud path")
 
@@ -145,6 +164,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
     monkeypatch.setattr(launcher, "ray_cli", cloud.ray_cli)
     monkeypatch.setattr(launcher, "ssh_login", cloud.ssh_login)
     monkeypatch.setattr(AWS, "check_credentials", lambda: None)
+    monkeypatch.setattr(AWS, "instances", cloud.instances)
     began = time.monotonic()
     try:
         gg.up("labcloud", backend="aws", gpu="A100", count=8, workers=2, yes=True)

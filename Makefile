@@ -134,7 +134,8 @@ cloudbox: $(VENV)/.installed-test sshd lab-files
 # cap (tests/lab/test_aws_laptop_gone.py, about four minutes).
 .PHONY: cloud-lab
 cloud-lab: $(VENV)/.installed-test sshd lab-files
-	GPUGEEK_CLOUD_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_aws_laptop_gone.py
+	GPUGEEK_CLOUD_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_aws_laptop_gone.py \
+	  tests/lab/test_aws_spot.py tests/lab/test_aws_in_a_box.py::test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
 # `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the

@@ -14,6 +14,7 @@ from ``$GPUGEEK_HOME/config.toml``::
     local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
     meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
     unreachable_after_min = 10.0               # a remote cluster not heard from this long: unreachable
+    ssh_wait_s = 240.0                         # a cloud's new machine that answers no SSH this long is given up
 
     [hosts]                                    # your own machines (up --backend ssh)
     pip_index_url = "https://pypi.example.com/simple"   # where they install their runtime from
@@ -31,6 +32,9 @@ from .errors import GpugeekError
 DEFAULT_RESERVED_DISCOUNT = 0.40
 DEFAULT_METER_INTERVAL_S = 2.0
 DEFAULT_UNREACHABLE_AFTER_MIN = 10.0
+# Ray's launcher waits 15 minutes for a new machine's SSH (AUTOSCALER_NODE_START_WAIT_S), billed all along;
+# a cloud GPU machine answers in one to three
+DEFAULT_SSH_WAIT_S = 240.0
 
 BUDGET_WARN_AT = 0.8          # a budget warning at 80 % of the cap (watchdog, gauges, figures)
 
@@ -56,6 +60,7 @@ class Settings:
     local_usd_per_hour: float = 0.0
     meter_interval_s: float = DEFAULT_METER_INTERVAL_S
     unreachable_after_s: float = DEFAULT_UNREACHABLE_AFTER_MIN * 60
+    ssh_wait_s: float = DEFAULT_SSH_WAIT_S
     spot_rates: tuple[tuple[str, float], ...] = ()     # "provider[/GPU]" → preemptions per node-hour
     pip_index_url: str | None = None
 
@@ -96,6 +101,9 @@ def settings() -> Settings:
     unreachable = cluster.get("unreachable_after_min", DEFAULT_UNREACHABLE_AFTER_MIN)
     if isinstance(unreachable, bool) or not isinstance(unreachable, (int, float)) or not 0.1 <= unreachable <= 1440:
         raise GpugeekError(f"{path}: cluster.unreachable_after_min must be between 0.1 and 1440 minutes")
+    ssh_wait = cluster.get("ssh_wait_s", DEFAULT_SSH_WAIT_S)
+    if isinstance(ssh_wait, bool) or not isinstance(ssh_wait, (int, float)) or not 10 <= ssh_wait <= 3600:
+        raise GpugeekError(f"{path}: cluster.ssh_wait_s must be between 10 and 3600 seconds")
     hosts = data.get("hosts", {})
     index_url = hosts.get("pip_index_url") if isinstance(hosts, dict) else None
     if not isinstance(hosts, dict) or not (index_url is None or (isinstance(index_url, str) and "://" in index_url)):
@@ -108,6 +116,7 @@ def settings() -> Settings:
         local_usd_per_hour=float(local),
         meter_interval_s=float(interval),
         unreachable_after_s=float(unreachable) * 60,
+        ssh_wait_s=float(ssh_wait),
     )
 
 

@@ -53,6 +53,9 @@ HEAD_ENV = {**NODE_ENV, "RAY_health_check_period_ms": str(int(HEALTH_CHECK_PERIO
 # setting allows, so every process must agree (set as env on our nodes only, the keeper's driver was
 # left out and did: seen). ``tests/test_ray_contract.py`` holds the names.
 LINK_CONFIG = {"grpc_client_keepalive_time_ms": 5000, "grpc_client_keepalive_timeout_ms": 20000}
+# How long Ray's launcher (``ray up``) and its autoscaler wait for a new machine to answer SSH before
+# they give it up: read from the environment at import (``tests/test_ray_contract.py`` holds the name)
+SSH_WAIT_ENV = "AUTOSCALER_NODE_START_WAIT_S"
 # a node found dead by missed checks died about this long before Ray wrote it down: the checks
 # it missed, the first one at a random point of its period (a silent host: later still)
 DIED_BEFORE_NOTICED_S = (HEALTH_CHECK_MISSES - 0.5) * HEALTH_CHECK_PERIOD_S

@@ -70,6 +70,25 @@ def test_the_keepalive_a_head_gives_its_cluster_is_named_as_ray_names_it():
         "Ray's Python gRPC channels no longer read the keepalive from its config"
 
 
+def test_the_wait_for_a_new_machines_ssh_is_bounded_by_the_variable_ray_reads():
+    """``raynodes.SSH_WAIT_ENV`` (``launcher.ssh_wait``: ``ray up``'s environment and the head's):
+    Ray's launcher reads the wait from it at import, and its updater waits that long for SSH."""
+    import os
+    import subprocess
+    import sys
+
+    from ray.autoscaler._private import updater
+
+    from gpugeek_jupyter.raynodes import SSH_WAIT_ENV
+
+    read = subprocess.run([sys.executable, "-c", "from ray.autoscaler._private import constants as c; "
+                           "print(c.AUTOSCALER_NODE_START_WAIT_S)"], env={**os.environ, SSH_WAIT_ENV: "37"},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert read == "37", f"Ray no longer reads {SSH_WAIT_ENV} from the environment (it read {read})"
+    assert "AUTOSCALER_NODE_START_WAIT_S" in inspect.getsource(updater.NodeUpdater.do_update), \
+        "Ray's updater no longer waits AUTOSCALER_NODE_START_WAIT_S for a machine's SSH"
+
+
 PRIVATE = ("ray._private", "ray._raylet", "ray.autoscaler._private", "ray.experimental.internal_kv")
 
 

@@ -1,4 +1,8 @@
-"""The clouds (``clouds/``: aws, gcp, azure) through Ray's cluster launcher (``launcher.py`` writes the YAML)."""
+"""The clouds (``clouds/``: aws, gcp, azure) through Ray's cluster launcher (``launcher.py`` writes the YAML).
+
+A cloud whose API we speak (``Cloud.lists_instances``: AWS) is stopped through it, by the
+cluster's tag (``rented.terminate_all``); the others through ``ray down``.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ..errors import LaunchRefused
 from ..remote import ssh, tunnel
 from . import hosts, launcher
 from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
+from .rented import terminate_all
 
 
 class LauncherBackend(Backend):
@@ -69,7 +74,7 @@ class LauncherBackend(Backend):
         guard = launcher.guard_order(record, spec)
         launcher.write_node_files(record.name, guard)
         try:
-            launcher.ray_cli("up", "-y", str(path), log=log)
+            launcher.ray_cli("up", "-y", str(path), log=log, env=launcher.ssh_wait())
         except LaunchRefused as refused:     # the cloud's own code and words, and what to do
             what = self.cloud.refusals.get(refused.code, "see the log")
             raise LaunchRefused(f"{self.name} refused to launch the cluster's machines: {refused.code} "
@@ -89,7 +94,9 @@ class LauncherBackend(Backend):
         return  # `ray up` returns once the head is up; workers join as the autoscaler brings them
 
     def stop(self, record, grace=3.0):
-        if record.temp_dir:
+        if self.cloud.lists_instances:
+            terminate_all(record)
+        elif record.temp_dir:
             launcher.ray_cli("down", "-y", str(record.temp_dir), log=self._log(record))
         if record.session_id:     # the tunnel
             processes.stop_session(record.session_id, record.created, record.marker, grace)
@@ -105,3 +112,4 @@ class LauncherBackend(Backend):
 
     def _log(self, record: ClusterRecord) -> Path:
         return home() / "launch" / f"{record.name}-{self.name}.log"
+

@@ -33,7 +33,7 @@ from ..cluster.remote import Remote
 from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home, settings
 from ..errors import GpugeekError, LaunchRefused
-from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, token_text
+from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, SSH_WAIT_ENV, token_text
 from ..remote import headguard, runtime, ssh
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
@@ -78,7 +78,7 @@ def rented_from(spec: ClusterSpec | None) -> Cloud | None:
 
 def _cloud(name: str, spec: ClusterSpec, provider: Cloud) -> dict:
     """A cloud's machines: instance types from the offers, the head a small CPU machine."""
-    workers = {t.name: _worker(provider, t) for t in spec.node_types}
+    workers = {t.name: _worker(provider, t, spec.storage) for t in spec.node_types}
     head_config = provider.head_config(provider.node_config(provider.head_instance, None, spot=False))
     return {"cluster_name": name, "max_workers": sum(t.max_workers for t in spec.node_types),
             "provider": {**provider.provider_section(spec.node_types[0], name),
@@ -119,12 +119,18 @@ def start_commands(name: str, marker: str, spec: ClusterSpec | None = None) -> t
         python = spec.remote.python or python       # --python: an environment of yours, checked by setup
     else:
         head = {"role": "head", **order, "node_type": "head", "gpus": 0, "dashboard": True}
-    head.update(env=HEAD_ENV, system_config=LINK_CONFIG)     # every head of ours: its checks, the keepalive
+    # every head of ours: its checks, the keepalive; its autoscaler gives up a silent machine as `up` does
+    head.update(env={**HEAD_ENV, **ssh_wait()}, system_config=LINK_CONFIG)
     run = f"ulimit -n 65536; {python} {node_dir(name)}/onhost.py start"
     # then the head's watchdog (guard/headwatch.py), on the package and order file_mounts copied
     guard = f"{python} {node_dir(name)}/onhost.py guard @{node_dir(name)}/{GUARD_ORDER}"
     return (f"{run} {shlex.quote(json.dumps(head))} ray start --autoscaling-config={BOOTSTRAP} && {guard}",
             f"{run} {shlex.quote(json.dumps({'role': 'worker', **order, 'env': NODE_ENV}))}")
+
+
+def ssh_wait() -> dict[str, str]:
+    """The environment that bounds Ray's wait for a new machine's SSH (``[cluster] ssh_wait_s``)."""
+    return {SSH_WAIT_ENV: str(int(settings().ssh_wait_s))}
 
 
 def temp_dir(name: str) -> str:
@@ -135,12 +141,14 @@ def temp_dir(name: str) -> str:
 def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     """Run on every node before its start command: the runtime made there (or found made), by the
     image's ``python3``, from ``[hosts] pip_index_url`` in config.toml or PyPI (your own machines:
-    ``--pip-index-url``, and what the jobs' storage needs; a cloud's nodes: its SDK too)."""
+    ``--pip-index-url``; a cloud's nodes: its SDK too), with what the jobs' storage needs."""
     provider = rented_from(spec)
     own = spec is not None and provider is None
     # a cloud's head runs Ray's autoscaler, which launches the workers through the cloud's SDK
     sdk = tuple(provider.sdk[1].split()) if provider is not None else ()
-    order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url, extra=sdk))
+    storage = spec.remote.extra if spec is not None else ()
+    order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url,
+                                                             extra=(*sdk, *storage)))
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 
@@ -193,11 +201,12 @@ def _tag(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:8]
 
 
-def _worker(provider: Cloud, t: NodeType) -> dict:
+def _worker(provider: Cloud, t: NodeType, storage: str | None) -> dict:
     return {
         "min_workers": t.min_workers,
         "max_workers": t.max_workers,
-        "node_config": provider.node_config(t.instance_type, t, spot=t.pricing == "spot"),
+        "node_config": provider.worker_config(provider.node_config(t.instance_type, t, spot=t.pricing == "spot"),
+                                              storage),
         "resources": {"GPU": t.gpu_count, f"accelerator_type:{t.gpu}": 1},
     }
 
@@ -297,14 +306,23 @@ def _run(cmd: list[str], args, log: Path, timeout: float | None = None, env: dic
         failed = f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}) — see {log}"
         with open(log, "rb") as f:
             f.seek(began)
-            refused = refusal(f.read().decode(errors="replace"))
+            text = f.read().decode(errors="replace")
+            refused = refusal(text)
         if refused is not None:
             code, said = refused
             raise LaunchRefused(f"{failed}: {code}", code, said)
+        if SILENT in text:
+            raise GpugeekError(f"`ray {' '.join(args[:1])}` gave up: a new machine answered no SSH in "
+                               f"{(env or {}).get(SSH_WAIT_ENV, '?')} s ([cluster] ssh_wait_s in config.toml) — its "
+                               "firewall or security group may not let this machine in on port 22 (with "
+                               "--internal-ips: is this machine inside its network?), or its image runs no sshd "
+                               f"(Ray's log: {log})")
         raise GpugeekError(failed)
     return done.stdout.decode(errors="replace")
 
 
+# what Ray's updater says when a new machine's SSH never answered within its wait
+SILENT = "wait_ready timeout exceeded"
 # how Ray's launcher reports a cloud API's refusal: its own exception, or the SDK's error
 REFUSED = (re.compile(r"Node Launch Exception \((?P<code>[\w.]+)\): (?P<said>[^\n\x1b]+)"),
            re.compile(r"An error occurred \((?P<code>[\w.]+)\) when calling the \w+ operation[^:]*: "

@@ -15,6 +15,11 @@ CLUSTER_TAG, NODE_TYPE_TAG, NODE_KIND_TAG = "ray-cluster-name", "ray-user-node-t
 # EC2 bills an instance until it begins shutting down or stopping; describe_instances then says when,
 # in StateTransitionReason: "User initiated (2026-12-02 19:55:21 GMT)"
 NOT_BILLED = ("shutting-down", "terminated", "stopping", "stopped")
+# StateReason's codes for a spot instance EC2 took back (its interruption: terminated or stopped)
+SPOT_INTERRUPTED = ("Server.SpotInstanceTermination", "Server.SpotInstanceShutdown")
+# the instance profile Ray's launcher makes for the head (ray.autoscaler._private.aws.config), whose
+# role may use S3: workers that checkpoint there are launched with it too
+RAY_PROFILE = "ray-autoscaler-v1"
 _WHEN = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
 
 
@@ -62,6 +67,14 @@ class Aws(base.Cloud):
 
     def head_config(self, config):
         return {**config, "InstanceInitiatedShutdownBehavior": "terminate"}    # for self_stop
+
+    def worker_config(self, config, storage):
+        """A worker's machine reaches S3 through its role: Ray's launcher gives one to the head
+        alone, so workers whose jobs checkpoint to ``s3://`` get the head's (its role may use S3;
+        the head's own role passes it on launch: ``iam:PassRole``)."""
+        if storage and storage.startswith("s3://"):
+            return {**config, "IamInstanceProfile": {"Name": RAY_PROFILE}}
+        return config
 
     def instances(self, cluster_name, region, since=0.0):
         """``describe_instances`` by Ray's cluster tag (EC2 lists an ended instance for about an
@@ -114,7 +127,8 @@ def _instance(described: dict) -> base.Instance:
                          launched=described["LaunchTime"].timestamp(), ended=ended, state=state,
                          address=described.get("PrivateIpAddress", ""),
                          spot=described.get("InstanceLifecycle") == "spot", gone=state in NOT_BILLED,
-                         head=tags.get(NODE_KIND_TAG) == "head")
+                         head=tags.get(NODE_KIND_TAG) == "head",
+                         preempted=(described.get("StateReason") or {}).get("Code") in SPOT_INTERRUPTED)
 
 
 AWS = Aws()

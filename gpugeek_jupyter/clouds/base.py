@@ -43,6 +43,7 @@ class Instance:
     spot: bool
     gone: bool            # no longer billed (ended, stopped or terminated)
     head: bool = False    # the cluster's head (Ray's node kind tag)
+    preempted: bool = False   # the provider took it back (a spot interruption), as it says why it ended
 
 
 class Cloud:
@@ -76,6 +77,11 @@ class Cloud:
 
     def head_config(self, config: dict) -> dict:
         """The head's node config, changed where its self-stop needs it."""
+        return config
+
+    def worker_config(self, config: dict, storage: str | None) -> dict:
+        """A worker's node config, given where its jobs checkpoint (``up --storage``): what the
+        machine needs to reach that storage (its role, on a cloud that grants access by role)."""
         return config
 
     def read_notice(self, node_id: str = "") -> float | None:

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from ..backends.launcher import BOOTSTRAP
+from ..backends.rented import instances_of
 from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
@@ -43,7 +44,7 @@ from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
 from .keeping import Keeper
-from .lifecycle import LET_GO_S, instances_of
+from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
 HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per node, the nodes gone) not yet timed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.interface import BACKENDS, capable
+from ..backends.rented import instances_of
 from ..clouds import CLOUDS
 from ..clouds.base import CloudUnanswered
 from ..cluster import processes, registry
@@ -45,9 +46,6 @@ WATCHDOG_GRACE_S = 2.0
 # drain's 3 s; then it shuts its Ray connection, which takes a second or two): a Ray driver whose
 # cluster dies under it can be ended by Ray itself, and a notebook's kernel with it
 LET_GO_S = registry.KERNELS_LOOK_EVERY_S + 5.0
-# a provider's clock against ours: an instance launched this long before `up` recorded the cluster
-# is still its own (an earlier cluster of the name lived longer than that)
-CLOCK_SLACK_S = 30.0
 
 
 def phase_of(record: ClusterRecord) -> ClusterPhase:
@@ -259,14 +257,6 @@ def meter_instances(record: ClusterRecord, reason: str | None = None) -> bool | 
     sync_instances(record.id, found, spec.prices(), {t.name: float(t.gpu_count) for t in spec.node_types},
                    time.time(), cloud.billing_minimum_s, reason)
     return True
-
-
-def instances_of(record: ClusterRecord) -> list:
-    """A rented cluster's instances (``Cloud.instances``: by Ray's tag, launched since ``up``
-    recorded it). Raises ``CloudUnanswered``."""
-    spec = ClusterSpec.from_json(record.spec)
-    return CLOUDS[spec.backend].instances(record.name, spec.node_types[0].region,
-                                          since=record.created - CLOCK_SLACK_S)
 
 
 def machines_gone(record: ClusterRecord) -> str | None:

@@ -8,7 +8,8 @@ the instance's id, started at the provider's launch time and ended where the pro
 ended (at least its billing minimum after the launch: EC2's first minute is billed whole). An
 instance the provider lists as ended without saying when ends at the look that saw it go: one
 metering interval late at most. Prices are the node types', fixed when the row is written, as in
-``ledger.sync_nodes``.
+``ledger.sync_nodes``. An instance the provider took back (a spot interruption, by its own word
+for why it ended) ends as ``preempted``, with an event, as a rehearsed preemption does: not a failure.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections.abc import Iterable, Mapping
 from .. import store
 from ..clouds.base import Instance
 from ..vocab import UNPRICED, NodePrice
+from .ledger import event
+
+PREEMPTED = "preempted"
 
 
 def sync_instances(cluster_id: int, instances: Iterable[Instance], prices: Mapping[str, NodePrice],
@@ -40,12 +44,16 @@ def sync_instances(cluster_id: int, instances: Iterable[Instance], prices: Mappi
             )
             changed += cur.rowcount
             if instance.gone:
-                ended = instance.ended if instance.ended is not None else seen_at
+                ended = max(instance.ended if instance.ended is not None else seen_at, instance.launched + minimum_s)
+                why = PREEMPTED if instance.preempted else reason or instance.state
                 cur = db.execute(
                     "UPDATE nodes SET ended=?, end_reason=? WHERE cluster_id=? AND node_id=? AND ended IS NULL",
-                    (max(ended, instance.launched + minimum_s), reason or instance.state, cluster_id, instance.id),
+                    (ended, why, cluster_id, instance.id),
                 )
                 changed += cur.rowcount
+                if cur.rowcount and instance.preempted:
+                    event(cluster_id, PREEMPTED, f"instance {instance.id} ({instance.node_type}) was taken back "
+                                                 f"by its provider (a spot interruption)", at=ended, db=db)
     return changed
 
 

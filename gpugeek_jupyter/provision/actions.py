@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ..backends.interface import BACKENDS, Feature, capable
+from ..backends.rented import instances_ended
 from ..cluster import registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
@@ -64,6 +65,8 @@ def down(name: str | None = None, *, all: bool = False, forget: bool = False) ->
             raise GpugeekError(f"cluster {record.name!r} is still stopping elsewhere — check `%gpugeek status "
                                f"{record.name}` in a minute")
         done.append(record.name)
+        if ended := instances_ended(record.id):
+            print(f"{record.name}: {ended}", flush=True)
         if record.name == session.active:
             session.active = None
     return done

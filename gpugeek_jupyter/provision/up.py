@@ -12,6 +12,7 @@ import time
 
 from .. import ports
 from ..backends.interface import BACKENDS, CLIENT_SCHEME, DEFAULT, LaunchConfig, capable
+from ..backends.rented import instances_ended
 from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.remote import StorageNeeds, learn
@@ -72,7 +73,7 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
     spec.env = pip
     spec.working_dir = folder
     spec.storage = storage_url(request.storage) if request.storage else None
-    if capable(spec).your_hosts:     # the hosts' runtime gets the file system the jobs' storage needs
+    if capable(spec).tunnelled:     # a runtime we make on each node gets the file system the jobs' storage needs
         learn(spec, StorageNeeds(extra=tuple(storage_packages(spec.storage)) if spec.storage else ()))
     impl = BACKENDS[request.backend]
     if request.dry_run or (impl.confirm and not request.yes):
@@ -136,7 +137,9 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
         if isinstance(exc, GpugeekError):      # the stop worked: say so, or the user checks by hand
             elsewhere = another_offer(spec) if isinstance(exc, LaunchRefused) and exc.no_capacity else None
             hint = f"; the next offer to try: --offer {elsewhere}" if elsewhere else ""
-            raise GpugeekError(f"{exc}{hint} — what had started was stopped, nothing of {record.name!r} runs") from exc
+            ended = instances_ended(record.id)
+            raise GpugeekError(f"{exc}{hint} — what had started was stopped{f' ({ended})' if ended else ''}, "
+                               f"nothing of {record.name!r} runs") from exc
         raise
     registry.update(record.id, ready=time.time())
 

@@ -61,11 +61,15 @@ class Box:
     def exports(self) -> str:
         return "".join(f"export {k}={v}\n" for k, v in self.env().items())
 
+    def client_options(self, region: str | None = None) -> dict:
+        """boto3's client arguments for the box (any of its services: EC2, S3, IAM)."""
+        return {"endpoint_url": self.endpoint, "region_name": region or self.regions[0],
+                "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
     def ec2(self, region: str | None = None):
         import boto3
 
-        return boto3.client("ec2", endpoint_url=self.endpoint, region_name=region or self.regions[0],
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client("ec2", **self.client_options(region))
 
     # -- what the box does to instances, as the cloud does ---------------------------------------
 
@@ -85,6 +89,15 @@ class Box:
 
     def faults_given(self) -> list[dict]:
         return self._ask("given")["given"]
+
+    def silence(self, instance_type: str) -> None:
+        """Machines of ``instance_type`` launched from now on never answer this machine (what it
+        sends them is dropped, as a security group without port 22 drops it); each still reaches
+        EC2 and its metadata. ``hear`` undoes it for later launches."""
+        self.fabric.silent.add(instance_type)
+
+    def hear(self, instance_type: str) -> None:
+        self.fabric.silent.discard(instance_type)
 
     def preempt(self, instance_id: str, notice_s: float = 120.0, region: str | None = None) -> dict:
         """A spot instance's interruption: its notice in IMDS, then the instance terminated."""
@@ -107,7 +120,7 @@ class Box:
         between it and this machine is dropped, silently, both ways (blackhole routes). Returns
         the addresses cut off."""
         for machine in list(self.fabric.machines.values()):
-            if machine.host is None or machine.host.address in self.cut:
+            if machine.host is None or machine.host.address in self.cut + self.fabric.silenced:
                 continue
             _ip("route", "add", "blackhole", f"{machine.host.address}/32")
             self.cut.append(machine.host.address)

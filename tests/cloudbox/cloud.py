@@ -99,11 +99,25 @@ class Cloud:
         return None
 
     def preempt(self, instance_id: str, region: str, notice_s: float) -> None:
-        """A spot instance's notice in its IMDS, then the instance terminated ``notice_s`` later."""
+        """A spot instance's notice in its IMDS, then the instance terminated ``notice_s`` later,
+        with EC2's own reason for a spot interruption."""
         when = datetime.now(UTC) + timedelta(seconds=notice_s)
         with self.lock:
             self.notices[instance_id] = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        threading.Timer(notice_s, lambda: self.ec2(region).terminate_instances(InstanceIds=[instance_id])).start()
+        threading.Timer(notice_s, self._interrupt, (instance_id, region)).start()
+
+    def _interrupt(self, instance_id: str, region: str) -> None:
+        """EC2 takes a spot instance back: terminated, its StateReason ``Server.SpotInstanceTermination``
+        (moto's terminate says the user did it; its record, in this process, is given EC2's code, and
+        keeps moto's dated StateTransitionReason)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        self.ec2(region).terminate_instances(InstanceIds=[instance_id])
+        instance = ec2_backends[DEFAULT_ACCOUNT_ID][region].get_instance(instance_id)
+        instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                            "Server.SpotInstanceTermination")
 
     def shut_down(self, address: str) -> str:
         """The instance at ``address`` shut itself down: it ends or stops, as it was launched to."""
@@ -155,6 +169,9 @@ def front(cloud: Cloud):
             self._pass(b"")
 
         def do_DELETE(self):
+            self._pass(b"")
+
+        def do_HEAD(self):          # S3's HeadObject and HeadBucket (s3fs asks before it reads)
             self._pass(b"")
 
         def do_PUT(self):
@@ -215,9 +232,12 @@ def front(cloud: Cloud):
             for k, v in answer.getheaders():
                 if k.lower() not in HOP_BY_HOP:
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            # a HEAD's answer has no body, and says the length of the one a GET would have
+            length = answer.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+            self.send_header("Content-Length", length)
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":
+                self.wfile.write(data)
             moto.close()
 
     return Front

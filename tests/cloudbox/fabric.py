@@ -64,6 +64,8 @@ class Fabric:
     machines: dict[str, Machine] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     blackholed: list[str] = field(default_factory=list)     # public addresses EC2 gave anyway
+    silent: set[str] = field(default_factory=set)    # instance types whose machines this machine never hears
+    silenced: list[str] = field(default_factory=list)       # their addresses, dropped on this machine's side
     made: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -149,6 +151,9 @@ class Fabric:
                 run("-n", host.netns, *cmd)
             self.lab.hosts.append(host)
             self.lab.save()
+            if instance["InstanceType"] in self.silent:    # as a firewall that drops port 22 would: no answer
+                _ip("route", "add", "blackhole", f"{address}/32")
+                self.silenced.append(address)
             self.lab.start_sshd(host)
         except BaseException:
             self._remove(Machine(instance["InstanceId"], region, host))
@@ -192,6 +197,9 @@ class Fabric:
 
     def _remove(self, machine: Machine) -> None:
         host = machine.host
+        if host.address in self.silenced:
+            subprocess.run(["ip", "route", "del", "blackhole", f"{host.address}/32"], capture_output=True)
+            self.silenced.remove(host.address)
         self.lab.delete_host(host)
         if host in self.lab.hosts:
             self.lab.hosts.remove(host)

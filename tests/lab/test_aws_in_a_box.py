@@ -10,6 +10,7 @@ namespace, dollars against each instance's lifetime as EC2 records it × the cat
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from models import DDP_ACROSS_HOSTS
 from netlab import described
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter.clouds import AWS
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
@@ -66,6 +68,9 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
     mine = box.instances(**ours)
     assert len(mine) == 3 and {i["State"]["Name"] for i in mine} == {"terminated"}, \
         [(i["InstanceId"], i["State"]["Name"]) for i in mine]
+    # down says what it ended, as EC2 lists it: the cluster's three instances, each by id
+    [ended] = [line for line in said.splitlines() if line.startswith("inbox: aws lists 3 instances of it")]
+    assert all(f"{i['InstanceId']} (" in ended for i in mine) and decoy["InstanceId"] not in ended, ended
     [still] = box.instances(**{"instance-id": decoy["InstanceId"]})
     assert still["State"]["Name"] == "running", "down touched an instance that is not the cluster's"
     wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, 20, "the cluster's hosts gone")
@@ -109,8 +114,56 @@ def test_what_a_real_account_refuses_is_one_line_and_leaves_nothing_billing(
     said = str(failed.value)
     assert "\n" not in said and "Traceback" not in said, said
     assert said.startswith(f"aws refused to launch the cluster's machines: {code} ("), said
-    assert says in said and said.endswith(f"nothing of {name!r} runs"), said
+    assert says in said and said.endswith(f"(aws launched no instance for it), nothing of {name!r} runs"), said
     assert any(g["code"] == code for g in box.faults_given())
     running = box.instances(**{"tag:ray-cluster-name": name, "instance-state-name": "running"})
     assert not running, [i["InstanceId"] for i in running]
     assert registry.live(name) is None
+
+
+def test_no_credentials_is_one_line_before_anything_is_launched(aws_account, monkeypatch, tmp_path):
+    """With no AWS credentials in the standard chain (variables, ~/.aws), ``up`` says so in one
+    line and EC2 lists nothing new."""
+    box = aws_account
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(AWS, "credentials", (AWS.credentials[0], (str(tmp_path / "credentials"),)))
+    before = {i["InstanceId"] for i in box.instances()}
+    with pytest.raises(gg.GpugeekError) as failed:
+        gg.up("nocreds", offer=OFFER, internal_ips=True, yes=True)
+    said = str(failed.value)
+    assert said == AWS.no_credentials, said
+    assert {i["InstanceId"] for i in box.instances()} == before
+    assert registry.live("nocreds") is None
+
+
+@pytest.mark.skipif(not os.environ.get("GPUGEEK_CLOUD_LAB"), reason="a head that never answers SSH is given up "
+                    "after the wait set in config.toml: `make cloud-lab` runs it")
+def test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated(aws_account, gpugeek_home):
+    """The head's machine launches but never answers SSH (the box drops what this machine sends it,
+    as a security group without port 22 does): ``up`` gives it up after ``[cluster] ssh_wait_s``
+    — not Ray's own fifteen minutes — in one line that says so and names the instance it launched
+    and terminated; EC2 then lists none of the cluster's running."""
+    box = aws_account
+    wait_s = 30
+    config = gpugeek_home / "config.toml"
+    config.write_text(config.read_text() + f"\n[cluster]\nssh_wait_s = {wait_s}\n")
+    box.silence("m5.xlarge")       # the head's type
+    began = time.monotonic()
+    try:
+        with pytest.raises(gg.GpugeekError) as failed:
+            gg.up("silent", offer=OFFER, internal_ips=True, yes=True)
+    finally:
+        box.hear("m5.xlarge")
+    took = time.monotonic() - began
+    said = str(failed.value)
+    mine = box.instances(**{"tag:ray-cluster-name": "silent"})
+    print(f"\naws, a head that never answers SSH: given up and terminated {took:.0f} s after up began "
+          f"(wait {wait_s} s): {said}")
+    assert "\n" not in said and "Traceback" not in said, said
+    assert f"a new machine answered no SSH in {wait_s} s" in said, said
+    assert len(mine) == 1 and mine[0]["InstanceType"] == "m5.xlarge", mine
+    assert f"{mine[0]['InstanceId']} (head, terminated now)" in said and said.endswith("nothing of 'silent' runs")
+    assert mine[0]["State"]["Name"] == "terminated"
+    assert registry.live("silent") is None
+    assert took < 60 + wait_s + 60, f"up took {took:.0f} s to give up a silent head"

@@ -4,14 +4,15 @@ lab hosts: everything but the cloud API.
 ``LabCloud`` stands in for Ray's cluster launcher once a cloud has given it machines. ``ray up``
 copies the YAML's ``file_mounts`` onto the hosts and runs its head start commands on the head and
 its worker start commands on the workers over SSH, in the login shell and with the variables Ray's
-updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the head over SSH, and
-``ray down`` ends every process of the cluster on the hosts (what terminating the instances does).
-The head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud
-API's part — and exits. It is the cloud's list of instances too (``Cloud.instances``, by which a
-rented cluster is metered): each host an instance from its ``ray up`` to its ``ray down``; the
-head's own watchdog, on a lab host with no EC2 to ask, meters nothing. Everything else is the production code: the generated YAML, its setup
-command that makes each node's runtime (``runtime.py``, from the lab's wheel index), ``onhost.py``
-on the nodes, the tunnel, the line to the head's keeper, a cell through ``gg.run``, the stop by process.
+updater exports; ``ray get-head-ip`` names the head, ``ray exec`` runs on the head over SSH. The
+head's autoscaler finds no ``~/ray_bootstrap_config.yaml`` — launching machines is the cloud API's
+part — and exits. It stands in for the cloud's API too: its list of instances (``Cloud.instances``,
+by which a rented cluster is metered and found to stop), each host an instance from its ``ray up``
+on, and ``Cloud.terminate``, which ends every process of the cluster on the host (what terminating
+the instance does); the head's own watchdog, on a lab host with no EC2 to ask, meters nothing.
+Everything else is the production code: the generated YAML, its setup command that makes each
+node's runtime (``runtime.py``, from the lab's wheel index), ``onhost.py`` on the nodes, the tunnel,
+the line to the head's keeper, a cell through ``gg.run``, the stop by tag and by process.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class LabCloud:
         self.ran: list[tuple[str, str]] = []
         self.launched: dict[str, tuple[str, float]] = {}   # host name → (node type, launched at)
         self.ended: dict[str, float] = {}
+        self.config: Path | None = None      # what `ray up` was given
 
     # -- the cloud's API: what it bills ----------------------------------------------------------------
 
@@ -62,6 +64,22 @@ class LabCloud:
                          spot=False, gone=name in self.ended, head=kind == "head")
                 for name, (kind, at) in self.launched.items() if at >= since]
 
+    def terminate(self, instance_ids: list[str], region: str) -> None:
+        """The instances end, and every process on them."""
+        config = yaml.safe_load(self.config.read_text())
+        order = _order(config["head_start_ray_commands"][0])
+        node_dir = next(iter(config["file_mounts"]))
+        ended = [h for h in self.lab.hosts if f"lab-{h.name}" in instance_ids]
+
+        def end(host) -> str:
+            temp_dir = order["temp_dir"].replace("{ip}", host.address)
+            return self._shell(host, f"python3 {node_dir}/onhost.py stop {shlex.quote(order['marker'])} 5 "
+                                     f"{temp_dir}", {})
+
+        with ThreadPoolExecutor(len(ended)) as pool:
+            list(pool.map(end, ended))
+        self.ended.update({h.name: time.time() for h in ended})
+
     # -- the ray CLI, as launcher.ray_cli calls it ---------------------------------------------------
 
     def ray_cli(self, *args: str, log: Path, timeout: float | None = None) -> str:
@@ -69,6 +87,7 @@ class LabCloud:
         config = launcher.validate(yaml.safe_load(path.read_text()))
         head, workers = self.lab.hosts[0], self.lab.hosts[1:]
         if command == "up":
+            self.config = path
             self.launched[head.name] = ("head", time.time())
             for host in self.lab.hosts:
                 self._mount(host, config["file_mounts"])
@@ -96,19 +115,6 @@ class LabCloud:
             return f"Fetched IP: {head.address}\n{head.address}\n"
         if command == "exec":
             return self._shell(head, args[2], {})
-        if command == "down":                  # the instances end, and every process on them
-            order = _order(config["head_start_ray_commands"][0])
-            node_dir = next(iter(config["file_mounts"]))
-
-            def end(host) -> str:
-                temp_dir = order["temp_dir"].replace("{ip}", host.address)
-                return self._shell(host, f"python3 {node_dir}/onhost.py stop {shlex.quote(order['marker'])} 5 "
-                                         f"{temp_dir}", {})
-
-            with ThreadPoolExecutor(len(self.lab.hosts)) as pool:
-                list(pool.map(end, self.lab.hosts))
-            self.ended.update({name: time.time() for name in self.launched})
-            return ""
         raise AssertionError(f"ray {command} is not part of the cloud path")
 
     def ssh_login(self, path: Path, log: Path) -> tuple[str, str]:
@@ -165,6 +171,7 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
     monkeypatch.setattr(launcher, "ssh_login", cloud.ssh_login)
     monkeypatch.setattr(AWS, "check_credentials", lambda: None)
     monkeypatch.setattr(AWS, "instances", cloud.instances)
+    monkeypatch.setattr(AWS, "terminate", cloud.terminate)
     began = time.monotonic()
     try:
         gg.up("labcloud", backend="aws", gpu="A100", count=8, workers=2, yes=True)

@@ -92,6 +92,28 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     assert (folder / "runtime.py").read_text() == Path(runtime.SCRIPT).read_text()
 
 
+def test_aws_workers_that_checkpoint_to_s3_get_the_heads_profile_and_the_file_system(monkeypatch):
+    """With ``--storage s3://…`` on AWS, the workers are launched with the instance profile Ray's
+    launcher makes for the head (whose role may use S3: Ray gives none to workers), every node's
+    runtime gets s3fs, and Ray's wait for a machine's SSH is the one config.toml sets; a cloud that
+    grants storage access otherwise, or no storage, leaves the workers' config as it was."""
+    shown = gg.up(backend="aws", gpu="T4", count=1, workers=2, pricing="spot", storage="s3://bucket/run")
+    prepared = launcher.validate(shown.config)
+    worker = next(v for k, v in prepared["available_node_types"].items() if k != "head")
+    assert worker["node_config"]["IamInstanceProfile"] == {"Name": "ray-autoscaler-v1"}
+    assert worker["node_config"]["InstanceMarketOptions"] == {"MarketType": "spot"}
+    [setup] = prepared["setup_commands"]
+    assert any(p.startswith("s3fs") for p in json.loads(shlex.split(setup)[-1])["extra"]), setup
+    head = _order(prepared["head_start_ray_commands"][0])
+    assert head["env"]["AUTOSCALER_NODE_START_WAIT_S"] == "240"
+    plain = gg.up(backend="aws", gpu="T4", count=1, workers=2)
+    worker = next(v for k, v in plain.config["available_node_types"].items() if k != "head")
+    assert "IamInstanceProfile" not in worker["node_config"]
+    gcp = gg.up(backend="gcp", gpu="T4", count=1, workers=1, storage="gs://bucket/run")
+    worker = next(v for k, v in gcp.config["available_node_types"].items() if k != "head")
+    assert "IamInstanceProfile" not in worker["node_config"]
+
+
 def test_onprem_yaml_is_the_clouds_with_the_hosts_for_its_provider():
     """Your own machines through Ray's launcher: the same generator, the same setup and start
     commands; only what names the machines differs (Ray's on-premise provider, which refuses node

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gpugeek_jupyter.backends.rented import ENDED, terminate_all
 from gpugeek_jupyter.clouds import base
 from gpugeek_jupyter.clouds.aws import AWS, _instance
 from gpugeek_jupyter.cluster import registry
@@ -111,3 +112,44 @@ def test_a_rented_cluster_is_metered_from_ec2_and_over_once_every_instance_ended
     other = registry.create("mine", "local", ClusterSpec("local").to_json(), simulated=False, budget_usd=None,
                             idle_minutes=None)
     assert meter_instances(other) is None and machines_gone(other) is None     # Ray's node table is its record
+
+
+def test_an_instance_ec2_took_back_ends_as_a_preemption_with_an_event(gpugeek_home):
+    """EC2's StateReason for a spot interruption makes the row end ``preempted`` (not a failure,
+    not our stop), with an event, once; an instance we terminated keeps the stop's reason."""
+    described = {"InstanceId": "i-s", "State": {"Name": "terminated"}, "LaunchTime": datetime(2026, 12, 2, tzinfo=UTC),
+                 "StateTransitionReason": "User initiated (2026-12-02 00:10:00 GMT)", "InstanceLifecycle": "spot",
+                 "StateReason": {"Code": "Server.SpotInstanceTermination",
+                                 "Message": "Server.SpotInstanceTermination: Spot instance termination"}}
+    taken = _instance(described)
+    assert taken.preempted and taken.gone
+    ours = _instance({**described, "InstanceId": "i-o", "StateReason": {"Code": "Client.UserInitiatedShutdown"}})
+    assert not ours.preempted
+    record = registry.create("c1", "aws", {}, simulated=False, budget_usd=None, idle_minutes=None)
+    prices = {WORKER.name: WORKER.price()}
+    for _ in range(2):
+        sync_instances(record.id, [taken, ours], prices, {}, time.time(), 60.0, reason="down")
+    rows = ledger.nodes_frame(record.id).set_index("node_id")["end_reason"].to_dict()
+    assert rows == {"i-s": "preempted", "i-o": "down"}
+    assert [e["kind"] for e in ledger.events(record.id)] == ["preempted"]
+
+
+def test_a_stop_terminates_every_instance_of_the_clusters_tag_and_no_other(gpugeek_home, ec2):
+    """``rented.terminate_all``: the cluster's instances found by Ray's tag and terminated through
+    EC2 (one already ended is listed, not terminated again); another cluster's, and one without the
+    tag, still run; what it did is one line in the ledger, by instance id."""
+    spec = ClusterSpec("aws", [WORKER], head_price=HEAD)
+    record = registry.create("c1", "aws", spec.to_json(), simulated=False, budget_usd=None, idle_minutes=None)
+    head, worker, gone = _launch(ec2, "c1", "head"), _launch(ec2, "c1"), _launch(ec2, "c1")
+    ec2.terminate_instances(InstanceIds=[gone])
+    others = [_launch(ec2, "c2"), _launch(ec2, None)]
+    ended = terminate_all(record, wait_s=10)
+    assert {i.id for i in ended} == {head, worker}
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
+              for i in r["Instances"]}
+    assert {states[i] for i in (head, worker, gone)} == {"terminated"}
+    assert {states[i] for i in others} == {"running"}
+    [said] = ledger.events(record.id, ENDED)
+    assert said["message"].startswith("aws lists 3 instances of it, none running: ")
+    assert f"{head} (head, terminated now)" in said["message"], said["message"]
+    assert f"{gone} ({WORKER.name}, terminated)" in said["message"], said["message"]

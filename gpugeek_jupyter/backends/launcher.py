@@ -329,6 +329,17 @@ REFUSED = (re.compile(r"Node Launch Exception \((?P<code>[\w.]+)\): (?P<said>[^\
                       r"(?P<said>[^\n\x1b]+)"))
 
 
+# how Ray's autoscaler logs a worker the cloud would not launch (v1: node_launcher.py; v2: its
+# node_provider.py), the cloud's code and words as in REFUSED
+WORKER_REFUSED = re.compile(r"Failed to launch \d+ nodes?(?:\(s\))? of type (?P<type>[\w.-]+?)[.:] "
+                            r"(?:Node Launch Exception )?\((?P<code>[\w.]+)\): (?P<said>[^\n\x1b]+)")
+
+
+def worker_refusals(text: str) -> list[tuple[str, str, str]]:
+    """Each worker launch the cloud refused in the autoscaler's log: (node type, code, words)."""
+    return [(m["type"], m["code"], m["said"].strip().rstrip(".") + ".") for m in WORKER_REFUSED.finditer(text)]
+
+
 def refusal(text: str) -> tuple[str, str] | None:
     """The cloud's last refusal in a Ray CLI's output: its error code and its words."""
     for pattern in REFUSED:

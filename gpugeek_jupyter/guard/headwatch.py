@@ -43,7 +43,9 @@ from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
+from . import launches
 from .keeping import Keeper
+from .launches import Launches
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
@@ -51,6 +53,7 @@ HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per 
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
+AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -73,6 +76,9 @@ class HeadWatch(Watch):
         self.guard_kind = "head"
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
         self.near: float | None = None                 # the cap a stop was timed again near
+        # a cloud head's autoscaler: what it could not launch, read from its log (and the spot fallback)
+        self.launches = Launches(Path(temp_dir_of(order["temp_dirs"], order["ip"])) / AUTOSCALER_LOG,
+                                 Path(os.path.expanduser(BOOTSTRAP))) if order.get("cloud") else None
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a
@@ -85,6 +91,9 @@ class HeadWatch(Watch):
             if said:
                 ledger.event(self.cluster_id, "keeper", said)
         reason = super().look()
+        if exchanging and not reason and self.launches is not None:
+            spec = ClusterSpec.from_json(record.spec)
+            self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
         if exchanging and not reason and self.blind is None:
             self._beat(record)
         return reason
@@ -108,7 +117,8 @@ class HeadWatch(Watch):
         try:
             kv_put(self.gcs, HEARTBEAT, {"at": now, "pid": os.getpid(), "every": self.interval,
                                          "spent": ledger.spend(self.cluster_id, now),
-                                         "budget": registry.get(self.cluster_id).budget_usd})
+                                         "budget": registry.get(self.cluster_id).budget_usd,
+                                         "news": launches.news(self.cluster_id)})
         except ClusterUnreachable:
             pass
 

@@ -41,6 +41,7 @@ from ..remote import headguard, tunnel
 from ..units import clock
 from . import health
 from .clusterjobs import ClusterJobs
+from .launches import copy_news
 from .lifecycle import machines_gone, meter_instances, shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
@@ -128,6 +129,7 @@ class Watch:
         if not headguard.fresh(beat, now):
             return False
         self.beat = beat
+        copy_news(self.cluster_id, beat.get("news") or [])     # what the head's autoscaler could not launch
         if beat.get("stopping") and not self.head_stopping and registry.claim_stop(self.cluster_id):
             self.head_stopping = True
         return True

@@ -80,8 +80,9 @@ class Box:
             return json.loads(answer.read())
 
     def fault(self, code: str, action: str = "RunInstances", times: int = -1, **where: str) -> None:
-        """The next ``times`` calls of ``action`` (that match ``where``: ``type``, ``zone``; -1: every
-        one, till ``clear_faults``) get EC2's ``code`` (``cloud.FAULTS``) in place of moto's answer."""
+        """The next ``times`` calls of ``action`` (that match ``where``: ``type``, ``zone``, ``market``
+        ``"spot"`` for spot launches alone; -1: every one, till ``clear_faults``) get EC2's ``code``
+        (``cloud.FAULTS``) in place of moto's answer."""
         self._ask("faults", {"code": code, "action": action, "times": times, **where})
 
     def clear_faults(self) -> None:

@@ -55,7 +55,7 @@ class Cloud:
     def __init__(self, regions: list[str]):
         self.regions = regions
         self.lock = threading.Lock()
-        self.faults: list[dict] = []          # {"code", "action", "type"?, "zone"?, "times" (-1: till cleared)}
+        self.faults: list[dict] = []   # {"code", "action", "type"?, "zone"?, "market"?, "times" (-1: till cleared)}
         self.notices: dict[str, dict] = {}    # instance id → {"action", "time"}
         self.reboots: list[str] = []
         self.tokens: set[str] = set()
@@ -89,8 +89,9 @@ class Cloud:
                     continue
                 if rule.get("type") not in (None, kind) or rule.get("zone") not in (None, zone):
                     continue
-                if rule["code"] == "SpotMaxPriceTooLow" and "InstanceMarketOptions.MarketType" not in params:
-                    continue        # an on-demand launch has no spot price to be too low
+                spot = "InstanceMarketOptions.MarketType" in params
+                if (rule["code"] == "SpotMaxPriceTooLow" or rule.get("market") == "spot") and not spot:
+                    continue        # an on-demand launch has no spot price to be too low, nor spot's capacity
                 rule["times"] -= rule["times"] > 0
                 status, words = FAULTS[rule["code"]]
                 self.given.append({"code": rule["code"], "action": action, "type": kind, "zone": zone})

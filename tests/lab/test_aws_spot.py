@@ -19,7 +19,7 @@ import time
 import pytest
 from cloudbox.box import lifetime
 from cluster_processes import wait_until
-from models import at_step, logged_steps
+from models import DDP_ACROSS_HOSTS, at_step, logged_steps
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import store
@@ -133,3 +133,48 @@ def test_a_spot_worker_taken_back_mid_job_is_replaced_and_the_job_resumes_losing
     slack = sum(prices[i["InstanceType"]] for i in ended) * (settings().meter_interval_s + 1.0) / 3600
     assert abs(gg.cost("spotty").total_usd - billed) <= slack, (gg.cost("spotty").total_usd, billed)
     wait_until(lambda: not set(box.fabric.machines) & {i["InstanceId"] for i in ended}, 20, "the cluster's hosts gone")
+
+
+def test_no_spot_capacity_with_spot_fallback_brings_on_demand_workers_and_says_so(aws_account):
+    """EC2 has no spot g4dn.xlarge (``InsufficientInstanceCapacity`` for spot launches alone, as the
+    box gives it) for a cluster made with ``--spot-fallback``: the head's autoscaler is refused, the
+    head's watchdog reads the refusal in the autoscaler's log and moves the workers to their
+    on-demand stand-in, EC2 lists two on-demand workers, a cell runs on them, and the notebook's
+    machine is told both — the refusal with EC2's code and the fallback — after its next cell."""
+    from gpugeek_jupyter import api
+
+    box = aws_account
+    ours = {"tag:ray-cluster-name": "fallback"}
+    box.fault("InsufficientInstanceCapacity", type="g4dn.xlarge", market="spot")
+    began = time.monotonic()
+    try:
+        gg.up("fallback", offer=OFFER, pricing="spot", spot_fallback=True, workers=2, internal_ips=True, yes=True)
+        record = registry.live("fallback")
+        workers = wait_until(lambda: len(w := box.instances(**ours, **{"tag:ray-node-type": "worker",
+                                                                       "instance-state-name": "running"})) == 2
+                             and w, 180, "two workers launched in the place of spot ones")
+        fell_back = time.monotonic() - began
+        assert {(i["InstanceType"], i.get("InstanceLifecycle", "on-demand")) for i in workers} == \
+            {("g4dn.xlarge", "on-demand")}, workers
+        tags = [{t["Key"]: t["Value"] for t in i["Tags"]}["ray-user-node-type"] for i in workers]
+        assert tags == ["t4x1-on-demand"] * 2, tags
+        assert any(g["code"] == "InsufficientInstanceCapacity" for g in box.faults_given())
+        wait_until(lambda: all(_runs_raylet(box.host_of(w["InstanceId"])) for w in workers), 240,
+                   "both workers' Ray started", every=2)
+        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
+        assert equal and ips == sorted(w["PrivateIpAddress"] for w in workers), ips
+        told = api.news()
+        refused = [line for line in told if "refused the head's autoscaler a t4x1-spot worker: "
+                   "InsufficientInstanceCapacity (We currently do not have sufficient g4dn.xlarge capacity" in line]
+        fallback = [line for line in told if "aws has no spot g4dn.xlarge for the workers (InsufficientInstance"
+                    "Capacity): 2 on-demand workers (t4x1-on-demand, $0.526/h each) launch in their place" in line]
+        assert refused and fallback, told
+        by_node = ledger.nodes_frame(record.id).set_index("node_id")
+        assert set(by_node.loc[[w["InstanceId"] for w in workers], "pricing"]) == {"on-demand"}
+        print(f"\naws spot fallback: two on-demand workers running {fell_back:.0f} s after up began; told: "
+              f"{fallback[0]}")
+    finally:
+        box.clear_faults()
+        if registry.live("fallback") is not None:
+            gg.down("fallback")
+    assert all(i["State"]["Name"] == "terminated" for i in box.instances(**ours))

@@ -129,13 +129,18 @@ test-browser: $(VENV)/.installed-test chromium
 cloudbox: $(VENV)/.installed-test sshd lab-files
 	PYTHONPATH=tests $(PY) -m cloudbox
 
-# AWS in a box, the long scenarios (tests/cloudbox; `make test` runs the AWS path end to end and its
-# refusals): the laptop gone from an AWS cluster with a budget, the head ending every instance at the
-# cap (tests/lab/test_aws_laptop_gone.py, about four minutes).
+# AWS in a box, the long scenarios (tests/cloudbox; `make test` runs the AWS path end to end, its
+# refusals and no credentials), about twelve minutes: the laptop gone from an AWS cluster with a
+# budget, the head ending every instance at the cap (tests/lab/test_aws_laptop_gone.py); a spot worker
+# taken back mid-job, replaced, the job resumed losing no step, and no spot capacity with
+# --spot-fallback (tests/lab/test_aws_spot.py); a head that never answers SSH, and an `up` that crashed
+# half-way, downed by its tag (tests/lab/test_aws_in_a_box.py).
 .PHONY: cloud-lab
 cloud-lab: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_CLOUD_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_aws_laptop_gone.py \
-	  tests/lab/test_aws_spot.py tests/lab/test_aws_in_a_box.py::test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated
+	  tests/lab/test_aws_spot.py \
+	  tests/lab/test_aws_in_a_box.py::test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated \
+	  tests/lab/test_aws_in_a_box.py::test_an_up_that_crashed_half_way_is_listed_and_downed_by_its_tag
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
 # `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the

@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS clusters (
     stop_reason   TEXT,
     start_failed  TEXT,                   -- `up` failed, and so did stopping what it had started
     heard         REAL,                   -- when this machine last had the cluster's word
-    guard         TEXT                    -- JSON: the guard that enforced the limits then (guard/lifecycle.py)
+    guard         TEXT,                   -- JSON: the guard that enforced the limits then (guard/lifecycle.py)
+    started_by    TEXT                    -- the kernel (host:pid) whose `up` started it
 );
 CREATE INDEX IF NOT EXISTS clusters_by_name ON clusters(name, stopped);
 
@@ -161,7 +162,8 @@ def connect(durable: bool = True) -> sqlite3.Connection:
 
 
 ADDED_COLUMNS = {"jobs": {"workers": "INTEGER", "nodes": "INTEGER", "preemptions": "INTEGER DEFAULT 0"},
-                 "clusters": {"start_failed": "TEXT", "idle_why": "TEXT", "heard": "REAL", "guard": "TEXT"},
+                 "clusters": {"start_failed": "TEXT", "idle_why": "TEXT", "heard": "REAL", "guard": "TEXT",
+                              "started_by": "TEXT"},
                  "attachments": {"last_cell": "REAL"},
                  "events": {"user": "TEXT", "client": "TEXT", "host": "TEXT", "options": "TEXT", "usd": "REAL"}}
 

@@ -140,3 +140,26 @@ def test_overlapping_jobs_share_the_cluster_cost():
     by_job = ledger.cost_table(record.id, "job", t0 + 3600).set_index("job_id")
     assert by_job.loc["j1", "usd"] == 5.0 + 2.5 and by_job.loc["j2", "usd"] == 2.5
     assert by_job["usd"].sum() == ledger.spend(record.id, t0 + 3600)
+
+
+def test_a_cluster_whose_up_died_half_way_is_failed_not_starting(gpugeek_home):
+    """A record its ``up`` never marked ready is starting while the kernel that runs ``up`` lives;
+    once that kernel is gone (killed, its machine off) it is failed, and says what to do — not
+    "starting" for ten minutes, which would keep the sidebar from stopping what may be billing."""
+    import socket
+
+    from gpugeek_jupyter.guard.lifecycle import phase_of, state_of
+    from gpugeek_jupyter.vocab import ClusterPhase
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = registry.create("up-here", "aws", {}, simulated=False, budget_usd=None, idle_minutes=None,
+                            started_by=f"{socket.gethostname()}:{os.getpid()}")
+    died = registry.create("up-died", "aws", {}, simulated=False, budget_usd=None, idle_minutes=None,
+                           started_by=f"{socket.gethostname()}:{gone.pid}")
+    assert phase_of(alive) is ClusterPhase.STARTING
+    assert phase_of(died) is ClusterPhase.FAILED
+    said = state_of(died).describe("up-died")
+    assert said.startswith("failed: its `up` ended half-way") and "`%gpugeek down up-died`" in said, said
+    registry.update(died.id, ready=died.created + 1)      # an `up` that finished: its kernel may go
+    assert phase_of(registry.get(died.id)) is ClusterPhase.RUNNING

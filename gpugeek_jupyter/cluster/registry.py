@@ -48,6 +48,7 @@ class ClusterRecord:
     idle_why: str | None = None       # what the watchdog's idle_since rests on (meter/activity.py)
     heard: float | None = None        # when this machine last had the cluster's word
     guard: str | None = None          # JSON: who enforced the limits when it was last heard
+    started_by: str | None = None     # the kernel (host:pid) whose `up` started it
 
     @property
     def live(self) -> bool:
@@ -73,14 +74,14 @@ _FIELDS = {f.name for f in fields(ClusterRecord)}
 
 
 def create(name: str, backend: str, spec: dict, *, simulated: bool, budget_usd: float | None,
-           idle_minutes: float | None) -> ClusterRecord:
+           idle_minutes: float | None, started_by: str | None = None) -> ClusterRecord:
     with store.transaction() as db:
         if db.execute("SELECT 1 FROM clusters WHERE name=? AND stopped IS NULL", (name,)).fetchone():
             raise ValueError(f"a live cluster is already named {name!r}")
         cur = db.execute(
-            "INSERT INTO clusters (name, backend, simulated, spec, budget_usd, idle_minutes, created)"
-            " VALUES (?,?,?,?,?,?,?)",
-            (name, backend, int(simulated), json.dumps(spec), budget_usd, idle_minutes, time.time()),
+            "INSERT INTO clusters (name, backend, simulated, spec, budget_usd, idle_minutes, created, started_by)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (name, backend, int(simulated), json.dumps(spec), budget_usd, idle_minutes, time.time(), started_by),
         )
         cluster_id = cur.lastrowid
     return get(cluster_id)

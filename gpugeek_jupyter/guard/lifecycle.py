@@ -53,11 +53,20 @@ def phase_of(record: ClusterRecord) -> ClusterPhase:
         return ClusterPhase.STOPPED
     if record.stopping:
         return ClusterPhase.STOPPING
-    if record.start_failed:
+    if record.start_failed or up_died(record):
         return ClusterPhase.FAILED
     if record.ready is None and time.time() - record.created < STARTING_AT_MOST_S:
         return ClusterPhase.STARTING
     return ClusterPhase.RUNNING
+
+
+def up_died(record: ClusterRecord) -> bool:
+    """Its ``up`` ended half-way: the kernel that ran it is gone and it was never ready (the
+    notebook's machine lost power, the kernel was killed). What it had started may run and bill."""
+    return record.ready is None and processes.kernel_gone(record.started_by) is True
+
+
+UP_DIED = "its `up` ended half-way (the kernel that ran it is gone)"
 
 
 def starting(record: ClusterRecord) -> bool:
@@ -148,7 +157,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None, now: floa
     else:
         orphan = False
     gone = bool(record.watchdog_pid) and not processes.alive(record.watchdog_pid)
-    return ClusterState(phase, orphan=orphan, watchdog_gone=gone, failure=record.start_failed,
+    return ClusterState(phase, orphan=orphan, watchdog_gone=gone,
+                        failure=record.start_failed or (UP_DIED if up_died(record) else None),
                         guard_failing=health.failing(record.id), unheard_since=unheard_since(record, now),
                         guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd,
                         watchdog_pid=record.watchdog_pid)

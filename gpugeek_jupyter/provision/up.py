@@ -105,7 +105,8 @@ def _record(request: UpRequest, spec: ClusterSpec) -> ClusterRecord:
     says what to stop."""
     try:
         record = registry.create(request.name, request.backend, spec.to_json(), simulated=capable(spec).simulated,
-                                 budget_usd=request.budget, idle_minutes=request.idle)
+                                 budget_usd=request.budget, idle_minutes=request.idle,
+                                 started_by=processes.this_kernel())
     except ValueError as exc:
         raise GpugeekError(f"{exc} — pick another name") from None
     if request.address:

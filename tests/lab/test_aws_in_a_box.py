@@ -11,6 +11,9 @@ namespace, dollars against each instance's lifetime as EC2 records it × the cat
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,6 +27,7 @@ from gpugeek_jupyter.clouds import AWS
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
+from gpugeek_jupyter.meter import ledger
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +171,32 @@ def test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminate
     assert mine[0]["State"]["Name"] == "terminated"
     assert registry.live("silent") is None
     assert took < 60 + wait_s + 60, f"up took {took:.0f} s to give up a silent head"
+
+
+@pytest.mark.skipif(not os.environ.get("GPUGEEK_CLOUD_LAB"), reason="an up that crashed half-way, then downed by its "
+                    "tag: `make cloud-lab` runs it")
+def test_an_up_that_crashed_half_way_is_listed_and_downed_by_its_tag(aws_account, gpugeek_home):
+    """The notebook's machine dies while ``up`` runs Ray's launcher (the kernel and ``ray up``
+    killed together, as a laptop that loses power), after EC2 launched the head: the cluster is
+    still listed, as failed half-way and maybe billing, and ``down`` finds its instances by the cluster's tag in EC2 and
+    terminates them — EC2 then lists none of them running."""
+    box = aws_account
+    ours = {"tag:ray-cluster-name": "crashed"}
+    up = subprocess.Popen([sys.executable, "-c", "import gpugeek_jupyter as gg\n"
+                           f"gg.up('crashed', offer={OFFER!r}, workers=1, internal_ips=True, yes=True)\n"],
+                          env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)}, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        [head] = wait_until(lambda: box.instances(**ours, **{"instance-state-name": "running"}), 240,
+                            "EC2 launching the head")
+    finally:
+        os.killpg(up.pid, signal.SIGKILL)      # the kernel and its `ray up`, at once
+        up.wait(timeout=30)
+    listed = gg.clusters().set_index("name")
+    said = listed.loc["crashed", "status"]
+    assert said.startswith("failed: its `up` ended half-way") and "may still be running and billing" in said, said
+    gg.down("crashed")
+    left = box.instances(**ours, **{"instance-state-name": "running"})
+    assert not left, [i["InstanceId"] for i in left]
+    [ended] = [e["message"] for e in ledger.events(registry.latest("crashed").id, "instances-ended")]
+    assert f"{head['InstanceId']} (head, terminated now)" in ended, ended

@@ -100,14 +100,16 @@ class Launches:
 
 def news(cluster_id: int, last: int = 5) -> list[dict]:
     """The head's latest ``NEWS`` events, for its heartbeat."""
-    return [{"kind": e["kind"], "message": e["message"], "at": e["at"]}
-            for e in ledger.events(cluster_id) if e["kind"] in NEWS][-last:]
+    found = sorted((e for kind in NEWS for e in ledger.events(cluster_id, kind)), key=lambda e: e["at"])
+    return [{"kind": e["kind"], "message": e["message"], "at": e["at"]} for e in found[-last:]]
 
 
 def copy_news(cluster_id: int, told: list[dict]) -> int:
     """The head's news (from its heartbeat) into this machine's ledger, each once. Returns how many
     were new."""
-    have = {(e["kind"], round(e["at"], 3)) for e in ledger.events(cluster_id) if e["kind"] in NEWS}
+    if not told:
+        return 0
+    have = {(e["kind"], round(e["at"], 3)) for kind in NEWS for e in ledger.events(cluster_id, kind)}
     fresh = [e for e in told if e.get("kind") in NEWS and (e["kind"], round(e["at"], 3)) not in have]
     for e in fresh:
         ledger.event(cluster_id, e["kind"], e["message"], at=e["at"])

@@ -82,7 +82,7 @@ class LabCloud:
 
     # -- the ray CLI, as launcher.ray_cli calls it ---------------------------------------------------
 
-    def ray_cli(self, *args: str, log: Path, timeout: float | None = None) -> str:
+    def ray_cli(self, *args: str, log: Path, timeout: float | None = None, env: dict | None = None) -> str:
         command, path = args[0], Path(args[-1] if args[0] != "exec" else args[1])
         config = launcher.validate(yaml.safe_load(path.read_text()))
         head, workers = self.lab.hosts[0], self.lab.hosts[1:]

@@ -102,7 +102,8 @@ test: test-setup lint chromium sshd prometheus
 test-setup:
 	@$(MAKE) --no-print-directory -j2 system-packages $(VENV)/.installed-test
 
-# chromium, openssh-server and rsync, prometheus, sudo (the cloud box's images have it): the ones missing, in one apt-get run (as root;
+# chromium, openssh-server and rsync, prometheus, sudo (the cloud box's images have it), slurm-wlm and
+# munge (the Slurm lab, tests/slurmlab.py): the ones missing, in one apt-get run (as root;
 # elsewhere the chromium, sshd and prometheus targets below say what to do)
 system-packages:
 	@missing=""; \
@@ -111,6 +112,8 @@ system-packages:
 	command -v rsync >/dev/null 2>&1 || missing="$$missing rsync"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v slurmctld >/dev/null 2>&1 || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null 2>&1 || missing="$$missing munge"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing$$missing (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

@@ -1,0 +1,64 @@
+"""The Slurm lab (``tests/slurmlab.py``) held to what a real Slurm cluster does, as the slurm backend's
+tests rely on it: jobs reach the compute nodes only through the login host, steps run on each
+node at its own address with its GRES GPUs, the home is shared and nothing else, sbatch refuses
+what the partition cannot give in its own words, and a job waits for resources while another
+holds every node."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from cluster_processes import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_steps_run_on_each_node_with_its_gpus_and_the_shared_home_alone(slurm):
+    done = slurm.ssh("echo from-login > ~/mark; srun -N2 --ntasks-per-node=1 sh -c "
+                     "'echo \"$(hostname)|$(hostname -I | tr -d \" \")|$(cat ~/mark)|$(ls -A /tmp | wc -l)\"' | sort")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|") for line in done.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["node1", "node2"]
+    assert [r[1] for r in rows] == [n.address for n in slurm.nodes], "each step at its node's address"
+    assert {r[2] for r in rows} == {"from-login"}, "the home is the login host's"
+    assert {r[3] for r in rows} == {"0"}, "each node has a /tmp of its own, empty"
+    gpus = slurm.ssh("srun -N1 --gres=gpu:2 sh -c 'echo $CUDA_VISIBLE_DEVICES'")
+    assert gpus.stdout.strip() == "0,1", gpus.stdout + gpus.stderr
+    python = slurm.ssh("srun -N1 python3 -c 'import importlib.util as u; print(bool(u.find_spec(\"ray\")))'")
+    assert python.stdout.strip() == "False", "a compute node has no Ray of the laptop's"
+
+
+def test_the_laptop_reaches_the_login_host_alone(slurm):
+    with socket.create_connection((slurm.login.address, 22), timeout=3):
+        pass
+    for address in [slurm.controller, *(n.address for n in slurm.nodes)]:
+        with pytest.raises(OSError), socket.create_connection((address, 6818), timeout=2):
+            pass
+
+
+@pytest.mark.parametrize("flags, said", [
+    ("-p nope", "invalid partition specified: nope"),
+    ("-t 120", "Requested time limit is invalid (missing or exceeds some limit)"),
+    ("--gres=gpu:5", "Requested node configuration is not available"),
+])
+def test_sbatch_refuses_in_its_own_words_and_queues_nothing(slurm, flags, said):
+    done = slurm.ssh(f"sbatch {flags} --wrap true")
+    assert done.returncode != 0 and said in done.stderr, done.stderr
+    assert slurm.squeue() == []
+
+
+def test_a_job_waits_for_resources_while_another_holds_every_node_and_scancel_ends_it(slurm):
+    first = slurm.ssh("sbatch --parsable -N2 --wrap 'srun sleep 300'").stdout.strip()
+    second = slurm.ssh("sbatch --parsable -N1 --wrap 'sleep 300'").stdout.strip()
+    try:
+        queue = wait_until(lambda: (q := {j["id"]: j for j in slurm.squeue()}) and q.get(first, {}).get("state")
+                           == "RUNNING" and q, 20, "the first job running")
+        assert (queue[second]["state"], queue[second]["reason"]) == ("PENDING", "Resources"), queue
+        wait_until(lambda: all(slurm.strays(n) for n in slurm.nodes), 10, "the first job's steps on both nodes")
+    finally:
+        slurm.ssh(f"scancel {first} {second}")
+    wait_until(lambda: not slurm.squeue(), 20, "the queue empty")
+    wait_until(lambda: not any(slurm.strays(n) for n in slurm.nodes), 15, "nothing left on the nodes")
+    ended = slurm.jobcomp.read_text()
+    assert f"JobId={first} " in ended and "JobState=CANCELLED" in ended, ended[-500:]

@@ -14,7 +14,7 @@ class AttachBackend(Backend):
     grows = True                # … and it may have an autoscaler
     confirm = runs_here = tunnelled = simulated = from_offers = your_hosts = local_price = False
     kernel_joins = "driver"     # or a Ray Client at a ray:// address
-    notices = provider = None
+    notices = provider = scheduler = None
     cannot = MappingProxyType({
         Feature.LIMITS: "they stop a cluster, and an attached cluster is not ours to stop — start one with "
                         "--backend local/sim/aws/… instead",

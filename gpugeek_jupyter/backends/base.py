@@ -84,6 +84,7 @@ class Backend:
     your_hosts: bool        # its machines are the --hosts you name, Ray on each in a runtime we make there
     local_price: bool       # it costs what config.toml says this machine costs (local_usd_per_hour)
     provider: str | None    # the cloud that rents you its machines and bills for them (None: no cloud)
+    scheduler: str | None   # the batch scheduler whose allocation the cluster is (--login, --nodes, --time…)
     head_instance: str | None = None    # the machine a cloud cluster's head runs on (priced from the catalog)
     cannot = MappingProxyType({})   # each Feature it lacks: why, and what to do instead
 

@@ -32,6 +32,7 @@ class LauncherBackend(Backend):
     launches = confirm = watched = tunnelled = from_offers = True
     grows = True                # up to --max-workers, by Ray's autoscaler
     runs_here = simulated = your_hosts = local_price = False
+    scheduler = None
     kernel_joins = "line"
     cannot = MappingProxyType({
         Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "

@@ -182,7 +182,7 @@ class SshBackend(Backend):
     launches = watched = tunnelled = your_hosts = True
     confirm = grows = runs_here = simulated = from_offers = local_price = False
     kernel_joins = "line"
-    notices = provider = None
+    notices = provider = scheduler = None
     cannot = MappingProxyType({
         Feature.DASHBOARD: "an ssh cluster's head starts no dashboard: your hosts open no port the cluster does "
                            "not need",

@@ -10,6 +10,8 @@ a config, start, stop, scale, and what it can do):
 - ``onprem``: your own ``--hosts`` through Ray's cluster launcher and its on-premise provider:
   the cloud path's YAML, with the hosts in its provider section.
 - ``kuberay``: a RayCluster manifest applied with ``kubectl``.
+- ``slurm``: one allocation of a Slurm cluster, submitted from its login node, holding Ray; its
+  head reached through the login node.
 - ``attach``: an existing Ray cluster at ``--address``; we own none of it and never stop it.
 
 Code outside ``backends/`` asks a cluster's backend what it can do (``capable(record).tunnelled``),
@@ -29,6 +31,7 @@ from .kuberay import KubeRayBackend
 from .local import LocalBackend
 from .onprem import OnPremBackend
 from .sim import SimBackend
+from .slurm import SlurmBackend
 
 __all__ = [
     "ATTACH",
@@ -54,6 +57,7 @@ BACKENDS: dict[str, Backend] = {
     **{name: LauncherBackend(provider) for name, provider in CLOUDS.items()},
     "onprem": OnPremBackend(),
     "kuberay": KubeRayBackend(),
+    "slurm": SlurmBackend(),
     "attach": AttachBackend(),
 }
 DEFAULT = LocalBackend.name      # what `up` starts when no backend is named: this machine

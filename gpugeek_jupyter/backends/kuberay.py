@@ -102,7 +102,7 @@ class KubeRayBackend(Backend):
     })
     runs_here = tunnelled = simulated = your_hosts = local_price = False
     kernel_joins = None         # a kernel records itself attached, no more
-    notices = provider = None
+    notices = provider = scheduler = None
 
     def show(self, name, spec):
         made = manifest(name, spec)

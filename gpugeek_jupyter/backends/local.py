@@ -140,7 +140,7 @@ class LocalBackend(Backend):
     })
     confirm = grows = tunnelled = simulated = from_offers = your_hosts = False
     kernel_joins = "driver"
-    notices = provider = None
+    notices = provider = scheduler = None
 
     def show(self, name, spec):
         text = ("ray start --head --node-ip-address=127.0.0.1 --port=<free port> "

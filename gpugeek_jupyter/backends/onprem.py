@@ -68,7 +68,7 @@ class OnPremBackend(LauncherBackend):
     launches = watched = tunnelled = your_hosts = True
     confirm = grows = runs_here = simulated = from_offers = local_price = False
     kernel_joins = "line"
-    notices = provider = None
+    notices = provider = scheduler = None
     cannot = MappingProxyType({
         Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "
                            "writes the config)",

@@ -158,6 +158,7 @@ class SimBackend(LocalBackend):
     grows = simulated = from_offers = True     # Ray's fake multi-node autoscaler, node types from offers
     local_price = False
     notices = "kv"              # `%gpugeek preempt NODE --notice S` puts it in the KV store
+    scheduler = None
     cannot = MappingProxyType({})
 
     def show(self, name, spec):

@@ -43,6 +43,8 @@ class Remote:
     head_ip: str | None = None
     gcs_port: int | None = None
     keeper_port: int | None = None     # the keeper's line, on the head's loopback
+    keeper_host: str | None = None     # where the keeper listens as the SSH host sees it (None: the head's loopback)
+    job_id: str | None = None          # the scheduler's job that holds the nodes (Slurm)
     # started: the head's watchdog and the tunnel's end here
     guard_home: str | None = None
     guard_pid: int | None = None
@@ -139,8 +141,28 @@ class LineOpened:
     line_address: str
 
 
-Fact = Asked | StorageNeeds | Found | LaidOut | HeadStarted | CloudHead | Guarded | LineOpened
-FACTS = (Asked, StorageNeeds, Found, LaidOut, HeadStarted, CloudHead, Guarded, LineOpened)
+@dataclass(frozen=True)
+class Submitted:
+    """The scheduler took the job: what a stop cancels."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """The job runs: its nodes, where Ray and the keeper listen on the first one (reached through
+    the login host), and where each node keeps Ray's files."""
+
+    ips: tuple[str, ...]
+    temp_dirs: tuple[str, ...]
+    head_ip: str
+    gcs_port: int
+    keeper_port: int
+    keeper_host: str
+
+
+Fact = Asked | StorageNeeds | Found | LaidOut | HeadStarted | CloudHead | Guarded | LineOpened | Submitted | Allocated
+FACTS = (Asked, StorageNeeds, Found, LaidOut, HeadStarted, CloudHead, Guarded, LineOpened, Submitted, Allocated)
 
 
 class Holder(Protocol):

@@ -40,6 +40,25 @@ class NodeType:
         return NodePrice(self.offer_id, self.pricing, self.usd_per_hour, self.on_demand_usd_per_hour)
 
 
+@dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm allocation a cluster is (``up --backend slurm``): sbatch's own options, and how to
+    reach the login node it is submitted from."""
+
+    login: str                         # [USER@]HOST[:PORT], or a host of your ssh config
+    nodes: int = 1
+    partition: str | None = None
+    gpus_per_node: int = 0             # GRES gpu per node (--gres=gpu[:TYPE]:N)
+    gpu_type: str | None = None
+    cpus_per_node: int | None = None   # --cpus-per-task (one task a node)
+    time_min: int | None = None        # the walltime, in minutes
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    setup: str | None = None           # shell lines run before Ray on each node ("module load …")
+    sbatch: str | None = None          # more sbatch options, as on its command line
+
+
 @dataclass
 class ClusterSpec:
     backend: str
@@ -55,6 +74,7 @@ class ClusterSpec:
     working_dir: str | None = None    # the folder every cell starts in, sent to the nodes (``up --working-dir``)
     storage: str | None = None        # where jobs checkpoint unless told (``up --storage``): a URL or shared path
     internal_ips: bool = False        # a cloud's nodes reached at their private addresses (``up --internal-ips``)
+    slurm: SlurmJob | None = None     # the allocation a Slurm cluster is (``up --backend slurm``)
 
     @property
     def workers(self) -> NodeType | None:
@@ -78,4 +98,7 @@ class ClusterSpec:
         data["node_types"] = [NodeType(**t) for t in data.get("node_types", [])]
         data["head_price"] = NodePrice(**data["head_price"])
         data["remote"] = Remote.from_json(data.get("remote"))
+        if data.get("slurm"):
+            known_job = {f.name for f in fields(SlurmJob)}
+            data["slurm"] = SlurmJob(**{k: v for k, v in data["slurm"].items() if k in known_job})
         return cls(**data)

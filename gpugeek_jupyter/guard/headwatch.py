@@ -316,6 +316,9 @@ def main(argv: list[str]) -> int:
                                            f"through it, on the head's loopback port {keeper.order['port']}")
     watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order, keeper)
     reason = run(cluster_id, watch=watch)
+    if order.get("scheduled"):     # a Slurm allocation: the batch step ends the job once this ends
+        print(f"head watchdog: cluster {order['name']} stopped ({reason}); the job ends", flush=True)
+        return 0
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
     if order.get("cloud"):       # the head is a cloud's instance: it ends itself
         end_cloud_head(cluster_id, order["cloud"])

@@ -30,7 +30,7 @@ class Keeper:
         self.log = home / "keeper.log"
         keeper = order.get("keeper") or {}
         self.order = {"gcs": order["gcs"], "ip": order["ip"], "token_path": order["token_path"],
-                      "port": keeper.get("port"), "home": str(home / "keeper"),
+                      "port": keeper.get("port"), "host": keeper.get("host"), "home": str(home / "keeper"),
                       "index_url": keeper.get("index_url")}
         self.proc: subprocess.Popen | None = None
         self.starts = 0

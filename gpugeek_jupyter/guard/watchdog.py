@@ -116,7 +116,8 @@ class Watch:
     def _guard(self, record, on_head: bool) -> dict:
         """Who enforces the limits now: the head's watchdog (its heartbeat is fresh), else this one."""
         if on_head:
-            head = ClusterSpec.from_json(record.spec).remote.head or "the head"
+            remote = ClusterSpec.from_json(record.spec).remote   # a scheduler's job: its first node, not the login
+            head = (f"{remote.head_ip} (job {remote.job_id})" if remote.job_id else remote.head) or "the head"
             return {"by": "head", "pid": self.beat.get("pid"), "host": head, "beat": self.beat.get("at")}
         return {"by": self.guard_kind, "pid": os.getpid(), "host": socket.gethostname()}
 

@@ -3,8 +3,9 @@
     python -m gpugeek_jupyter.keeper.serve ORDER.json
 
 ORDER names the head's GCS and address, the cluster's token file, the port to listen on (the
-head's loopback alone: the laptop comes through its SSH tunnel), the keeper's folder and the mirror
-the hosts install from.
+head's loopback alone: the laptop comes through its SSH tunnel — on a Slurm node the node's
+address, where the tunnel from the login node reaches it, and the line takes no caller without the
+cluster's token), the keeper's folder and the mirror the hosts install from.
 
 It becomes a Ray driver of the cluster (the package on every node through Ray's ``py_modules``;
 Ray's own log lines stay in Ray's logs, none reaches a cell), then serves the line. What a request's
@@ -88,10 +89,11 @@ def main(argv: list[str]) -> int:
     # too (what the keeper knows is on disk or the kernels', so nothing is lost)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     desk = Desk(order["gcs"], shipped, order.get("index_url"))
-    server = Server(("127.0.0.1", int(order["port"])), token, lambda hello: welcome(order, hello),
+    where = order.get("host") or "127.0.0.1"
+    server = Server((where, int(order["port"])), token, lambda hello: welcome(order, hello),
                     lambda request, caller: routed.on_behalf(caller, desk.handle, request),
                     log=lambda text: print(text, file=sys.stderr, flush=True))
-    print(f"keeper: serving the line at 127.0.0.1:{server.address[1]} (pid {os.getpid()}, Python "
+    print(f"keeper: serving the line at {where}:{server.address[1]} (pid {os.getpid()}, Python "
           f"{platform.python_version()}, Ray {ray.__version__})", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0

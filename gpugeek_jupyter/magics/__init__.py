@@ -122,16 +122,29 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @magic_arguments()
 @argument("name", nargs="?", help="cluster name (default: the backend's name); a live one is re-attached")
 @argument("--backend", help="local (default; a cloud's --offer: that cloud), sim, ssh, onprem (your hosts through "
-                             "Ray's `ray up`), aws, gcp, azure or kuberay")
+                             "Ray's `ray up`), aws, gcp, azure, kuberay or slurm (an allocation of a Slurm cluster)")
 @argument("--hosts", help="ssh, onprem: your machines, [USER@]HOST[:PORT],… (the head goes on the first)")
-@argument("--ssh-key", help="ssh: the private key to log in with (default: your ssh config and agent)")
-@argument("--gpus-per-host", type=number("--gpus-per-host", int), help="ssh: GPUs each host has")
-@argument("--cpus-per-host", type=number("--cpus-per-host", int), help="ssh: CPUs Ray may use on each host")
-@argument("--usd-per-hour", type=number("--usd-per-hour"), help="ssh: what each host costs you ($/h, 0 allowed)")
-@argument("--python", help="ssh: a Python on every host whose environment has Ray at this kernel's version, used "
-                           "as it is (default: a runtime made on each host)")
-@argument("--no-install", action="store_true", help="ssh: never install on the hosts; say what is missing")
-@argument("--pip-index-url", help="ssh: the package index the hosts install from (a mirror of PyPI)")
+@argument("--ssh-key", help="ssh, slurm: the private key to log in with (default: your ssh config and agent)")
+@argument("--gpus-per-host", type=number("--gpus-per-host", int),
+          help="ssh: GPUs each host has; slurm: GRES GPUs asked for on each node")
+@argument("--cpus-per-host", type=number("--cpus-per-host", int),
+          help="ssh: CPUs Ray may use on each host; slurm: CPUs asked for on each node")
+@argument("--usd-per-hour", type=number("--usd-per-hour"),
+          help="ssh, slurm: what each host (node) costs you ($/h, 0 allowed)")
+@argument("--python", help="ssh, slurm: a Python on every host whose environment has Ray at this kernel's version, "
+                           "used as it is (default: a runtime made on each host; slurm: in the shared home)")
+@argument("--no-install", action="store_true", help="ssh, slurm: never install on the hosts; say what is missing")
+@argument("--pip-index-url", help="ssh, slurm: the package index the hosts install from (a mirror of PyPI)")
+@argument("--login", help="slurm: the cluster's login node, [USER@]HOST[:PORT] or a host of your ssh config")
+@argument("--partition", help="slurm: the partition to ask nodes of (default: the cluster's)")
+@argument("--nodes", type=number("--nodes", int), help="slurm: how many nodes the job holds (default 1)")
+@argument("--gpu-type", help="slurm: the GRES type of the GPUs (--gres=gpu:TYPE:N), where the cluster names types")
+@argument("--time", help="slurm: the walltime, as sbatch takes it (minutes, HH:MM:SS, D-HH:MM)")
+@argument("--account", help="slurm: the account the job is charged to")
+@argument("--qos", help="slurm: the quality of service asked for")
+@argument("--constraint", help="slurm: node features the job needs (sbatch --constraint)")
+@argument("--setup", help="slurm: shell lines run before Ray on each node (`module load cuda`)")
+@argument("--sbatch", help="slurm: any other sbatch options, as on its command line (\"--exclusive --mem=0\")")
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--working-dir", help="a folder sent to every node: each cell starts in its copy (data beside the notebook)")
 @argument("--storage", help="where jobs checkpoint unless a cell says: s3://…, gs://…, az://… or a shared path")

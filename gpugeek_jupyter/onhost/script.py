@@ -134,15 +134,34 @@ def _state(pid):
 
 
 def start(args):
-    """``ray start`` for the head or a worker; prints our PIDs on this host once it has started.
+    """``ray start`` for the head or a worker; prints our PIDs on this host once it has started."""
+    spec, extra = json.loads(args[0]), args[1:]
+    ray = ray_command(spec, extra[2:] if extra[:2] == ["ray", "start"] else extra)
+    if not ray.get("ok"):
+        return ray
+    marker, cmd, env, log, ip = spec["marker"], ray["cmd"], ray["env"], ray["log"], ray["ip"]
+    for attempt in range(1, START_TRIES + 1):
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            code = proc.wait(timeout=spec.get("timeout", 120))
+        if code == 0:
+            break
+        stop([marker, "1"])
+        with open(log, "rb") as f:
+            tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
+        if attempt == START_TRIES or "timed out during startup" not in " ".join(tail):
+            return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
+    return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "keeper_port": spec.get("keeper_port")}
+
+
+def ray_command(spec, extra=()):
+    """The ``ray start`` command line, environment and log for ORDER (``spec``, its ports moved
+    where they are held), or an answer that says why there is none.
 
     What ORDER leaves out comes from the node: its address (``node_ip``), the head's (Ray's
     launcher exports ``RAY_HEAD_IP`` to a worker's start commands), its node type and resources
     (``RAY_NODE_TYPE_NAME``, ``RAY_OVERRIDE_RESOURCES``, also exported by the launcher)."""
-    spec = json.loads(args[0])
-    extra = args[1:]
-    if extra[:2] == ["ray", "start"]:
-        extra = extra[2:]
     marker = spec["marker"]
     head = spec.get("head") or f"{os.environ.get('RAY_HEAD_IP', '')}:{spec['port']}"
     if spec["role"] != "head" and head.startswith(":"):
@@ -179,20 +198,8 @@ def start(args):
     env[MARKER] = marker
     env.pop("RAY_AUTH_TOKEN", None)
     env.update(_closed_metric_ports(spec["port"]) if spec["role"] == "head" else {})
-    log = os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")
-    for attempt in range(1, START_TRIES + 1):
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            code = proc.wait(timeout=spec.get("timeout", 120))
-        if code == 0:
-            break
-        stop([marker, "1"])
-        with open(log, "rb") as f:
-            tail = f.read().decode(errors="replace").strip().splitlines()[-3:]
-        if attempt == START_TRIES or "timed out during startup" not in " ".join(tail):
-            return {"ok": False, "error": "; ".join(tail) or f"exit {code}"}
-    return {"ok": True, "ip": ip, "pids": ours(marker), "port": spec["port"], "keeper_port": spec.get("keeper_port")}
+    return {"ok": True, "cmd": cmd, "env": env, "ip": ip,
+            "log": os.path.join(os.path.dirname(token_path), f"ray-start-{ip}.log")}
 
 
 def _closed_metric_ports(gcs_port):
@@ -240,14 +247,15 @@ def _free(ip, port):
 
 
 def _move_off_held_ports(spec, ip):
-    """The head's GCS port (on its address) and the keeper's (on its loopback), each moved to a
-    free one where it is held — never onto the other's (the system may hand back the port it just
-    let go)."""
+    """The head's GCS port (on its address) and the keeper's (on its loopback, or where the order
+    says it listens), each moved to a free one where it is held — never onto the other's (the
+    system may hand back the port it just let go)."""
     while not _free(ip, spec["port"]):
         spec["port"] = _any_free_port(ip)
     if spec.get("keeper_port"):
-        while not _free("127.0.0.1", spec["keeper_port"]) or spec["keeper_port"] == spec["port"]:
-            spec["keeper_port"] = _any_free_port("127.0.0.1")
+        where = spec.get("keeper_host") or "127.0.0.1"
+        while not _free(where, spec["keeper_port"]) or spec["keeper_port"] == spec["port"]:
+            spec["keeper_port"] = _any_free_port(where)
 
 
 def _any_free_port(ip):
@@ -314,16 +322,18 @@ def guard(args):
     with open(path, "w") as f:
         json.dump(order, f)
     env = dict(os.environ, GPUGEEK_HOME=home, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_TOKEN_PATH=os.path.expanduser(order["token_path"]),
+               RAY_AUTH_TOKEN_PATH=os.path.expanduser(order["token_path"]), **{MARKER: order["marker"]},
                PYTHONPATH=os.pathsep.join([package] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    env[MARKER] = order["marker"]
     env.pop("RAY_AUTH_TOKEN", None)
     # Ray first, as in every Ray process: it puts the packages it ships (psutil) on the path
     boot = ("import sys, runpy, ray\nsys.argv[0] = 'headwatch'\n"
             "runpy.run_module('gpugeek_jupyter.guard.headwatch', run_name='__main__')")
-    with open(os.path.join(home, "watchdog.log"), "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", boot, path], env=env, stdout=out, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=home)
+    with open(os.path.join(home, "watchdog.log"), "ab") as out:   # a Slurm job's is this script's child
+        proc = subprocess.Popen([sys.executable, "-c", boot, path], env=env, stdout=out, stderr=out, cwd=home,
+                                stdin=subprocess.DEVNULL, start_new_session=not order.get("scheduled"))
+    if order.get("scheduled"):    # in the foreground of the job's step, which sees and ends it
+        signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+        return {"ok": proc.wait() == 0}
     time.sleep(1.0)
     if proc.poll() is not None:
         with open(os.path.join(home, "watchdog.log"), "rb") as f:

@@ -14,7 +14,7 @@ from ..catalog.heads import head_offer
 from ..catalog.offers import find_offers, load_catalog, price_column
 from ..catalog.residency import countries_in, country_of
 from ..cluster.remote import Asked, learn
-from ..cluster.spec import ClusterSpec, NodeType
+from ..cluster.spec import ClusterSpec, NodeType, SlurmJob
 from ..config import settings
 from ..errors import GpugeekError, NoMatchingOffers
 from ..remote import ssh
@@ -55,6 +55,23 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
         if head is not None:
             spec.head_price = NodePrice(head.id, Pricing.ON_DEMAND, head.usd_per_hour, head.usd_per_hour)
     spec.notes.extend(can.notes(spec))
+    return spec
+
+
+def slurm_spec(job: SlurmJob, *, ssh_key: str | None = None, usd_per_hour: float | None = None,
+               offer: str | None = None, pricing: str = Pricing.ON_DEMAND, python: str | None = None,
+               catalog: str | None = None, install: bool = True, pip_index_url: str | None = None,
+               backend: str) -> ClusterSpec:
+    """A Slurm allocation of ``job.nodes`` nodes, each priced at the rate given or as the offer
+    given; the login node is the one host we reach (the runtime is made in the shared home from
+    there, with ``pip_index_url``: compute nodes often have no internet)."""
+    ssh.parse_hosts([job.login])           # one line for a login that is no [USER@]HOST[:PORT]
+    spec = ssh_spec([job.login], ssh_key=ssh_key, gpus_per_host=job.gpus_per_node, cpus_per_host=job.cpus_per_node,
+                    usd_per_hour=usd_per_hour, offer=offer, pricing=pricing, python=python, catalog=catalog,
+                    install=install, pip_index_url=pip_index_url, backend=backend)
+    for node_type in spec.node_types:
+        node_type.min_workers = node_type.max_workers = job.nodes - 1
+    spec.slurm = job
     return spec
 
 

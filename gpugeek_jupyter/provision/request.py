@@ -6,17 +6,19 @@ that does not belong; the spec to start otherwise.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 
 from ..backends.interface import ATTACH, BACKENDS, DEFAULT, Feature, capable
 from ..catalog.offers import load_catalog
 from ..cluster.registry import NAME
-from ..cluster.spec import ClusterSpec
+from ..cluster.spec import ClusterSpec, SlurmJob
 from ..errors import GpugeekError
+from ..units import number
 from ..vocab import Pricing
 from . import renting
 from .actions import check_numbers
-from .nodetypes import offer_row, spec_for, ssh_spec
+from .nodetypes import offer_row, slurm_spec, spec_for, ssh_spec
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,16 @@ class UpRequest:
     working_dir: str | None = None
     storage: str | None = None
     internal_ips: bool = False
+    login: str | None = None
+    partition: str | None = None
+    nodes: int | None = None
+    gpu_type: str | None = None
+    time: str | int | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    setup: str | None = None
+    sbatch: str | None = None
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:
@@ -107,6 +119,8 @@ def providers() -> set[str]:
 
 
 SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour", "python", "pip_index_url")
+# a scheduler's allocation is reached over SSH too (its login node), its runtime made from there
+SLURM_FLAGS = ("login", "partition", "nodes", "gpu_type", "time", "account", "qos", "constraint", "setup", "sbatch")
 SIZING_FLAGS = ("plan", "gpu", "workers", "min_workers", "max_workers")
 
 
@@ -120,7 +134,12 @@ def spec_of(request: UpRequest) -> ClusterSpec:
             raise GpugeekError(renting.way_in(request.offer, row["provider"], pricing=request.pricing,
                                               name=request.name if request.name != request.backend else None,
                                               budget=request.budget, idle=request.idle))
-    ssh_only = request.given(*SSH_FLAGS) + (["--no-install"] if not request.install else [])
+    slurm_only = request.given(*SLURM_FLAGS)
+    if not can.scheduler and slurm_only:
+        raise GpugeekError(f"{', '.join(slurm_only)}: only for --backend {_those('scheduler')} (an allocation of "
+                           f"its scheduler)")
+    ssh_only = request.given(*(f for f in SSH_FLAGS if not (can.scheduler and f != "hosts"))) + (
+        ["--no-install"] if not request.install and not can.scheduler else [])
     if not can.your_hosts and ssh_only:
         raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")
     can.check(*([Feature.DASHBOARD] if request.dashboard else []),
@@ -128,7 +147,7 @@ def spec_of(request: UpRequest) -> ClusterSpec:
     if request.internal_ips and not can.provider:
         raise GpugeekError(f"--internal-ips: only for a cloud's nodes (--backend {_those('provider')}); "
                            f"--backend {request.backend} reaches its own")
-    spec = _ssh(request) if can.your_hosts else _from_offers(request)
+    spec = _ssh(request) if can.your_hosts else _scheduled(request) if can.scheduler else _from_offers(request)
     spec.dashboard = bool(request.dashboard)
     spec.internal_ips = request.internal_ips
     return spec
@@ -151,6 +170,51 @@ def _ssh(request: UpRequest) -> ClusterSpec:
                     pricing=request.pricing, catalog=request.catalog, residency=request.residency,
                     python=request.python, install=request.install, pip_index_url=request.pip_index_url,
                     backend=request.backend)
+
+
+def _scheduled(request: UpRequest) -> ClusterSpec:
+    """An allocation of the cluster's scheduler: ``--nodes`` of ``--partition`` for ``--time``,
+    submitted from ``--login``."""
+    if wrong := request.given(*SIZING_FLAGS, "spot_fallback", "residency", "internal_ips"):
+        raise GpugeekError(f"{', '.join(wrong)}: a Slurm cluster is --nodes of its --partition (sbatch's own options)")
+    if not request.login:
+        raise GpugeekError("--login: name the cluster's login node, [USER@]HOST[:PORT] or a host of your ssh config")
+    nodes = number(request.nodes, "--nodes", whole=True, least=1)
+    gpus = number(request.gpus_per_host, "--gpus-per-host", whole=True, least=0)
+    cpus = number(request.cpus_per_host, "--cpus-per-host", whole=True, least=1)
+    job = SlurmJob(login=request.login, nodes=nodes or 1, partition=request.partition,
+                   gpus_per_node=gpus or 0, gpu_type=request.gpu_type,
+                   cpus_per_node=cpus, time_min=walltime(request.time),
+                   account=request.account, qos=request.qos, constraint=request.constraint,
+                   setup=request.setup, sbatch=request.sbatch)
+    return slurm_spec(job, ssh_key=request.ssh_key, usd_per_hour=request.usd_per_hour, offer=request.offer,
+                      pricing=request.pricing, python=request.python, catalog=request.catalog,
+                      install=request.install, pip_index_url=request.pip_index_url, backend=request.backend)
+
+
+# sbatch's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS
+_WALLTIME = re.compile(r"(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?")
+
+
+def walltime(value: str | int | None) -> int | None:
+    """``--time`` in whole minutes (rounded up), as sbatch reads it; one line when it is not one."""
+    if value is None:
+        return None
+    match = _WALLTIME.fullmatch(str(value).strip())
+    if isinstance(value, bool) or match is None:
+        raise GpugeekError(f"--time {value!r}: give the walltime as sbatch takes it: minutes, HH:MM:SS or D-HH:MM")
+    d, a, b, c = (int(match[k]) if match[k] else None for k in "dabc")
+    if d is not None:                                   # D-HH[:MM[:SS]]
+        seconds = d * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:                                 # HH:MM:SS
+        seconds = a * 3600 + b * 60 + c
+    elif b is not None:                                 # MM:SS
+        seconds = a * 60 + b
+    else:                                               # minutes
+        seconds = a * 60
+    if seconds <= 0:
+        raise GpugeekError(f"--time {value!r}: a walltime of at least a minute")
+    return -(-seconds // 60)
 
 
 def _from_offers(request: UpRequest) -> ClusterSpec:

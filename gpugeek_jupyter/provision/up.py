@@ -40,7 +40,10 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        usd_per_hour: float | None = None, env: str | None = None,
        residency: str | None = None, python: str | None = None, install: bool = True,
        pip_index_url: str | None = None, working_dir: str | None = None,
-       storage: str | None = None, internal_ips: bool = False) -> Cluster | LaunchConfig:
+       storage: str | None = None, internal_ips: bool = False, login: str | None = None,
+       partition: str | None = None, nodes: int | None = None, gpu_type: str | None = None,
+       time: str | int | None = None, account: str | None = None, qos: str | None = None,
+       constraint: str | None = None, setup: str | None = None, sbatch: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -57,6 +60,11 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     ``pip_index_url`` (or ``[hosts] pip_index_url`` in config.toml) is the mirror to make it from;
     ``workers`` starts a worker group of that many on them while ``up`` returns (``api.up``), which
     the first cell of that shape runs on.
+    ``backend="slurm"`` submits one job from the cluster's ``login`` node (``[USER@]HOST`` or a
+    host of your ssh config) for ``nodes`` nodes of ``partition`` with ``gpus_per_host`` GRES GPUs
+    (of ``gpu_type``) and ``cpus_per_host`` CPUs each, for ``time`` (sbatch's walltime), under
+    ``account``/``qos``/``constraint``; ``setup`` (shell lines: ``module load …``) runs before Ray
+    on each node, ``sbatch`` adds any other option; each node is priced at ``usd_per_hour``.
     """
     return start(UpRequest.of(locals()))
 
@@ -94,6 +102,9 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
 
 def _what(spec: ClusterSpec) -> str:
     """`` (2 × A100x8)`` or `` on 3 hosts``: what is being started, for people."""
+    if capable(spec).scheduler:
+        job = spec.slurm
+        return f" on {job.nodes} node{'s' if job.nodes > 1 else ''}{f' of {job.partition}' if job.partition else ''}"
     if capable(spec).your_hosts:
         hosts = len(spec.remote.hosts)
         return f" on {hosts} host{'s' if hosts > 1 else ''}"

@@ -1,10 +1,12 @@
 """The SSH tunnel to a remote head: the one way this machine reaches a cluster it is not part of.
 
 A head's ports stay closed to the laptop; one ``ssh`` forwards two of them to 127.0.0.1 here: the
-keeper's line (on the head's own loopback: the kernel talks to the keeper through it, ``line/``)
-and the GCS (the watchdog, status and the Lab sidebar read Ray's node table through it). The tunnel is a process
-of the cluster's own — in a session of its own, carrying the cluster's marker — so it outlives a
-kernel restart (the next kernel finds it by name) and ``down`` stops it with the rest.
+keeper's line (on the head's own loopback: the kernel talks to the keeper through it, ``line/``;
+on a Slurm cluster the SSH host is the login node, and the keeper listens on the head node's
+address, behind the cluster's token) and the GCS (the watchdog, status and the Lab sidebar read
+Ray's node table through it). The tunnel is a process of the cluster's own — in a session of its
+own, carrying the cluster's marker — so it outlives a kernel restart (the next kernel finds it by
+name) and ``down`` stops it with the rest.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     gcs_port, line_port = wanted if wanted and all(ports.is_free(p, reuse=True) for p in wanted) else (
         ports.free_ports(2))
     forward = [f"-L127.0.0.1:{gcs_port}:{remote.head_ip}:{remote.gcs_port}",
-               f"-L127.0.0.1:{line_port}:127.0.0.1:{remote.keeper_port}"]
+               f"-L127.0.0.1:{line_port}:{remote.keeper_host or '127.0.0.1'}:{remote.keeper_port}"]
     # a terminal session, not `-N`: only then do both ends of SSH turn Nagle's algorithm off
     # (TCP_NODELAY), and every small Ray Client request stops waiting out a 40 ms delayed ACK
     # the hold carries the cluster's marker, so the head's own stop ends it (and this tunnel with it)

@@ -1,0 +1,174 @@
+"""The cluster in a Slurm allocation: run by the job's batch script on its first node, beside the
+host script (``onhost.py``, whose ``start`` it uses), both copied into the cluster's folder in the
+shared home. Standard library only, as the host script.
+
+    python slurmjob.py ORDER_FILE          the cluster, on the allocation's first node
+    python slurmjob.py worker ORDER        Ray on another node (each task of the srun step)
+
+Its answer, and where the head listens, go beside ORDER_FILE (``job-ID.json``) for the laptop.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENDING_S = 4.0      # a job's end: what was asked to stop and still runs is killed this long after
+_children = []      # what this process started, ended with it
+
+
+def _host_script():
+    """The host script beside this one (``onhost/script.py`` in the package), loaded from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("onhost", os.path.join(HERE, "onhost.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(args):
+    """The cluster in a Slurm allocation, run by its batch script on the allocation's first node.
+
+    Everything stays in the foreground of a job step, so the scheduler sees every process and ends
+    them all with the job (``scancel``, the walltime): Ray's head and the head's watchdog (which
+    starts the keeper, listening on this node's address behind the cluster's token) are this
+    process's children in the batch step; Ray on every other node runs in one ``srun`` step, one
+    task a node. The head's address and ports go beside the order (``job-ID.json``), where the
+    laptop reads them through the login node. When the head's Ray or its watchdog ends (a stop
+    from the head: budget, idle), so does the job."""
+    onhost = _host_script()
+    path = os.path.expanduser(args[0])
+    with open(path) as f:
+        order = json.load(f)
+    folder = os.path.dirname(path)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    here = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    count = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    ip = onhost.node_ip(os.environ.get("SLURM_LAUNCH_NODE_IPADDR"))    # as the login node reaches this one
+    said = os.path.join(folder, f"job-{job}.json")
+
+    def tell(answer):
+        with open(said + ".part", "w") as f:
+            json.dump(answer, f)
+        os.replace(said + ".part", said)
+
+    temp_dir = order["temp_dir"].replace("{job}", job)
+    head = dict(order["head"], role="head", ip=ip, temp_dir=temp_dir, keeper_host=ip)
+    ray = onhost.ray_command(head)
+    if not ray.get("ok"):
+        tell({"ok": False, "error": f"Ray's head did not start on {here}: {ray.get('error')}"})
+        return ray
+    started = {"port": head["port"], "keeper_port": head["keeper_port"]}     # as ray_command moved them
+    procs = {"Ray's head": _ray(ray)}
+    deadline = time.time() + order.get("timeout", 150)
+    while not _answers(ip, started["port"]):
+        if procs["Ray's head"].poll() is not None or time.time() > deadline:
+            procs["Ray's head"].kill()
+            tell({"ok": False, "error": f"Ray's head on {here} did not answer at {ip}:{started['port']}"})
+            return {"ok": False, "error": "no head"}
+        time.sleep(0.2)
+    if count > 1:
+        worker = dict(order["worker"], role="worker", head=f"{ip}:{started['port']}", temp_dir=temp_dir,
+                      gpus=order["head"].get("gpus") or 0)   # as the job asked of every node
+        procs["Ray on the other nodes"] = _other_nodes(order, worker, count, here, folder, job)
+    guard_order = dict(order["guard"], gcs=f"{ip}:{started['port']}", ip=ip, temp_dirs={"*": temp_dir},
+                       keeper=dict(order["guard"]["keeper"], port=started["keeper_port"], host=ip))
+    procs["the head's watchdog"] = _watchdog(guard_order, folder)
+    tell({"ok": True, "job": job, "node": here, "ip": ip, "port": started["port"],
+          "keeper_port": started["keeper_port"], "temp_dir": temp_dir, "nodes": count})
+    return _until_one_ends(procs)
+
+
+def _other_nodes(order, worker, count, here, folder, job):
+    """Ray on every other node of the allocation: one ``srun`` step, one task a node."""
+    step = ["srun", f"--nodes={count - 1}", f"--ntasks={count - 1}", "--ntasks-per-node=1", f"--exclude={here}",
+            "--kill-on-bad-exit=0", *order.get("step_flags", []),
+            sys.executable, os.path.abspath(__file__), "worker", json.dumps(worker)]
+    with open(os.path.join(folder, f"job-{job}-workers.log"), "ab") as out:
+        return _child(subprocess.Popen(step, stdout=out, stderr=out, stdin=subprocess.DEVNULL))
+
+
+def _watchdog(order, folder):
+    """The head's watchdog (``onhost.py guard``, which waits for it on a scheduled head), this
+    process's child, on the package copied beside the host script."""
+    home = os.path.expanduser(order["home"])
+    os.makedirs(home, mode=0o700, exist_ok=True)
+    path = os.path.join(home, "order.json")
+    with open(path, "w") as f:
+        json.dump(order, f)
+    with open(os.path.join(home, "guard.log"), "ab") as out:
+        return _child(subprocess.Popen([sys.executable, os.path.join(HERE, "onhost.py"), "guard", f"@{path}"],
+                                       stdout=out, stderr=out, stdin=subprocess.DEVNULL))
+
+
+def _until_one_ends(procs):
+    """Until the head's Ray or its watchdog ends; then the rest here is ended, and so is the job
+    (its batch step ends with this process). Ray on the other nodes may end alone (a node lost)."""
+    while True:
+        for name, proc in procs.items():
+            if proc.poll() is not None and name != "Ray on the other nodes":
+                print(f"{name} ended (exit {proc.returncode}): the job ends", flush=True)
+                for other in procs.values():
+                    if other.poll() is None:
+                        other.terminate()
+                return {"ok": proc.returncode == 0, "ended": name}
+        time.sleep(1.0)
+
+
+def _ray(ray):
+    """``ray start --block``, this process's child: in the foreground of the job's step, which sees
+    and ends all of it."""
+    with open(ray["log"], "ab") as out:
+        return _child(subprocess.Popen([*ray["cmd"], "--block"], env=ray["env"], stdout=out, stderr=out,
+                                       stdin=subprocess.DEVNULL))
+
+
+def _child(proc):
+    _children.append(proc)
+    return proc
+
+
+def _end(signum, frame):
+    """The job ends (``scancel``, its walltime): Slurm signals every process of the step it can
+    see, and kills them once its ``KillWait`` has passed. This process stays till its children
+    have ended — they stay its children, so none of them leaves the step's process tree and
+    outlives the job (a tree Slurm's process tracking follows by parent, without cgroups)."""
+    for proc in _children:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + ENDING_S
+    while any(proc.poll() is None for proc in _children) and time.time() < deadline:
+        time.sleep(0.1)
+    for proc in _children:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    os._exit(128 + signum)
+
+
+def worker(args):
+    """On every other node (the ``srun`` step): Ray joining the head, in the foreground."""
+    ray = _host_script().ray_command(json.loads(args[0]))
+    return {"ok": _ray(ray).wait() == 0} if ray.get("ok") else ray
+
+
+def _answers(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    for ending in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(ending, _end)
+    answer = worker(sys.argv[2:]) if sys.argv[1:2] == ["worker"] else main(sys.argv[1:])
+    print(json.dumps(answer), flush=True)
+    sys.exit(0 if answer.get("ok") else 1)

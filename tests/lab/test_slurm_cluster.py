@@ -1,0 +1,126 @@
+"""``up --backend slurm`` on a real Slurm (``tests/slurmlab.py``): the laptop reaches the login host
+alone; the job's two compute nodes share the cluster's home with it and nothing with the laptop.
+
+Counted from outside the product: the queue by Slurm's own ``squeue``, what ran on a node by the
+node's network namespace, the job's end by Slurm's own record of ended jobs (``jobcomp``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster_processes import wait_until
+from models import DDP_ACROSS_HOSTS
+
+import gpugeek_jupyter as gg
+from gpugeek_jupyter.cluster import registry
+from gpugeek_jupyter.cluster.spec import ClusterSpec
+
+pytestmark = pytest.mark.slow
+
+LEFT_WITHIN_S = 15.0      # after down: the job's processes gone from every node (Slurm's KillWait is 5 s)
+
+
+@pytest.fixture
+def cluster_user(slurm, gpugeek_home):
+    """This machine as a user of the cluster: the lab's key for the login host, its wheel index as
+    the mirror the compute nodes install from."""
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{slurm.lab.index_url}"\n')
+    return {"backend": "slurm", "login": f"root@{slurm.login.address}", "ssh_key": str(slurm.lab.key),
+            "usd_per_hour": 0}
+
+
+def _nothing_left(slurm) -> bool:
+    return not slurm.squeue() and not any(slurm.strays(n) for n in slurm.nodes)
+
+
+def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm, cluster_user, capsys):
+    began = time.monotonic()
+    try:
+        gg.up("hpc", nodes=2, gpus_per_host=1, time=30, **cluster_user)
+        took_up = time.monotonic() - began
+        record = registry.live("hpc")
+        spec = ClusterSpec.from_json(record.spec)
+        job = spec.remote.job_id
+        [listed] = slurm.squeue()
+        assert (listed["id"], listed["state"], listed["nodes"]) == (job, "RUNNING", "node[1-2]"), listed
+        assert spec.remote.head_ip == slurm.nodes[0].address and record.address.startswith("127.0.0.1:")
+        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
+        assert equal, "gradients differ between the two nodes"
+        assert ips == [n.address for n in slurm.nodes], f"ranks ran on {ips}"
+        pulled = gg.run("answer = 6 * 7", workers=2, gpus_per_worker=1, pull=["answer"], monitor=False).pulled
+        assert pulled == {"answer": 42}, pulled
+        first_cell = time.monotonic() - began
+    finally:
+        downed = time.monotonic()
+        if registry.live("hpc") is not None:
+            gg.down("hpc")
+        took_down = time.monotonic() - downed
+    out = capsys.readouterr().out
+    assert f"Slurm job {job} submitted from {cluster_user['login']}" in out, out
+    assert not slurm.squeue(), slurm.squeue()
+    wait_until(lambda: not any(slurm.strays(n) for n in slurm.nodes), LEFT_WITHIN_S,
+               "no process of the job on any compute node (counted by namespace)")
+    ended = wait_until(lambda: [line for line in (slurm.jobcomp.read_text() if slurm.jobcomp.exists() else "")
+                                .splitlines() if f"JobId={job} " in line], 10, "Slurm's record of the job's end")
+    assert "JobState=CANCELLED" in ended[0] and "NodeList=node[1-2]" in ended[0], ended
+    print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s")
+
+
+def _kernel(code: str, home) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "GPUGEEK_HOME": str(home)}, start_new_session=True)
+
+
+def _read_until(proc: subprocess.Popen, wanted: str, timeout: float) -> str:
+    said, deadline = [], time.monotonic() + timeout
+    os.set_blocking(proc.stdout.fileno(), False)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line:
+            said.append(line)
+            if wanted in line:
+                return "".join(said)
+        elif proc.poll() is not None:
+            break
+        else:
+            time.sleep(0.1)
+    raise AssertionError(f"no {wanted!r} within {timeout} s: {''.join(said)[-2000:]}")
+
+
+def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_its_job(slurm, cluster_user,
+                                                                                       gpugeek_home):
+    """The first cluster holds both nodes: a second, asked for from another kernel, says "pending
+    (Resources)" and starts once the first is downed. A third, interrupted (the stop button:
+    SIGINT) while it waits, cancels its job: ``squeue`` lists none of it."""
+    flags = ", ".join(f"{k}={v!r}" for k, v in cluster_user.items())
+    gg.up("first", nodes=2, **cluster_user)
+    second = _kernel(f"import gpugeek_jupyter as gg\ngg.up('second', nodes=1, {flags})\nprint('second is up')\n"
+                     "import time\ntime.sleep(600)\n", gpugeek_home)
+    third = None
+    try:
+        _read_until(second, "pending (Resources) — 1 node on gpu", 60)
+        third = _kernel(f"import gpugeek_jupyter as gg\ngg.up('third', nodes=1, {flags})\n", gpugeek_home)
+        said = _read_until(third, "pending (", 60)         # Priority: behind the second
+        job = said.split("Slurm job ")[1].split()[0]
+        assert {j["id"]: j["state"] for j in slurm.squeue()}.get(job) == "PENDING"
+        os.kill(third.pid, signal.SIGINT)          # the stop button
+        third.wait(timeout=60)
+        assert job not in {j["id"] for j in slurm.squeue()}, slurm.squeue()
+        assert registry.live("third") is None
+        gg.down("first")
+        _read_until(second, "second is up", 90)
+    finally:
+        for kernel in (second, third):
+            if kernel is not None and kernel.poll() is None:
+                os.killpg(kernel.pid, signal.SIGKILL)
+                kernel.wait(timeout=10)
+        for name in ("first", "second", "third"):
+            if registry.live(name) is not None:
+                gg.down(name)
+    wait_until(lambda: _nothing_left(slurm), LEFT_WITHIN_S, "the queue empty and no process on any node")

@@ -7,6 +7,7 @@ node's network namespace, the job's end by Slurm's own record of ended jobs (``j
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from models import DDP_ACROSS_HOSTS
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.line import wire
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +57,13 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
         assert ips == [n.address for n in slurm.nodes], f"ranks ran on {ips}"
         pulled = gg.run("answer = 6 * 7", workers=2, gpus_per_worker=1, pull=["answer"], monitor=False).pulled
         assert pulled == {"answer": 42}, pulled
+        # a stranger on the cluster's network (another user on the login node) reaches the keeper's port
+        # on the head node, answers its challenge without the token: closed, with nothing said
+        probe = (f"import os, socket\ns = socket.create_connection(({spec.remote.head_ip!r}, "
+                 f"{spec.remote.keeper_port}), 5)\ns.settimeout(15)\nfirst = s.recv({len(wire.MAGIC) + wire.NONCE})\n"
+                 f"s.sendall(os.urandom({wire.DIGEST + wire.NONCE}))\nprint(len(first), repr(s.recv(1024)))\n")
+        stranger = slurm.ssh(f"python3 -c {shlex.quote(probe)}")
+        assert stranger.stdout.split() == [str(len(wire.MAGIC) + wire.NONCE), "b''"], stranger.stdout + stranger.stderr
         first_cell = time.monotonic() - began
     finally:
         downed = time.monotonic()

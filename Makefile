@@ -23,9 +23,10 @@ LAB_ARGS ?=
 # asyncio-based tests of the main suite do not share a process well.
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
-PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser
+PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
+PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
 
 .PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean
 
@@ -78,23 +79,27 @@ lint: $(VENV)/.installed-test
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
 # once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
-# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite.
+# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite and
+# then the Slurm lab (tests/slurm: its hosts install from the lab's files, made by then).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
 	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
-	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_BROWSER); browser=$$?; lab=0; \
+	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
+	  $(PYTEST_BROWSER); browser=$$?; lab=0; \
 	else \
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
 	    echo $$? > artifacts/test-lab.rc; \
 	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; wait; \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; \
+	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
+	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
 	fi; \
-	echo "make test: main suite exit $$main, lab suite exit $$lab, browser suite exit $$browser"; \
-	test $$main -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
+	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser"; \
+	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
 
 # What the suites need, made at once: the Debian packages (one apt-get run for all that are
 # missing) beside the venv, the extension build and the package's install.

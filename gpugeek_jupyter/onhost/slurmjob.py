@@ -10,6 +10,7 @@ Its answer, and where the head listens, go beside ORDER_FILE (``job-ID.json``) f
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,8 +18,14 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENDING_S = 4.0      # a job's end: what was asked to stop and still runs is killed this long after
+# a job's end: what was asked to stop and still runs is killed this long after. Slurm kills what is left
+# of the step after its KillWait (30 s by default), and an srun step's tasks a second after the job's
+# srun got the signal (seen): Ray need not end gracefully (nothing of a job's Ray outlives the job)
+ENDING_S = 0.5
 _children = []      # what this process started, ended with it
+_steps = []         # of them, the srun steps on the other nodes: they end by Slurm's signal to their tasks
+STEPS_S = 1.0       # … given this long more than this node's own end
+_temp = []          # Ray's temp folder on this node, removed once its processes have ended
 
 
 def _host_script():
@@ -58,6 +65,8 @@ def main(args):
         os.replace(said + ".part", said)
 
     temp_dir = order["temp_dir"].replace("{job}", job)
+    _temp.append(temp_dir)
+    _sweep()
     head = dict(order["head"], role="head", ip=ip, temp_dir=temp_dir, keeper_host=ip)
     ray = onhost.ray_command(head)
     if not ray.get("ok"):
@@ -90,7 +99,9 @@ def _other_nodes(order, worker, count, here, folder, job):
             "--kill-on-bad-exit=0", *order.get("step_flags", []),
             sys.executable, os.path.abspath(__file__), "worker", json.dumps(worker)]
     with open(os.path.join(folder, f"job-{job}-workers.log"), "ab") as out:
-        return _child(subprocess.Popen(step, stdout=out, stderr=out, stdin=subprocess.DEVNULL))
+        proc = _child(subprocess.Popen(step, stdout=out, stderr=out, stdin=subprocess.DEVNULL))
+    _steps.append(proc)
+    return proc
 
 
 def _watchdog(order, folder):
@@ -123,9 +134,9 @@ def _until_one_ends(procs):
 def _ray(ray):
     """``ray start --block``, this process's child: in the foreground of the job's step, which sees
     and ends all of it."""
-    with open(ray["log"], "ab") as out:
+    with open(ray["log"], "ab") as out:     # a process group of its own: Ray's daemons end with it
         return _child(subprocess.Popen([*ray["cmd"], "--block"], env=ray["env"], stdout=out, stderr=out,
-                                       stdin=subprocess.DEVNULL))
+                                       stdin=subprocess.DEVNULL, start_new_session=True))
 
 
 def _child(proc):
@@ -137,23 +148,70 @@ def _end(signum, frame):
     """The job ends (``scancel``, its walltime): Slurm signals every process of the step it can
     see, and kills them once its ``KillWait`` has passed. This process stays till its children
     have ended — they stay its children, so none of them leaves the step's process tree and
-    outlives the job (a tree Slurm's process tracking follows by parent, without cgroups)."""
-    for proc in _children:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    outlives the job (a tree Slurm's process tracking follows by parent, without cgroups) — and
+    removes Ray's temp folder here. The other nodes' step is left to end by Slurm's own signal to
+    its tasks (each does the same there): its ``srun`` ended first would have them killed at once."""
+    ours = [proc for proc in _children if proc not in _steps]
+    for proc in ours:
+        _signal(proc, signal.SIGTERM)
     deadline = time.time() + ENDING_S
-    while any(proc.poll() is None for proc in _children) and time.time() < deadline:
+    while any(proc.poll() is None for proc in ours) and time.time() < deadline:
         time.sleep(0.1)
-    for proc in _children:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    for proc in ours:
+        _signal(proc, signal.SIGKILL)       # and what is left of its group (Ray's raylet, GCS)
+        proc.wait()
+    _tidy()
+    deadline = time.time() + STEPS_S
+    while any(step.poll() is None for step in _steps) and time.time() < deadline:
+        time.sleep(0.1)
+    for step in _steps:
+        _signal(step, signal.SIGKILL)
     os._exit(128 + signum)
+
+
+def _signal(proc, signum):
+    """``signum`` to a child, and to its process group where it leads one (Ray's)."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signum)
+        elif proc.poll() is None:
+            proc.send_signal(signum)
+    except OSError:
+        pass
+
+
+def _sweep():
+    """Ray's temp folders that jobs of ours left on this node (a step Slurm killed before it could
+    tidy), for jobs Slurm no longer lists: removed as this one starts. Only this user's, and only
+    ours (``gg-TAG-JOB``)."""
+    try:
+        listed = set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                                    timeout=30).stdout.split())
+    except (OSError, subprocess.SubprocessError):
+        return
+    if not listed:          # squeue said nothing (it lists this job at least): leave everything
+        return
+    for name in os.listdir("/tmp"):
+        path = os.path.join("/tmp", name)
+        job = name.rsplit("-", 1)[-1]
+        if (name.startswith("gg-") and name.count("-") == 2 and job.isdigit() and job not in listed
+                and os.path.isdir(path) and os.stat(path).st_uid == os.getuid()):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _tidy():
+    """Ray's temp folder of this job on this node gone (a node's /tmp is shared with other jobs)."""
+    for folder in _temp:
+        if os.path.basename(folder).startswith("gg-"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker(args):
     """On every other node (the ``srun`` step): Ray joining the head, in the foreground."""
-    ray = _host_script().ray_command(json.loads(args[0]))
+    order = json.loads(args[0])
+    _temp.append(order["temp_dir"])
+    _sweep()
+    ray = _host_script().ray_command(order)
     return {"ok": _ray(ray).wait() == 0} if ray.get("ok") else ray
 
 
@@ -170,5 +228,6 @@ if __name__ == "__main__":
     for ending in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(ending, _end)
     answer = worker(sys.argv[2:]) if sys.argv[1:2] == ["worker"] else main(sys.argv[1:])
+    _tidy()
     print(json.dumps(answer), flush=True)
     sys.exit(0 if answer.get("ok") else 1)

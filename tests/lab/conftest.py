@@ -11,7 +11,6 @@ from pathlib import Path
 import cloudbox
 import netlab
 import pytest
-import slurmlab
 
 
 @pytest.fixture(scope="session")
@@ -36,22 +35,6 @@ def box():
         left = made.leftovers()
         assert not left, f"the box left {', '.join(left)}"
         assert made.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    """A real Slurm (``tests/slurmlab.py``): a controller, a login host the laptop reaches alone, two
-    compute nodes with two GRES GPUs each that share the cluster's home with the login host and
-    nothing with the laptop; everything it made gone at the end."""
-    if reason := slurmlab.why_not():
-        pytest.skip(reason)
-    made = slurmlab.up(nodes=2, gpus_per_node=2)
-    try:
-        yield made
-    finally:
-        made.down()
-        left = made.leftovers()
-        assert not left, f"the Slurm lab left {', '.join(left)}"
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ holds every node."""
 
 from __future__ import annotations
 
+import os
 import socket
+from pathlib import Path
 
 import pytest
 from cluster_processes import wait_until
@@ -14,15 +16,21 @@ from cluster_processes import wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_steps_run_on_each_node_with_its_gpus_and_the_shared_home_alone(slurm):
-    done = slurm.ssh("echo from-login > ~/mark; srun -N2 --ntasks-per-node=1 sh -c "
-                     "'echo \"$(hostname)|$(hostname -I | tr -d \" \")|$(cat ~/mark)|$(ls -A /tmp | wc -l)\"' | sort")
+def test_steps_run_on_each_node_with_its_gpus_and_the_shared_home_alone(slurm, tmp_path):
+    laptop = Path("/tmp") / f"laptop-{os.getpid()}"
+    laptop.write_text("the laptop's")
+    try:
+        done = slurm.ssh("echo from-login > ~/mark; srun -N1 -w node1 touch /tmp/node1-mark; "
+                         "srun -N2 --ntasks-per-node=1 sh -c 'echo \"$(hostname)|$(hostname -I | tr -d \" \")|"
+                         f"$(cat ~/mark)|$(ls /tmp/node1-mark {laptop} 2>/dev/null | tr \"\\n\" ,)\"' | sort")
+    finally:
+        laptop.unlink()
     assert done.returncode == 0, done.stderr
     rows = [line.split("|") for line in done.stdout.splitlines()]
     assert [r[0] for r in rows] == ["node1", "node2"]
     assert [r[1] for r in rows] == [n.address for n in slurm.nodes], "each step at its node's address"
     assert {r[2] for r in rows} == {"from-login"}, "the home is the login host's"
-    assert {r[3] for r in rows} == {"0"}, "each node has a /tmp of its own, empty"
+    assert [r[3] for r in rows] == ["/tmp/node1-mark,", ""], "each node has a /tmp of its own, not the laptop's"
     gpus = slurm.ssh("srun -N1 --gres=gpu:2 sh -c 'echo $CUDA_VISIBLE_DEVICES'")
     assert gpus.stdout.strip() == "0,1", gpus.stdout + gpus.stderr
     python = slurm.ssh("srun -N1 python3 -c 'import importlib.util as u; print(bool(u.find_spec(\"ray\")))'")

@@ -81,6 +81,13 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
     print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s")
 
 
+def _tag(job: str) -> str:
+    """The job's temp folder's name, past ``gg-``: the cluster's tag, then the job."""
+    import hashlib
+
+    return f"{hashlib.sha1(registry.live('first').marker.encode()).hexdigest()[:8]}-{job}"
+
+
 def _kernel(code: str, home) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "GPUGEEK_HOME": str(home)}, start_new_session=True)
@@ -108,7 +115,13 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
     (Resources)" and starts once the first is downed. A third, interrupted (the stop button:
     SIGINT) while it waits, cancels its job: ``squeue`` lists none of it."""
     flags = ", ".join(f"{k}={v!r}" for k, v in cluster_user.items())
+    slurm.ssh("srun -N2 --ntasks-per-node=1 mkdir -p /tmp/gg-0badcafe-999999/session_x")   # a job long gone left it
     gg.up("first", nodes=2, **cluster_user)
+    # each node's Ray temp folders are the running job's alone: what ended jobs left is swept as it starts
+    job = ClusterSpec.from_json(registry.live("first").spec).remote.job_id
+    temps = slurm.ssh(f"srun --jobid={job} --overlap -N2 --ntasks-per-node=1 "
+                      "sh -c 'echo $(hostname) $(ls -d /tmp/gg-*)' | sort")
+    assert [line.split()[1:] for line in temps.stdout.splitlines()] == [[f"/tmp/gg-{_tag(job)}"]] * 2, temps.stdout
     second = _kernel(f"import gpugeek_jupyter as gg\ngg.up('second', nodes=1, {flags})\nprint('second is up')\n"
                      "import time\ntime.sleep(600)\n", gpugeek_home)
     third = None

@@ -1,0 +1,24 @@
+"""A real Slurm for one test session (``tests/slurmlab.py``): made once, torn down at the end, and
+nothing of it may be left — no namespace, no link, no route, no process. ``make test`` runs this
+folder after the main suite, beside the multi-host lab's stream (its wheel index made by then)."""
+
+from __future__ import annotations
+
+import pytest
+import slurmlab
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm (``tests/slurmlab.py``): a controller, a login host the laptop reaches alone, two
+    compute nodes with two GRES GPUs each that share the cluster's home with the login host and
+    nothing with the laptop; everything it made gone at the end."""
+    if reason := slurmlab.why_not():
+        pytest.skip(reason)
+    made = slurmlab.up(nodes=2, gpus_per_node=2)
+    try:
+        yield made
+    finally:
+        made.down()
+        left = made.leftovers()
+        assert not left, f"the Slurm lab left {', '.join(left)}"

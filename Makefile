@@ -179,7 +179,8 @@ frameworks-lab: $(VENV)/.installed-test sshd chromium lab-files
 	GPUGEEK_LAB_FRAMEWORKS=1 $(PY) -m pytest -q -ra -p no:cacheprovider tests/browser/test_framework_monitor_in_lab.py
 
 # A stranger on the lab's bridge tries every port of both hosts of a 2-host ssh cluster, without
-# the token (tests/lab/test_stranger.py, about seven minutes; `make test` tries the head's).
+# the token (tests/lab/test_stranger.py, about seven minutes; .ci/run runs it after `make test`,
+# which tries the keeper's port on a Slurm node in tests/slurm).
 .PHONY: stranger
 stranger: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_STRANGER_EVERY_HOST=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_stranger.py

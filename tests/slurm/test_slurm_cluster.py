@@ -146,3 +146,32 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
             if registry.live(name) is not None:
                 gg.down(name)
     wait_until(lambda: _nothing_left(slurm), LEFT_WITHIN_S, "the queue empty and no process on any node")
+
+
+@pytest.mark.parametrize("flags, said", [
+    ({"partition": "nope"}, "Slurm refused the job: invalid partition specified: nope"),
+    ({"time": 120}, "Requested time limit is invalid (missing or exceeds some limit)"),
+    ({"gpus_per_host": 5}, "Requested node configuration is not available"),
+])
+def test_what_slurm_refuses_is_sbatchs_own_words_in_one_line_and_nothing_is_queued(slurm, cluster_user, flags,
+                                                                                    said):
+    """A partition the cluster has not, a walltime over the partition's limit (the lab enforces it:
+    ``EnforcePartLimits=ALL``), a GRES no node has: sbatch's own words, one line, and no job left
+    queued. (An unknown --account needs Slurm's accounting, which the lab does not run.)"""
+    with pytest.raises(gg.GpugeekError) as refused:
+        gg.up("refused", nodes=1, **{**cluster_user, **flags})
+    line = str(refused.value)
+    assert "\n" not in line and "Traceback" not in line and said in line, line
+    assert line.endswith("nothing of 'refused' runs"), line
+    assert slurm.squeue() == [] and registry.live("refused") is None
+
+
+def test_a_login_that_fails_is_one_line_and_submits_nothing(slurm, cluster_user, tmp_path):
+    key = tmp_path / "not-the-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    with pytest.raises(gg.GpugeekError) as failed:
+        gg.up("nologin", nodes=1, **{**cluster_user, "ssh_key": str(key)})
+    line = str(failed.value)
+    assert "\n" not in line and line.startswith(f"{cluster_user['login']}: SSH failed — "), line
+    assert "Permission denied" in line, line
+    assert slurm.squeue() == [] and registry.all_records() == []

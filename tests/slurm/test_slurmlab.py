@@ -60,9 +60,11 @@ def test_a_job_waits_for_resources_while_another_holds_every_node_and_scancel_en
     first = slurm.ssh("sbatch --parsable -N2 --wrap 'srun sleep 300'").stdout.strip()
     second = slurm.ssh("sbatch --parsable -N1 --wrap 'sleep 300'").stdout.strip()
     try:
+        # the scheduler's next pass says why the second waits (Priority until then)
         queue = wait_until(lambda: (q := {j["id"]: j for j in slurm.squeue()}) and q.get(first, {}).get("state")
-                           == "RUNNING" and q, 20, "the first job running")
-        assert (queue[second]["state"], queue[second]["reason"]) == ("PENDING", "Resources"), queue
+                           == "RUNNING" and q.get(second, {}).get("reason") == "Resources" and q, 20,
+                           "the first job running, the second pending on Resources")
+        assert queue[second]["state"] == "PENDING", queue
         wait_until(lambda: all(slurm.strays(n) for n in slurm.nodes), 10, "the first job's steps on both nodes")
     finally:
         slurm.ssh(f"scancel {first} {second}")

@@ -6,7 +6,8 @@ cloud hands out — a login node you SSH to, compute nodes behind it that a sche
 - ``slurmctld`` in a network namespace of its own on a lab bridge (``netlab``), at ``.4``;
 - a **login host** (``login``, ``.30``): sshd with the lab's key for root, the Slurm commands with
   ``SLURM_CONF`` set, the cluster's home as its ``/root``;
-- **compute nodes** (``node1``…, ``.31``…): one ``slurmd`` each in a network, PID and mount namespace
+- **compute nodes** (``node1``…, ``.31``…, two CPUs declared each, so that two jobs of one CPU share
+  a node): one ``slurmd`` each in a network, PID and mount namespace
   of its own, each with its own ``/tmp`` and the cluster's home as ``/root`` — shared with the
   login host as clusters share their home, and with nothing of the laptop's (its checkout, its
   venv and its ``/root`` are out of sight); the lab's machine image (a Python with torch, no Ray);
@@ -56,6 +57,7 @@ class Slurm:
     nodes: list[netlab.Host]
     controller: str                          # slurmctld's address
     gpus_per_node: int
+    cpus_per_node: int             # declared (``config_overrides``: more than this machine's cores allowed)
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)   # munged, slurmctld, slurmd-nodeN
 
     @property
@@ -139,7 +141,7 @@ class Slurm:
         return left
 
 
-def up(nodes: int = 2, gpus_per_node: int = 2) -> Slurm:
+def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
     """The Slurm lab, its nodes idle and the login host answering; torn down again on any failure."""
     lab = netlab.up(0)
     prefix = lab.gateway.rsplit(".", 1)[0]
@@ -155,7 +157,8 @@ def up(nodes: int = 2, gpus_per_node: int = 2) -> Slurm:
     workers = [netlab.Host(name=f"node{i}", netns=f"{netlab.PREFIX}{lab_id}-node{i}",
                            address=f"{prefix}.{NODES_FROM + i - 1}", link=f"gl{lab_id}n{i}",
                            setup="mount -t tmpfs tmpfs /tmp", **make) for i in range(1, nodes + 1)]
-    slurm = Slurm(lab, login, workers, controller=f"{prefix}.{CONTROLLER_AT}", gpus_per_node=gpus_per_node)
+    slurm = Slurm(lab, login, workers, controller=f"{prefix}.{CONTROLLER_AT}", gpus_per_node=gpus_per_node,
+                  cpus_per_node=cpus_per_node)
     try:
         lab.serve_index()
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab-login", "-f",
@@ -218,7 +221,7 @@ def _configure(slurm: Slurm) -> None:
             last = slurm.gpus_per_node - 1
             gres.append(f"NodeName={node.name} Name=gpu File={devices}/nvidia[0-{last}]" if last else
                         f"NodeName={node.name} Name=gpu File={devices}/nvidia0")
-        node_lines.append(f"NodeName={node.name} NodeAddr={node.address} CPUs=1 RealMemory=4000"
+        node_lines.append(f"NodeName={node.name} NodeAddr={node.address} CPUs={slurm.cpus_per_node} RealMemory=4000"
                           + (f" Gres=gpu:{slurm.gpus_per_node}" if slurm.gpus_per_node else "") + " State=UNKNOWN")
     socket = slurm.lab.dir / "munge" / "munge.socket.2"
     names = ",".join(n.name for n in slurm.nodes)

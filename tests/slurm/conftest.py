@@ -11,11 +11,11 @@ import slurmlab
 @pytest.fixture(scope="session")
 def slurm():
     """A real Slurm (``tests/slurmlab.py``): a controller, a login host the laptop reaches alone, two
-    compute nodes with two GRES GPUs each that share the cluster's home with the login host and
-    nothing with the laptop; everything it made gone at the end."""
+    compute nodes with two CPUs and two GRES GPUs each that share the cluster's home with the login
+    host and nothing with the laptop; everything it made gone at the end."""
     if reason := slurmlab.why_not():
         pytest.skip(reason)
-    made = slurmlab.up(nodes=2, gpus_per_node=2)
+    made = slurmlab.up(nodes=2, gpus_per_node=2, cpus_per_node=2)
     try:
         yield made
     finally:

@@ -116,7 +116,7 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
     SIGINT) while it waits, cancels its job: ``squeue`` lists none of it."""
     flags = ", ".join(f"{k}={v!r}" for k, v in cluster_user.items())
     slurm.ssh("srun -N2 --ntasks-per-node=1 mkdir -p /tmp/gg-0badcafe-999999/session_x")   # a job long gone left it
-    gg.up("first", nodes=2, **cluster_user)
+    gg.up("first", nodes=2, cpus_per_host=2, **cluster_user)     # every CPU of both nodes
     # each node's Ray temp folders are the running job's alone: what ended jobs left is swept as it starts
     job = ClusterSpec.from_json(registry.live("first").spec).remote.job_id
     temps = slurm.ssh(f"srun --jobid={job} --overlap -N2 --ntasks-per-node=1 "
@@ -175,3 +175,34 @@ def test_a_login_that_fails_is_one_line_and_submits_nothing(slurm, cluster_user,
     assert "\n" not in line and line.startswith(f"{cluster_user['login']}: SSH failed — "), line
     assert "Permission denied" in line, line
     assert slurm.squeue() == [] and registry.all_records() == []
+
+
+def test_two_clusters_on_the_same_nodes_do_not_collide_and_downing_one_leaves_the_other_running(slurm, cluster_user):
+    """Two jobs of one CPU per node on the same two nodes (two CPUs each): their heads on the same
+    first node on ports of their own, temp folders and Ray sessions of their own; a cell on each;
+    the one downed, the other's cells go on."""
+    gg.up("left", nodes=2, cpus_per_host=1, **cluster_user)
+    gg.up("right", nodes=2, cpus_per_host=1, **cluster_user)
+    try:
+        queue = {j["name"]: j for j in slurm.squeue()}
+        assert {queue[f"gg-{n}"]["state"] for n in ("left", "right")} == {"RUNNING"}, queue
+        assert {queue[f"gg-{n}"]["nodes"] for n in ("left", "right")} == {"node[1-2]"}, queue
+        left, right = (ClusterSpec.from_json(registry.live(n).spec).remote for n in ("left", "right"))
+        assert left.head_ip == right.head_ip == slurm.nodes[0].address
+        assert len({left.gcs_port, left.keeper_port, right.gcs_port, right.keeper_port}) == 4, (left, right)
+        assert left.temp_dirs != right.temp_dirs, (left.temp_dirs, right.temp_dirs)
+        for name in ("right", "left"):
+            gg.up(name)                       # re-attached: the active cluster
+            equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, monitor=False).shown()
+            assert equal and ips == [n.address for n in slurm.nodes], (name, ips)
+        gg.down("left")
+        assert [j["name"] for j in slurm.squeue()] == ["gg-right"], slurm.squeue()
+        gg.up("right")
+        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, monitor=False).shown()
+        assert equal and ips == [n.address for n in slurm.nodes], ips
+        assert all(slurm.strays(n) for n in slurm.nodes), "the right cluster's Ray is gone from a node"
+    finally:
+        for name in ("left", "right"):
+            if registry.live(name) is not None:
+                gg.down(name)
+    wait_until(lambda: _nothing_left(slurm), LEFT_WITHIN_S, "the queue empty and no process on any node")

@@ -57,7 +57,7 @@ def test_sbatch_refuses_in_its_own_words_and_queues_nothing(slurm, flags, said):
 
 
 def test_a_job_waits_for_resources_while_another_holds_every_node_and_scancel_ends_it(slurm):
-    first = slurm.ssh("sbatch --parsable -N2 --wrap 'srun sleep 300'").stdout.strip()
+    first = slurm.ssh("sbatch --parsable -N2 --cpus-per-task=2 --wrap 'srun sleep 300'").stdout.strip()
     second = slurm.ssh("sbatch --parsable -N1 --wrap 'sleep 300'").stdout.strip()
     try:
         # the scheduler's next pass says why the second waits (Priority until then)

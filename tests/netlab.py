@@ -314,6 +314,17 @@ class Lab:
         """The lab's addresses, e.g. ``10.213.7.0/24``."""
         return str(ipaddress.IPv4Network(f"{self.gateway}/24", strict=False))
 
+    def plug(self, host: Host) -> None:
+        """The host's network namespace, its cable to the bridge and its address: no default route,
+        the bridge is all it reaches."""
+        _run("ip", "netns", "add", host.netns)
+        _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+        _run("ip", "link", "set", host.link, "master", self.bridge)
+        _run("ip", "link", "set", host.link, "up")
+        host.ns("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
+        host.ns("ip", "link", "set", "eth0", "up")
+        host.ns("ip", "link", "set", "lo", "up")
+
     def kill_host(self, host: Host) -> list[int]:
         """SIGKILL every process of the host (its sshd too), as if it lost power."""
         pids = host.pids()
@@ -612,13 +623,7 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False,
             lab.hosts.append(host)
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"gpugeek-lab-{host.name}", "-f",
                  str(folder / f"host_key-{host.name}"))
-            _run("ip", "netns", "add", host.netns)
-            _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-            _run("ip", "link", "set", host.link, "master", lab.bridge)
-            _run("ip", "link", "set", host.link, "up")
-            host.ns("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
-            host.ns("ip", "link", "set", "eth0", "up")
-            host.ns("ip", "link", "set", "lo", "up")      # no default route: the bridge is all it reaches
+            lab.plug(host)
         lab.save()
         for image in {Path(h.image or IMAGE) for h in lab.hosts if not h.bare}:
             if not (image / "bin" / "python3").exists():

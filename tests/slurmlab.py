@@ -164,7 +164,7 @@ def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab-login", "-f",
              str(lab.dir / "host_key-login"))
         for host in (login, *workers):
-            _plug(lab, host)
+            lab.plug(host)
             lab.hosts.append(host)
         lab.save()
         _plug_controller(slurm)
@@ -181,16 +181,6 @@ def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
         slurm.down()
         raise
     return slurm
-
-
-def _plug(lab: netlab.Lab, host: netlab.Host) -> None:
-    _run("ip", "netns", "add", host.netns)
-    _run("ip", "link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-    _run("ip", "link", "set", host.link, "master", lab.bridge)
-    _run("ip", "link", "set", host.link, "up")
-    host.ns("ip", "addr", "add", f"{host.address}/24", "dev", "eth0")
-    host.ns("ip", "link", "set", "eth0", "up")
-    host.ns("ip", "link", "set", "lo", "up")
 
 
 def _plug_controller(slurm: Slurm) -> None:

@@ -48,6 +48,7 @@ IMAGE_AT = "/opt/image"                    # where a host sees it
 INDEX = ROOT / ".cache" / "lab-index"       # made by `make lab-files`: the wheels the hosts install
 HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
 _made = 0
+LABS = Path("/var/tmp")     # each lab's folder (not /tmp: every host has a /tmp of its own)
 LEFT_WITHIN_S = 10.0    # after a cluster's down, its hosts' namespaces are empty within this
 
 
@@ -522,6 +523,7 @@ class Lab:
         self.index_server = subprocess.Popen(
             [sys.executable, "-c", serve, self.gateway, str(port), str(folder)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _claim(self.dir, child=self.index_server.pid)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -603,7 +605,9 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False,
     _made += 1          # labs made by this process: two at once must not share a name
     lab_id = f"{(os.getpid() * 8 + _made) % 100000:05d}"
     # not under /tmp: every host has a /tmp of its own, and its sshd reads the lab's keys from here
-    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-", dir="/var/tmp"))
+    sweep_orphans()
+    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{lab_id}-", dir=LABS))
+    _claim(folder)
     folder.chmod(0o755)
     (folder / "shared").mkdir()
     subnet = _free_subnet()
@@ -636,6 +640,96 @@ def up(n_hosts: int = 3, bare: tuple[str, ...] = (), storage: bool = False,
         lab.down()
         raise
     return lab
+
+
+# -- labs whose maker died ---------------------------------------------------------------------------
+# A run killed outright (SIGKILL, a machine's restart) never reaches ``down``: its namespaces, bridge
+# and routes stay, and the next cloud box finds its VPC range taken. Each lab's folder names the
+# process that made it (PID and start time, so a reused PID is not mistaken for it) and the
+# processes it started outside the hosts; the next ``up`` removes every lab whose maker is gone.
+
+def _started(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _claim(folder: Path, child: int | None = None) -> None:
+    """Write (or add a child process to) ``folder``'s owner.json: this process made the lab."""
+    path = folder / "owner.json"
+    owner = json.loads(path.read_text()) if path.exists() else \
+        {"pid": os.getpid(), "started": _started(os.getpid()), "children": []}
+    if child is not None:
+        owner["children"].append([child, _started(child)])
+    path.write_text(json.dumps(owner))
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    return started is not None and _started(pid) == started
+
+
+def sweep_orphans(labs: Path | None = None, young_s: float = 120.0) -> list[str]:
+    """Remove what labs whose maker died left: their processes (by namespace, and the children
+    named in owner.json), namespaces, links, blackhole routes and folders. A lab whose maker is
+    alive, or that `netlab.py up` left running on purpose, is never touched; a folder with no
+    owner.json yet is left alone for ``young_s`` (its maker may be writing it). Returns what it
+    removed."""
+    labs = labs or LABS
+    alive, dead = set(), []
+    for folder in labs.glob(f"{PREFIX}-*-*"):
+        lab_id = folder.name.split("-")[1]
+        try:
+            owner = json.loads((folder / "owner.json").read_text())
+        except (OSError, ValueError):
+            owner = None
+        if owner is None:
+            try:
+                young = time.time() - folder.stat().st_mtime < young_s
+            except OSError:
+                continue
+            (alive.add(lab_id) if young else dead.append((lab_id, folder, {})))
+        elif owner.get("kept") or _alive(owner["pid"], owner.get("started")):
+            alive.add(lab_id)
+        else:
+            dead.append((lab_id, folder, owner))
+    removed = []
+    for _, _folder, owner in dead:
+        for pid, started in owner.get("children", []):
+            if _alive(pid, started):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                removed.append(f"process {pid}")
+    namespaces = _run("ip", "netns", "list", check=False).stdout.split()
+    for ns in namespaces:
+        lab_id = ns[len(PREFIX):].split("-")[0] if ns.startswith(PREFIX) else None
+        if not lab_id or not lab_id.isdigit() or lab_id in alive:
+            continue
+        for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+            removed.append(f"process {pid}")
+        _run("ip", "netns", "del", ns, check=False)
+        removed.append(f"namespace {ns}")
+    for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+        lab_id = name[2:7]
+        if name.startswith("gl") and lab_id.isdigit() and len(lab_id) == 5 and lab_id not in alive:
+            _run("ip", "link", "del", name, check=False)      # routes through it go with it
+            removed.append(f"link {name}")
+    blackholes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout.split()
+    for _, folder, _ in dead:
+        try:
+            state = json.loads((folder / "lab.json").read_text())
+        except (OSError, ValueError):
+            state = {"hosts": []}
+        for address in [h["address"] for h in state["hosts"]] + ([state["gateway"]] if "gateway" in state else []):
+            if address in blackholes:
+                _run("ip", "route", "del", "blackhole", address, check=False)
+                removed.append(f"route blackhole {address}")
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(f"folder {folder}")
+    return removed
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -671,6 +765,7 @@ def main() -> None:
     start.add_argument("--bare", default="", help="hosts without the machine image, like h3")
     stop = sub.add_parser("down", help="remove a lab made by `up`")
     stop.add_argument("dir", type=Path)
+    sub.add_parser("sweep", help="remove what labs whose maker was killed left behind")
     args = parser.parse_args()
     reason = why_not()
     if reason:
@@ -679,11 +774,15 @@ def main() -> None:
         lab = up(args.hosts, tuple(b for b in args.bare.split(",") if b))
         for host in lab.hosts:
             host.sshd = None   # leave them running after this process ends
+        owner = json.loads((lab.dir / "owner.json").read_text())
+        (lab.dir / "owner.json").write_text(json.dumps({**owner, "kept": True}))   # not an orphan: `down` ends it
         print(f"lab in {lab.dir} (the laptop is {lab.gateway} on {lab.bridge}); serve the hosts a wheel index "
               f"with: {sys.executable} -m http.server --bind {lab.gateway} --directory {INDEX} PORT")
         for host in lab.hosts:
             print(f"  {host.name}  {host.address}   ssh {' '.join(lab.ssh_options())} root@{host.address}")
         print(f"take it down: {sys.executable} {__file__} down {lab.dir}")
+    elif args.command == "sweep":
+        print("\n".join(sweep_orphans()) or "nothing left by a dead lab")
     else:
         lab = Lab.load(args.dir)
         lab.down()

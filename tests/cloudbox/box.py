@@ -200,6 +200,7 @@ def overlaps(network: ipaddress.IPv4Network) -> list[str]:
 
 def start(regions: tuple[str, ...] = REGIONS) -> Box:
     """The box, up and safe: the lab's bridge (and its wheel index), EC2 on it, the fabric watching."""
+    netlab.sweep_orphans()      # a box whose run was killed outright still holds the VPC's route
     taken = overlaps(VPC)
     if taken:
         raise RuntimeError(f"the box's VPC range {VPC} overlaps this machine's {'; '.join(taken)}: not started")

@@ -209,16 +209,17 @@ class Lab:
     def reconnect(self, host: Host) -> None:
         _run("ip", "link", "set", host.link, "up")
 
-    def cut_laptop(self) -> None:
+    def cut_laptop(self, hosts: list[Host] | None = None) -> None:
         """Take the laptop off the network: the hosts still reach each other over the bridge, but
         what passes between them and this machine is dropped, silently, both ways (blackhole
-        routes: nothing is sent anywhere else meanwhile)."""
-        for host in self.hosts:
+        routes: nothing is sent anywhere else meanwhile). ``hosts``: those the laptop reaches, when
+        not all (a Slurm cluster's login host)."""
+        for host in self.hosts if hosts is None else hosts:
             _run("ip", "route", "add", "blackhole", f"{host.address}/32")
             host.ns("ip", "route", "add", "blackhole", f"{self.gateway}/32")
 
-    def reconnect_laptop(self) -> None:
-        for host in self.hosts:
+    def reconnect_laptop(self, hosts: list[Host] | None = None) -> None:
+        for host in self.hosts if hosts is None else hosts:
             _run("ip", "route", "del", "blackhole", f"{host.address}/32", check=False)
             host.ns("ip", "route", "del", "blackhole", f"{self.gateway}/32", check=False)
 

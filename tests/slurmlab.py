@@ -82,6 +82,18 @@ class Slurm:
         """Slurm's own record of each ended job (``jobcomp/filetxt``)."""
         return self.dir / "jobcomp.txt"
 
+    def ended(self, job: str) -> dict | None:
+        """The job's line in Slurm's record of ended jobs, as key=value (``StartTime`` and ``EndTime``
+        also as ``start``/``end``, seconds since the epoch); None until it is there."""
+        text = self.jobcomp.read_text() if self.jobcomp.exists() else ""
+        for line in text.splitlines():
+            if f"JobId={job} " in line:
+                fields = dict(pair.split("=", 1) for pair in line.split() if "=" in pair)
+                for key, name in (("StartTime", "start"), ("EndTime", "end")):    # slurmctld's local time
+                    fields[name] = time.mktime(time.strptime(fields[key], "%Y-%m-%dT%H:%M:%S"))
+                return fields
+        return None
+
     def ssh(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """``command`` on the login host, as the cluster's user runs it."""
         return self.lab.ssh(self.login, command, timeout=timeout)

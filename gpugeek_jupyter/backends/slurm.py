@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shlex
+import subprocess
 import tarfile
 import time
 from types import MappingProxyType
@@ -33,6 +35,7 @@ from ..cluster.remote import Allocated, Found, Guarded, LineOpened, Submitted, l
 from ..cluster.spec import ClusterSpec
 from ..config import settings
 from ..errors import GpugeekError
+from ..meter import allocation
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, read_nodes, token_text
 from ..remote import headguard, runtime, ssh, tunnel
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
@@ -223,6 +226,23 @@ def cancel(record: ClusterRecord, spec: ClusterSpec, within: float = STOPPED_WIT
         if time.monotonic() > deadline:
             raise GpugeekError(f"Slurm job {job} is still {state['state']} {within:.0f} s after scancel")
         time.sleep(1.0)
+
+
+def job_record(spec: ClusterSpec) -> allocation.JobRecord | None:
+    """The cluster's job as Slurm records it (``meter/allocation.py``): read here when this runs
+    inside the job (the head's watchdog), else on the login node. None when no record answers."""
+    job = spec.remote.job_id
+    if not job:
+        return None
+    command = allocation.READ.format(job=shlex.quote(job))
+    try:
+        if os.environ.get("SLURM_JOB_ID") == job:
+            said = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30).stdout
+        else:
+            said = on_login(spec, command, timeout=30).stdout
+    except (GpugeekError, OSError, subprocess.SubprocessError):
+        return None
+    return allocation.parse(said.decode(errors="replace") if isinstance(said, bytes) else said)
 
 
 class SlurmBackend(Backend):

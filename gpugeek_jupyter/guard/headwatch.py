@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -315,8 +316,13 @@ def main(argv: list[str]) -> int:
         ledger.event(cluster_id, "keeper", f"the keeper starts (pid {keeper.start()}): kernels reach the cluster "
                                            f"through it, on the head's loopback port {keeper.order['port']}")
     watch = HeadWatch(cluster_id, order.get("interval") or 2.0, order, keeper)
+    if order.get("scheduled"):
+        # a Slurm allocation: its keeper ends with this process, whether the job ends it (SIGTERM) or
+        # this ends first — a keeper left orphaned would leave the job's process tree and outlive it
+        signal.signal(signal.SIGTERM, lambda *_: (keeper.stop(), sys.exit(0)))
     reason = run(cluster_id, watch=watch)
-    if order.get("scheduled"):     # a Slurm allocation: the batch step ends the job once this ends
+    if order.get("scheduled"):     # the batch step ends the job once this ends
+        keeper.stop()
         print(f"head watchdog: cluster {order['name']} stopped ({reason}); the job ends", flush=True)
         return 0
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)

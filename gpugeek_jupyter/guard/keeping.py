@@ -50,6 +50,17 @@ class Keeper:
         self.started_at = time.time()
         return self.proc.pid
 
+    def stop(self, grace: float = 2.0) -> None:
+        """End it (a Slurm job's head: once its watchdog ends, nothing may outlive the job's step)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def tend(self) -> str | None:
         """At each look: start it again if it died; what to put in the ledger, or None."""
         if not self.wanted or self.proc is None or self.proc.poll() is None:

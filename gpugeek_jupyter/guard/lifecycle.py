@@ -27,7 +27,7 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.spec import ClusterSpec
 from ..config import home, settings
 from ..errors import GpugeekError
-from ..meter import ledger
+from ..meter import allocation, ledger
 from ..meter.instances import all_ended, sync_instances
 from ..raynodes import ClusterUnreachable, read_nodes
 from ..remote import headguard, tunnel
@@ -253,10 +253,13 @@ def sync_ledger(record: ClusterRecord) -> None:
 
 def meter_instances(record: ClusterRecord, reason: str | None = None) -> bool | None:
     """A rented cluster's instances into the ledger, as its provider lists them (``meter/instances.py``:
-    billed from launch, boot and set-up included, not from when Ray saw the node). Returns None
-    for a cluster that is not rented (Ray's node table is its record), False when the provider
-    did not answer (its open rows keep counting), True once metered."""
+    billed from launch, boot and set-up included, not from when Ray saw the node); a Slurm
+    cluster's nodes as Slurm records its job (``meter/allocation.py``: from the job's start to its
+    end). Returns None for a cluster metered from Ray's node table, False when the provider or
+    the scheduler did not answer (its open rows keep counting), True once metered."""
     spec = ClusterSpec.from_json(record.spec)
+    if spec.slurm is not None:
+        return _meter_job(record, spec, reason)
     cloud = CLOUDS.get(spec.backend)
     if cloud is None or not cloud.lists_instances or not spec.node_types:
         return None
@@ -269,11 +272,46 @@ def meter_instances(record: ClusterRecord, reason: str | None = None) -> bool | 
     return True
 
 
+def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> bool:
+    """Slurm's record read at most every ``SLURM_LOOK_EVERY_S`` per process once the job's rows
+    are in (a login over SSH each time; a running job's open rows count on meanwhile), and at
+    every stop."""
+    from ..backends.slurm import job_record
+
+    now = time.monotonic()
+    if reason is None and now - _slurm_looked.get(record.id, -SLURM_LOOK_EVERY_S) < SLURM_LOOK_EVERY_S:
+        return True
+    job = job_record(spec)
+    if job is None:
+        return False
+    if job.instances():
+        _slurm_looked[record.id] = now
+    gpus = {"head": float(spec.slurm.gpus_per_node), "host": float(spec.slurm.gpus_per_node)}
+    if sync_instances(record.id, job.instances(), spec.prices(), gpus, time.time(), 0.0, reason) and \
+            not ledger.events(record.id, METERED_BY_SLURM):
+        rate = spec.prices()["host"].usd_per_hour
+        ledger.event(record.id, METERED_BY_SLURM,
+                     f"metered from Slurm's record of job {job.job} ({allocation.SOURCES[job.source]}): its "
+                     f"{len(job.nodes)} node{'s' if len(job.nodes) != 1 else ''} from the job's start to its end"
+                     + (f", × ${rate:,.2f}/h each" if rate is not None else ""))
+    return True
+
+
+METERED_BY_SLURM = "metered-by-slurm"
+SLURM_LOOK_EVERY_S = 15.0
+_slurm_looked: dict[int, float] = {}
+
+
 def machines_gone(record: ClusterRecord) -> str | None:
     """Why a rented cluster is over, when every instance it had has ended with no stop of ours:
     its head's watchdog stopped it while this machine was away (and ended itself, its ledger with
-    it), or someone did in the provider's console. The stop that follows ends what runs here."""
-    cloud = CLOUDS.get(ClusterSpec.from_json(record.spec).backend)
+    it), or someone did in the provider's console. A Slurm cluster's, when its job has ended (its
+    walltime, an ``scancel``, the head's stop). The stop that follows ends what runs here."""
+    spec = ClusterSpec.from_json(record.spec)
+    if spec.slurm is not None:
+        return (f"its Slurm job {spec.remote.job_id} has ended, as Slurm records it"
+                if spec.remote.job_id and all_ended(record.id) else None)
+    cloud = CLOUDS.get(spec.backend)
     if cloud is None or not cloud.lists_instances or not all_ended(record.id):
         return None
     return f"every instance has ended, as {cloud.name} lists them (stopped from its head or by hand)"

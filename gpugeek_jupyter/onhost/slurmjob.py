@@ -85,8 +85,10 @@ def main(args):
         worker = dict(order["worker"], role="worker", head=f"{ip}:{started['port']}", temp_dir=temp_dir,
                       gpus=order["head"].get("gpus") or 0)   # as the job asked of every node
         procs["Ray on the other nodes"] = _other_nodes(order, worker, count, here, folder, job)
+    spec = order["guard"]["spec"]      # the job's id in it: the watchdog meters its nodes from Slurm's record
     guard_order = dict(order["guard"], gcs=f"{ip}:{started['port']}", ip=ip, temp_dirs={"*": temp_dir},
-                       keeper=dict(order["guard"]["keeper"], port=started["keeper_port"], host=ip))
+                       keeper=dict(order["guard"]["keeper"], port=started["keeper_port"], host=ip),
+                       spec=dict(spec, remote=dict(spec.get("remote") or {}, job_id=job)))
     procs["the head's watchdog"] = _watchdog(guard_order, folder)
     tell({"ok": True, "job": job, "node": here, "ip": ip, "port": started["port"],
           "keeper_port": started["keeper_port"], "temp_dir": temp_dir, "nodes": count})

@@ -33,7 +33,7 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # imported. tests/test_headguard.py holds this list against the imports it reaches and runs the
 # watchdog from the archive alone.
 HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", "vocab.py", "store.py", "raynodes.py",
-                "ports.py", "versions.py",
+                "ports.py", "versions.py", "meter/allocation.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py", "meter/instances.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py", "guard/launches.py",
@@ -174,7 +174,7 @@ def pull(record: ClusterRecord) -> dict | None:
 def _forget_on_head(record: ClusterRecord, remote: Remote) -> None:
     """The head's folder of the stopped cluster, once its ledger is copied here: removed there
     (the copy here is kept); a failure is said in the ledger."""
-    folder = str(PurePosixPath(remote.token_path).parent)
+    folder = str(PurePosixPath(remote.token_path or remote.guard_home).parent)   # a Slurm cluster's: its guard's
     try:
         answer = _on_head(remote, "forget", folder, timeout=30)
         why = None if answer.get("ok") else answer.get("error", "it is still there")

@@ -22,3 +22,13 @@ def slurm():
         made.down()
         left = made.leftovers()
         assert not left, f"the Slurm lab left {', '.join(left)}"
+
+
+@pytest.fixture
+def cluster_user(slurm, gpugeek_home):
+    """This machine as a user of the cluster: the lab's key for the login host, its wheel index as
+    the mirror the compute nodes install from."""
+    gpugeek_home.mkdir(parents=True, exist_ok=True)
+    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{slurm.lab.index_url}"\n')
+    return {"backend": "slurm", "login": f"root@{slurm.login.address}", "ssh_key": str(slurm.lab.key),
+            "usd_per_hour": 0}

@@ -20,21 +20,13 @@ from models import DDP_ACROSS_HOSTS
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
+from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.line import wire
 
 pytestmark = pytest.mark.slow
 
+RATE = 3.6                # $/h per node
 LEFT_WITHIN_S = 15.0      # after down: the job's processes gone from every node (Slurm's KillWait is 5 s)
-
-
-@pytest.fixture
-def cluster_user(slurm, gpugeek_home):
-    """This machine as a user of the cluster: the lab's key for the login host, its wheel index as
-    the mirror the compute nodes install from."""
-    gpugeek_home.mkdir(parents=True, exist_ok=True)
-    (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{slurm.lab.index_url}"\n')
-    return {"backend": "slurm", "login": f"root@{slurm.login.address}", "ssh_key": str(slurm.lab.key),
-            "usd_per_hour": 0}
 
 
 def _nothing_left(slurm) -> bool:
@@ -44,7 +36,7 @@ def _nothing_left(slurm) -> bool:
 def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm, cluster_user, capsys):
     began = time.monotonic()
     try:
-        gg.up("hpc", nodes=2, gpus_per_host=1, time=30, **cluster_user)
+        gg.up("hpc", nodes=2, gpus_per_host=1, time=30, **dict(cluster_user, usd_per_hour=RATE))
         took_up = time.monotonic() - began
         record = registry.live("hpc")
         spec = ClusterSpec.from_json(record.spec)
@@ -75,10 +67,14 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
     assert not slurm.squeue(), slurm.squeue()
     wait_until(lambda: not any(slurm.strays(n) for n in slurm.nodes), LEFT_WITHIN_S,
                "no process of the job on any compute node (counted by namespace)")
-    ended = wait_until(lambda: [line for line in (slurm.jobcomp.read_text() if slurm.jobcomp.exists() else "")
-                                .splitlines() if f"JobId={job} " in line], 10, "Slurm's record of the job's end")
-    assert "JobState=CANCELLED" in ended[0] and "NodeList=node[1-2]" in ended[0], ended
-    print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s")
+    ended = wait_until(lambda: slurm.ended(job), 10, "Slurm's record of the job's end")
+    assert (ended["JobState"], ended["NodeList"]) == ("CANCELLED", "node[1-2]"), ended
+    # the money: Slurm's record of the job, start to end × its nodes × the rate, to one metering interval
+    billed = (ended["end"] - ended["start"]) * 2 * RATE / 3600
+    shown = gg.cost("hpc").total_usd
+    assert abs(shown - billed) <= 2 * RATE * (settings().meter_interval_s + 1.0) / 3600, (shown, billed)
+    print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s; the ledger "
+          f"${shown:.5f}, Slurm's record × the rate ${billed:.5f} ({(shown - billed) / (2 * RATE) * 3600:+.1f} s)")
 
 
 def _tag(job: str) -> str:

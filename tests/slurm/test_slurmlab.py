@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from cluster_processes import wait_until
 
+from gpugeek_jupyter.meter import allocation
+
 pytestmark = pytest.mark.slow
 
 
@@ -72,3 +74,33 @@ def test_a_job_waits_for_resources_while_another_holds_every_node_and_scancel_en
     wait_until(lambda: not any(slurm.strays(n) for n in slurm.nodes), 15, "nothing left on the nodes")
     ended = slurm.jobcomp.read_text()
     assert f"JobId={first} " in ended and "JobState=CANCELLED" in ended, ended[-500:]
+
+
+def test_the_meter_reads_a_job_as_slurm_records_it_running_then_ended(slurm):
+    """``meter/allocation.py`` on Slurm's own answers: ``scontrol show job`` while the job runs
+    (its nodes, its start, its walltime's end) and once it has ended; the job completion record
+    (``sacct -c``, what is left once the controller forgets the job) says the same start and end as
+    the line ``slurmctld`` wrote."""
+    job = slurm.ssh("sbatch --parsable -N2 --time=5 --wrap 'sleep 3'").stdout.strip()
+    read = allocation.READ.format(job=job)
+    running = wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.state == "RUNNING" and r,
+                         20, "the job running, as scontrol says")
+    assert (running.source, running.nodes, running.head) == ("scontrol", ("node1", "node2"), "node1"), running
+    assert running.ended is None and running.walltime_end == running.started + 5 * 60, running
+    assert [i.node_type for i in running.instances()] == ["head", "host"]
+    ended = wait_until(lambda: slurm.ended(job), 30, "Slurm's record of the job's end")
+    over = allocation.parse(slurm.ssh(read).stdout)
+    completion = allocation.parse("jobcomp|" + slurm.ssh(
+        f"SLURM_TIME_FORMAT=%s sacct -c -X -n -P -j {job} -o JobID,State,Start,End,NodeList").stdout.strip())
+    for record in (over, completion):
+        assert (record.state, record.nodes, record.started, record.ended) == \
+            ("COMPLETED", ("node1", "node2"), ended["start"], ended["end"]), (record, ended)
+        assert all(i.gone and i.ended == ended["end"] for i in record.instances()), record
+    assert over.elapsed(0) == ended["end"] - ended["start"] >= 3
+
+
+@pytest.mark.parametrize("hostlist", ["node[1-2]", "node1", "gpu-a[01-03,10],login,n[7-8]", "r[1-2]n[01-02]"])
+def test_a_host_list_reads_as_scontrol_expands_it(slurm, hostlist):
+    said = slurm.ssh(f"scontrol show hostnames '{hostlist}'")
+    assert said.returncode == 0, said.stderr
+    assert allocation.expand(hostlist) == tuple(said.stdout.split()), (said.stdout, said.stderr)

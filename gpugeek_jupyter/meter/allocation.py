@@ -1,0 +1,113 @@
+"""A Slurm cluster's bill from Slurm's own record of its job: every node of the allocation, from
+the moment the job started to the moment it ended, as the scheduler recorded them.
+
+An allocation is billed (or charged to an account) from its start, while Ray is still starting on
+its nodes, to its end, while Ray is already gone: minutes Ray's node table never sees. So a Slurm
+cluster's node rows are the job's nodes, one row each, started at the job's ``StartTime`` and
+ended at its ``EndTime`` — read with ``SLURM_TIME_FORMAT=%s`` (seconds since the epoch: the
+laptop's and the cluster's clocks may be in other zones). While the controller remembers the job
+``scontrol show job`` says it; later ``sacct`` (where accounting runs), else ``sacct -c`` (the job
+completion record). A job requeued runs again under the same id from a new start: each run is a
+row of its own (``job:node@start``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..clouds.base import Instance
+
+# one shell run on the login node (or the head's node): the first of Slurm's records that knows the job
+READ = ("export SLURM_TIME_FORMAT=%s; "
+        "r=$(scontrol -o show job {job} 2>/dev/null) && [ -n \"$r\" ] && {{ echo \"scontrol|$r\"; exit 0; }}; "
+        "r=$(sacct -X -n -P -j {job} -o JobID,State,Start,End,NodeList 2>/dev/null | head -n 1) && [ -n \"$r\" ] "
+        "&& {{ echo \"sacct|$r\"; exit 0; }}; "
+        "r=$(sacct -c -X -n -P -j {job} -o JobID,State,Start,End,NodeList 2>/dev/null | head -n 1) && [ -n \"$r\" ] "
+        "&& {{ echo \"jobcomp|$r\"; exit 0; }}; echo none")
+# Slurm's job states once a job no longer runs (COMPLETING: ending, its EndTime set)
+OVER = ("COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+        "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT")
+SOURCES = {"scontrol": "scontrol show job", "sacct": "sacct", "jobcomp": "the job completion record (sacct -c)"}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A Slurm job as the scheduler recorded it."""
+
+    job: str
+    state: str                    # Slurm's word: PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT, …
+    started: float | None         # None while it has not started
+    ended: float | None           # None while it runs
+    walltime_end: float | None    # a running job's end at its time limit (its countdown)
+    nodes: tuple[str, ...]
+    head: str | None              # the node the batch script runs on (Ray's head)
+    source: str                   # which record said it (``SOURCES``)
+
+    @property
+    def over(self) -> bool:
+        return self.state.split()[0] in OVER
+
+    def elapsed(self, now: float) -> float:
+        """Seconds the allocation has been held: start to end (or now), as Slurm records them."""
+        if self.started is None:
+            return 0.0
+        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
+
+    def instances(self, head_type: str = "head", node_type: str = "host") -> list[Instance]:
+        """The job's nodes as ``meter.instances`` bills machines: each from the job's start."""
+        if self.started is None:
+            return []
+        return [Instance(id=f"{self.job}:{node}@{self.started:.0f}", node_type=head_type if node == self.head
+                         else node_type, launched=self.started, ended=self.ended if self.over else None,
+                         state=self.state.lower(), address="", spot=False, gone=self.over, head=node == self.head)
+                for node in self.nodes]
+
+
+def parse(answer: str) -> JobRecord | None:
+    """What ``READ`` printed; None when no record knows the job."""
+    source, _, text = answer.strip().partition("|")
+    if source == "scontrol":
+        fields = dict(pair.split("=", 1) for pair in text.split() if "=" in pair)
+        state = fields.get("JobState", "UNKNOWN")
+        started, ends = _epoch(fields.get("StartTime")), _epoch(fields.get("EndTime"))
+        running = state not in OVER
+        nodes = () if state == "PENDING" else expand(fields.get("NodeList", ""))
+        return JobRecord(fields.get("JobId", ""), state, None if state == "PENDING" else started,
+                         None if running else ends, ends if running else None, nodes,
+                         fields.get("BatchHost") or (nodes[0] if nodes else None), source)
+    if source in ("sacct", "jobcomp"):
+        parts = text.split("|")
+        if len(parts) < 5:
+            return None
+        job, state, start, end, nodelist = parts[:5]
+        nodes = expand(nodelist) if nodelist not in ("None assigned", "(null)") else ()
+        started = _epoch(start)
+        return JobRecord(job, state.split()[0], started, _epoch(end), None, nodes, nodes[0] if nodes else None, source)
+    return None
+
+
+def _epoch(value: str | None) -> float | None:
+    return float(value) if value and value.isdigit() and int(value) > 0 else None
+
+
+def expand(hostlist: str) -> tuple[str, ...]:
+    """Slurm's host list (``node[1-3,7],gpu-a[01-02]``) as names, as ``scontrol show hostnames``."""
+    names = []
+    for part in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", hostlist.strip()):
+        names += _one(part)
+    return tuple(names)
+
+
+def _one(pattern: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", pattern)
+    if match is None:
+        return [pattern] if pattern else []
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    out = []
+    for piece in match[1].split(","):
+        low, _, high = piece.partition("-")
+        width = len(low)
+        for n in range(int(low), int(high or low) + 1):
+            out += [f"{head}{n:0{width}d}{rest}" for rest in _one(tail) or [""]]
+    return out

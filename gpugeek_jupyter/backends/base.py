@@ -14,6 +14,7 @@ from ..cluster.registry import ClusterRecord
 from ..cluster.remote import Fact
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
+from ..meter.allocation import JobRecord
 from ..raynodes import RayNode, read_nodes
 
 READY_TIMEOUT_S = 180
@@ -126,6 +127,11 @@ class Backend:
 
     def stop(self, record: ClusterRecord, grace: float = 3.0) -> None:
         raise NotImplementedError
+
+    def job_record(self, spec: ClusterSpec) -> JobRecord | None:
+        """A scheduler's record of the cluster's job (``scheduler`` backends: what its nodes are
+        billed from, ``meter/allocation.py``); None when it does not answer."""
+        return None
 
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
         self.check(Feature.SCALE)

@@ -228,7 +228,7 @@ def cancel(record: ClusterRecord, spec: ClusterSpec, within: float = STOPPED_WIT
         time.sleep(1.0)
 
 
-def job_record(spec: ClusterSpec) -> allocation.JobRecord | None:
+def read_job(spec: ClusterSpec) -> allocation.JobRecord | None:
     """The cluster's job as Slurm records it (``meter/allocation.py``): read here when this runs
     inside the job (the head's watchdog), else on the login node. None when no record answers."""
     job = spec.remote.job_id
@@ -290,6 +290,9 @@ class SlurmBackend(Backend):
                 raise GpugeekError(f"only {alive} of the job's {spec.slurm.nodes} nodes joined Ray in {timeout:.0f} s "
                                    f"— the job's log: {node_dir(record)}/job-{spec.remote.job_id}.log")
             time.sleep(0.5)
+
+    def job_record(self, spec):
+        return read_job(spec)
 
     def stop(self, record, grace=5.0):
         spec = ClusterSpec.from_json(record.spec)

@@ -276,12 +276,10 @@ def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> 
     """Slurm's record read at most every ``SLURM_LOOK_EVERY_S`` per process once the job's rows
     are in (a login over SSH each time; a running job's open rows count on meanwhile), and at
     every stop."""
-    from ..backends.slurm import job_record
-
     now = time.monotonic()
     if reason is None and now - _slurm_looked.get(record.id, -SLURM_LOOK_EVERY_S) < SLURM_LOOK_EVERY_S:
         return True
-    job = job_record(spec)
+    job = BACKENDS[spec.backend].job_record(spec)
     if job is None:
         return False
     if job.instances():

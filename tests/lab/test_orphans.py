@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import netlab
 import psutil
 import pytest
+from cluster_processes import wait_until
 
 TESTS = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_a_killed_runs_lab_is_swept_by_the_next_and_a_live_one_is_kept():
         try:
             bridge, netns, address, index_pid, folder = maker.stdout.readline().split()
             in_host = subprocess.Popen(["ip", "netns", "exec", netns, "sleep", "600"])   # a process on the host
-            time.sleep(0.5)
+            wait_until(lambda: str(in_host.pid) in _ip("netns", "pids", netns).split(), 10, "the host's process")
         finally:
             maker.send_signal(signal.SIGKILL)
             maker.wait(timeout=10)

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..backends.interface import BACKENDS
 from ..backends.launcher import BOOTSTRAP
 from ..backends.rented import instances_of
 from ..clouds import CLOUDS
@@ -41,9 +42,10 @@ from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
 from ..cluster.spec import ClusterSpec
 from ..meter import activity, ledger
-from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
+from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes, send_notice
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
+from ..units import clock
 from . import launches
 from .keeping import Keeper
 from .launches import Launches
@@ -55,6 +57,8 @@ STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before S
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
 AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
+WALLTIME_NOTICE = "walltime-notice"   # a Slurm job's batch step leaves it in this watchdog's folder (slurmjob.py)
+WALLTIME_NOTICE_S = 120.0             # … the walltime's end, when Slurm's record does not say it
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -78,6 +82,7 @@ class HeadWatch(Watch):
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
         self.near: float | None = None                 # the cap a stop was timed again near
         # a cloud head's autoscaler: what it could not launch, read from its log (and the spot fallback)
+        self.walltime_heard: float | None = None       # a Slurm job's walltime notice, once passed on
         self.launches = Launches(Path(temp_dir_of(order["temp_dirs"], order["ip"])) / AUTOSCALER_LOG,
                                  Path(os.path.expanduser(BOOTSTRAP))) if order.get("cloud") else None
 
@@ -92,12 +97,39 @@ class HeadWatch(Watch):
             if said:
                 ledger.event(self.cluster_id, "keeper", said)
         reason = super().look()
+        if exchanging and not reason and self.order.get("scheduled"):
+            self._walltime(record)
         if exchanging and not reason and self.launches is not None:
             spec = ClusterSpec.from_json(record.spec)
             self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
         if exchanging and not reason and self.blind is None:
             self._beat(record)
         return reason
+
+    def _walltime(self, record) -> None:
+        """A Slurm job's walltime near (the batch step left its notice, ``onhost/slurmjob.py``): every
+        node of the cluster is told, in the cluster's KV store, when the job ends — a running cell
+        checkpoints at its next step, as on a spot node's notice. Once per notice."""
+        notice = Path(os.path.expanduser(self.order["home"])) / WALLTIME_NOTICE
+        try:
+            heard = float(notice.read_text())
+        except (OSError, ValueError):
+            return
+        if heard == self.walltime_heard:
+            return
+        spec = ClusterSpec.from_json(record.spec)
+        job = BACKENDS[spec.backend].job_record(spec)
+        ends = job.walltime_end if job is not None and job.walltime_end else heard + WALLTIME_NOTICE_S
+        try:
+            nodes = [n for n in read_nodes(self.gcs, timeout=max(1.0, self.interval)) if n.alive]
+            for node in nodes:
+                send_notice(self.gcs, node.node_id, ends)
+        except ClusterUnreachable:
+            return                       # told at the next look
+        self.walltime_heard = heard
+        ledger.event(self.cluster_id, launches.WALLTIME, f"Slurm job {spec.remote.job_id} reaches its walltime at "
+                     f"{clock(ends)}: its {len(nodes)} nodes told (a running cell checkpoints at its next step)",
+                     options={"ends": ends})
 
     def _exchange(self, record) -> None:
         """Read the laptop's report and limits (a GCS that does not answer is the node table's

@@ -26,6 +26,9 @@ _children = []      # what this process started, ended with it
 _steps = []         # of them, the srun steps on the other nodes: they end by Slurm's signal to their tasks
 STEPS_S = 1.0       # … given this long more than this node's own end
 _temp = []          # Ray's temp folder on this node, removed once its processes have ended
+# the walltime's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
+# cluster's ``head``, beside this script): when it came (guard/headwatch.py reads it)
+NOTICE_FILE = os.path.join(HERE, "head", "walltime-notice")
 
 
 def _host_script():
@@ -64,6 +67,8 @@ def main(args):
             json.dump(answer, f)
         os.replace(said + ".part", said)
 
+    if os.path.exists(NOTICE_FILE):     # an earlier run's (a requeued job's)
+        os.remove(NOTICE_FILE)
     temp_dir = order["temp_dir"].replace("{job}", job)
     _temp.append(temp_dir)
     _sweep()
@@ -171,6 +176,18 @@ def _end(signum, frame):
     os._exit(128 + signum)
 
 
+def _notice(signum, frame):
+    """The walltime is near (``--signal=B:USR2@S`` reaches the batch step alone): left in a file
+    for the head's watchdog, which tells every node of the cluster at its next look, and a running
+    cell checkpoints at its next step. (A file, not a signal: one that came while the watchdog
+    was still starting would end it.)"""
+    os.makedirs(os.path.dirname(NOTICE_FILE), mode=0o700, exist_ok=True)
+    with open(NOTICE_FILE + ".part", "w") as f:
+        f.write(str(time.time()))
+    os.replace(NOTICE_FILE + ".part", NOTICE_FILE)
+    print(f"the walltime's notice (signal {signum}): left for the head's watchdog", flush=True)
+
+
 def _signal(proc, signum):
     """``signum`` to a child, and to its process group where it leads one (Ray's)."""
     try:
@@ -229,6 +246,7 @@ if __name__ == "__main__":
     os.umask(0o077)
     for ending in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(ending, _end)
+    signal.signal(signal.SIGUSR2, _notice)
     answer = worker(sys.argv[2:]) if sys.argv[1:2] == ["worker"] else main(sys.argv[1:])
     _tidy()
     print(json.dumps(answer), flush=True)

@@ -28,6 +28,9 @@ import netlab
 
 LOGIN = "ubuntu"
 POLL_S = 0.3
+# a terminated instance's host gone: the next look, the host's processes killed, its namespace and disk
+# removed (a second or two; a bound for a loaded machine)
+HOSTS_GONE_S = 60.0
 LIVE = ("pending", "running")
 GONE = ("shutting-down", "terminated")
 

@@ -18,6 +18,7 @@ import time
 
 import pytest
 from cloudbox.box import lifetime
+from cloudbox.fabric import HOSTS_GONE_S
 from cluster_processes import wait_until
 from models import DDP_ACROSS_HOSTS
 from netlab import described
@@ -88,7 +89,7 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
     assert all(f"{i['InstanceId']} (" in ended for i in mine) and decoy["InstanceId"] not in ended, ended
     [still] = box.instances(**{"instance-id": decoy["InstanceId"]})
     assert still["State"]["Name"] == "running", "down touched an instance that is not the cluster's"
-    wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, 20, "the cluster's hosts gone")
+    wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, HOSTS_GONE_S, "the cluster's hosts gone")
     left = box.host_of(decoy["InstanceId"]).strays()
     assert not left, f"processes on the decoy's host: {described(left)}"
 

@@ -15,6 +15,7 @@ import time
 
 import pytest
 from cloudbox.box import lifetime
+from cloudbox.fabric import HOSTS_GONE_S
 from cluster_processes import wait_until
 
 import gpugeek_jupyter as gg
@@ -88,7 +89,8 @@ def test_the_laptop_gone_the_head_ends_every_instance_at_the_budget(aws_account)
     slack = burn * (settings().meter_interval_s + 1.0) / 3600
     assert abs(gg.cost("away").total_usd - billed) <= slack, (gg.cost("away").total_usd, billed)
     assert not processes.session_processes(record.session_id, record.created, record.marker), "the tunnel outlived it"
-    wait_until(lambda: not set(box.fabric.machines) & {i["InstanceId"] for i in ended}, 20, "the cluster's hosts gone")
+    wait_until(lambda: not set(box.fabric.machines) & {i["InstanceId"] for i in ended}, HOSTS_GONE_S,
+               "the cluster's hosts gone")
 
 
 def _commands(host) -> list[str]:

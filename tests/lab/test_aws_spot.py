@@ -18,6 +18,7 @@ import time
 
 import pytest
 from cloudbox.box import lifetime
+from cloudbox.fabric import HOSTS_GONE_S
 from cluster_processes import wait_until
 from models import DDP_ACROSS_HOSTS, at_step, logged_steps
 
@@ -132,7 +133,8 @@ def test_a_spot_worker_taken_back_mid_job_is_replaced_and_the_job_resumes_losing
     billed = sum(prices[i["InstanceType"]] * lifetime(i) / 3600 for i in ended)
     slack = sum(prices[i["InstanceType"]] for i in ended) * (settings().meter_interval_s + 1.0) / 3600
     assert abs(gg.cost("spotty").total_usd - billed) <= slack, (gg.cost("spotty").total_usd, billed)
-    wait_until(lambda: not set(box.fabric.machines) & {i["InstanceId"] for i in ended}, 20, "the cluster's hosts gone")
+    wait_until(lambda: not set(box.fabric.machines) & {i["InstanceId"] for i in ended}, HOSTS_GONE_S,
+               "the cluster's hosts gone")
 
 
 def test_no_spot_capacity_with_spot_fallback_brings_on_demand_workers_and_says_so(aws_account):

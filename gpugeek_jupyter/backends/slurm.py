@@ -281,8 +281,10 @@ class SlurmBackend(Backend):
               flush=True)
         wait_running(record, spec, job)
         head = head_of(record, spec, job)
+        told = read_job(spec)
         learn(spec, Allocated(ips=(head["ip"],), temp_dirs=(head["temp_dir"],), head_ip=head["ip"],
-                              gcs_port=head["port"], keeper_port=head["keeper_port"], keeper_host=head["ip"]),
+                              gcs_port=head["port"], keeper_port=head["keeper_port"], keeper_host=head["ip"],
+                              walltime_end=told.walltime_end if told is not None else None),
               Guarded(guard_home=f"{node_dir(record)}/head"), record_id=record.id)
         opened = tunnel.open_tunnel(record, spec)
         return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid],

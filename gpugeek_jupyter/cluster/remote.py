@@ -45,6 +45,7 @@ class Remote:
     keeper_port: int | None = None     # the keeper's line, on the head's loopback
     keeper_host: str | None = None     # where the keeper listens as the SSH host sees it (None: the head's loopback)
     job_id: str | None = None          # the scheduler's job that holds the nodes (Slurm)
+    walltime_end: float | None = None  # … when it ends at its time limit, as the scheduler says (the countdown)
     # started: the head's watchdog and the tunnel's end here
     guard_home: str | None = None
     guard_pid: int | None = None
@@ -159,6 +160,7 @@ class Allocated:
     gcs_port: int
     keeper_port: int
     keeper_host: str
+    walltime_end: float | None      # None: no time limit, or the scheduler did not say
 
 
 Fact = Asked | StorageNeeds | Found | LaidOut | HeadStarted | CloudHead | Guarded | LineOpened | Submitted | Allocated

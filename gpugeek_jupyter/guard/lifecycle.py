@@ -91,6 +91,7 @@ class ClusterState:
     guard: dict | None = None            # who enforced its limits when it was last heard
     budget: float | None = None
     watchdog_pid: int | None = None      # this machine's watchdog for it
+    walltime_end: float | None = None    # a scheduler's job: when it ends at its time limit
 
     def describe(self, name: str, now: float | None = None, spent_then: float | None = None) -> str:
         """One line for people: ``running — orphan: no notebook attached``. ``spent_then``: the
@@ -99,6 +100,10 @@ class ClusterState:
         if self.phase is ClusterPhase.STOPPED:
             return f"stopped ({self.stop_reason}) {duration(now - (self.stopped_at or now))} ago"
         text = self.phase.value
+        if self.walltime_end is not None and self.phase is ClusterPhase.RUNNING:
+            left = self.walltime_end - now
+            text += (f" — walltime ends at {clock(self.walltime_end)} (in {duration(left)})" if left > 0
+                     else f" — walltime reached at {clock(self.walltime_end)}")
         if self.phase is ClusterPhase.FAILED:
             text += (f": {self.failure} — it may still be running and billing; "
                      f"`%gpugeek down {name}` tries the stop again")
@@ -161,7 +166,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None, now: floa
                         failure=record.start_failed or (UP_DIED if up_died(record) else None),
                         guard_failing=health.failing(record.id), unheard_since=unheard_since(record, now),
                         guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd,
-                        watchdog_pid=record.watchdog_pid)
+                        watchdog_pid=record.watchdog_pid,
+                        walltime_end=(record.spec.get("remote") or {}).get("walltime_end"))
 
 
 def unheard_since(record: ClusterRecord, now: float | None = None) -> float | None:

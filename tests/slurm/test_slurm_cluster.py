@@ -21,7 +21,9 @@ import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
+from gpugeek_jupyter.guard import board
 from gpugeek_jupyter.line import wire
+from gpugeek_jupyter.units import clock
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +46,10 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
         [listed] = slurm.squeue()
         assert (listed["id"], listed["state"], listed["nodes"]) == (job, "RUNNING", "node[1-2]"), listed
         assert spec.remote.head_ip == slurm.nodes[0].address and record.address.startswith("127.0.0.1:")
+        # the countdown every reader shows (the sidebar, the panel, `status`), to the end Slurm gives the job
+        ends = float(slurm.ssh(f"SLURM_TIME_FORMAT=%s squeue -h -j {job} -o %e").stdout)
+        shown = board.model(record)["status"]
+        assert f"walltime ends at {clock(ends)} (in 2" in shown, (shown, ends)      # 29-odd minutes of 30
         equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
         assert equal, "gradients differ between the two nodes"
         assert ips == [n.address for n in slurm.nodes], f"ranks ran on {ips}"

@@ -38,7 +38,6 @@ from ..errors import GpugeekError
 from ..meter import allocation
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, read_nodes, token_text
 from ..remote import headguard, runtime, ssh, tunnel
-from ..workers.notice import KV
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
@@ -258,7 +257,7 @@ class SlurmBackend(Backend):
     launches = watched = tunnelled = True
     confirm = grows = runs_here = simulated = from_offers = your_hosts = local_price = False
     kernel_joins = "line"
-    notices = KV          # the walltime's notice, put in the cluster's KV store by the head's watchdog
+    notices = "kv"        # the walltime's notice, put in the cluster's KV store by the head's watchdog
     provider = None
     cannot = MappingProxyType({
         Feature.DASHBOARD: "a Slurm cluster's head starts no dashboard: its nodes are shared, and nothing of "

@@ -139,8 +139,7 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
 @argument("--partition", help="slurm: the partition to ask nodes of (default: the cluster's)")
 @argument("--nodes", type=number("--nodes", int), help="slurm: how many nodes the job holds (default 1)")
 @argument("--gpu-type", help="slurm: the GRES type of the GPUs (--gres=gpu:TYPE:N), where the cluster names types")
-@argument("--time", help="slurm: the walltime, as sbatch takes it (minutes, HH:MM:SS, D-HH:MM); "
-                          "2 minutes ahead a running cell checkpoints and stops")
+@argument("--time", help="slurm: the walltime (minutes, HH:MM:SS, D-HH:MM); 2 min ahead, a cell checkpoints")
 @argument("--account", help="slurm: the account the job is charged to")
 @argument("--qos", help="slurm: the quality of service asked for")
 @argument("--constraint", help="slurm: node features the job needs (sbatch --constraint)")

@@ -351,7 +351,8 @@ def main(argv: list[str]) -> int:
     if order.get("scheduled"):
         # a Slurm allocation: its keeper ends with this process, whether the job ends it (SIGTERM) or
         # this ends first — a keeper left orphaned would leave the job's process tree and outlive it
-        signal.signal(signal.SIGTERM, lambda *_: (keeper.stop(), sys.exit(0)))
+        # (at once: an exit raised here could be taken for a failed look and the watchdog go on)
+        signal.signal(signal.SIGTERM, lambda *_: (keeper.stop(), os._exit(0)))
     reason = run(cluster_id, watch=watch)
     if order.get("scheduled"):     # the batch step ends the job once this ends
         keeper.stop()

@@ -212,6 +212,9 @@ def catch_up(record: ClusterRecord) -> ClusterRecord:
         record = registry.get(record.id)
         if pulled is not None and record.live:
             start_watchdog(record)
+        elif pulled is not None and ClusterSpec.from_json(record.spec).slurm is not None:
+            # the head closed its ledger as it stopped, a moment before the job ended: Slurm's record says when
+            meter_instances(record, record.stop_reason)
             record = registry.get(record.id)
     return record
 
@@ -291,7 +294,8 @@ def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> 
     if job.instances():
         _slurm_looked[record.id] = now
     gpus = {"head": float(spec.slurm.gpus_per_node), "host": float(spec.slurm.gpus_per_node)}
-    if sync_instances(record.id, job.instances(), spec.prices(), gpus, time.time(), 0.0, reason) and \
+    if sync_instances(record.id, job.instances(), spec.prices(), gpus, time.time(), 0.0, reason,
+                      recorded_end_wins=True) and \
             not ledger.events(record.id, METERED_BY_SLURM):
         rate = spec.prices()["host"].usd_per_hour
         ledger.event(record.id, METERED_BY_SLURM,

@@ -26,11 +26,13 @@ PREEMPTED = "preempted"
 
 def sync_instances(cluster_id: int, instances: Iterable[Instance], prices: Mapping[str, NodePrice],
                    gpus: Mapping[str, float], seen_at: float, minimum_s: float = 0.0,
-                   reason: str | None = None) -> int:
+                   reason: str | None = None, recorded_end_wins: bool = False) -> int:
     """Record instances seen for the first time and close those the provider no longer bills
     (``reason``: why, when we ended them; else the provider's word for their state). ``prices``
-    and ``gpus`` map a launcher node type (``head`` too) to its price and GPUs. Returns how many
-    rows changed. Safe to call from several processes at once."""
+    and ``gpus`` map a launcher node type (``head`` too) to its price and GPUs. With
+    ``recorded_end_wins``, a row already closed (by the stop that ended it, a moment before the
+    machines were gone) takes the end the record gives (a scheduler's: the job's end). Returns
+    how many rows changed. Safe to call from several processes at once."""
     changed = 0
     with store.transaction() as db:
         for instance in instances:
@@ -51,6 +53,9 @@ def sync_instances(cluster_id: int, instances: Iterable[Instance], prices: Mappi
                     (ended, why, cluster_id, instance.id),
                 )
                 changed += cur.rowcount
+                if not cur.rowcount and recorded_end_wins and instance.ended is not None:
+                    changed += db.execute("UPDATE nodes SET ended=? WHERE cluster_id=? AND node_id=? AND ended != ?",
+                                          (ended, cluster_id, instance.id, ended)).rowcount
                 if cur.rowcount and instance.preempted:
                     event(cluster_id, PREEMPTED, f"instance {instance.id} ({instance.node_type}) was taken back "
                                                  f"by its provider (a spot interruption)", at=ended, db=db)

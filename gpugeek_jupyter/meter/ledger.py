@@ -225,8 +225,9 @@ def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
 # that has shown one says so in a table of its own). Each says who (the OS user, and which
 # process: a kernel, the Jupyter server, the terminal, a watchdog), from where (the host), what
 # (the exact options, JSON) and the cluster's $ at that moment.
-# what a notebook prints once, unasked (a cloud head's launch refusals and spot fallback: guard/launches.py)
-NEWS = ("budget-warning", "budget-stop", "idle-stop", "launch-refused", "spot-fallback")
+# what a notebook prints once, unasked (a cloud head's launch refusals and spot fallback, a Slurm job's
+# walltime near: guard/launches.py)
+NEWS = ("budget-warning", "budget-stop", "idle-stop", "launch-refused", "spot-fallback", "walltime")
 _EVENT = ("INSERT INTO events (cluster_id, at, kind, message, user, client, host, options, usd)"
           " SELECT ?,?,?,?,?,?,?,?, " + _SPEND.removeprefix("SELECT "))
 _who: dict[str, str] = {}

@@ -25,6 +25,7 @@ ENDING_S = 0.5
 _children = []      # what this process started, ended with it
 _steps = []         # of them, the srun steps on the other nodes: they end by Slurm's signal to their tasks
 STEPS_S = 1.0       # … given this long more than this node's own end
+CHILDREN_END_S = 5.0   # when the head's Ray or its watchdog ended first: the rest's time to end (the keeper's too)
 _temp = []          # Ray's temp folder on this node, removed once its processes have ended
 # the walltime's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
 # cluster's ``head``, beside this script): when it came (guard/headwatch.py reads it)
@@ -133,7 +134,17 @@ def _until_one_ends(procs):
                 print(f"{name} ended (exit {proc.returncode}): the job ends", flush=True)
                 for other in procs.values():
                     if other.poll() is None:
-                        other.terminate()
+                        _signal(other, signal.SIGTERM)
+                # waited for, as on the job's end (``_end``): a child this process left running would
+                # leave the step's process tree with it, and outlive the job (the watchdog ends its
+                # keeper first, hence the longer wait)
+                ours = [other for other in procs.values() if other not in _steps]
+                deadline = time.time() + CHILDREN_END_S
+                while any(other.poll() is None for other in ours) and time.time() < deadline:
+                    time.sleep(0.1)
+                for other in ours:
+                    _signal(other, signal.SIGKILL)
+                    other.wait()
                 return {"ok": proc.returncode == 0, "ended": name}
         time.sleep(1.0)
 

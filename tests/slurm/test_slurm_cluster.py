@@ -91,6 +91,7 @@ def _tag(job: str) -> str:
 
 
 def _kernel(code: str, home) -> subprocess.Popen:
+    code = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n" + code
     return subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "GPUGEEK_HOME": str(home)}, start_new_session=True)
 
@@ -137,6 +138,11 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
         try:
             third.wait(timeout=90)
         except subprocess.TimeoutExpired:
+            os.kill(third.pid, signal.SIGUSR1)     # its threads' stacks (faulthandler), then what it said
+            time.sleep(1)                           # faulthandler writes at once; no condition to wait on
+            third.kill()
+            third.wait(timeout=10)
+            os.set_blocking(third.stdout.fileno(), True)
             raise AssertionError(f"the interrupted up still runs 90 s on; it said: {third.stdout.read()}") from None
         assert job not in {j["id"] for j in slurm.squeue()}, slurm.squeue()
         assert registry.live("third") is None

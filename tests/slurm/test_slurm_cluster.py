@@ -91,7 +91,10 @@ def _tag(job: str) -> str:
 
 
 def _kernel(code: str, home) -> subprocess.Popen:
-    code = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n" + code
+    """A kernel of its own running ``code``: the stop button's SIGINT is a KeyboardInterrupt there, as
+    ipykernel makes it (a process started in the background by a shell inherits SIGINT ignored)."""
+    code = ("import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n" + code)
     return subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "GPUGEEK_HOME": str(home)}, start_new_session=True)
 

@@ -44,7 +44,6 @@ from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 SLURMJOB = ssh.ONHOST.with_name("slurmjob.py")    # the job's side, beside the host script it uses
 POLL_S = 2.0               # how often a pending job is looked at
 STOPPED_WITHIN_S = 60.0    # `down`: until squeue no longer lists the job
-WALLTIME_NOTICE_S = 120   # sbatch's --signal: this long before the walltime ends (``--sbatch "--signal=…"``: yours)
 HEAD_WITHIN_S = 180.0      # a running job: until its first node says where Ray's head listens
 # squeue's reasons that no wait will clear (Slurm's "JOB REASON CODES"): the job is cancelled and said
 NEVER = ("PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "BadConstraints", "InvalidAccount",
@@ -95,7 +94,7 @@ def batch_script(name: str, folder: str, spec: ClusterSpec) -> str:
             lines.append(f"#SBATCH --{flag}={value}")
     if job.time_min is not None and "--signal" not in (job.sbatch or ""):
         # the walltime's notice: the batch step (slurmjob.py) hears it, and every node of the cluster is told
-        lines.append(f"#SBATCH --signal=B:USR2@{WALLTIME_NOTICE_S}")
+        lines.append(f"#SBATCH --signal=B:USR2@{allocation.NOTICE_S}")
     lines += [f"#SBATCH {option}" for option in shlex.split(job.sbatch or "")]
     python = spec.remote.pythons[0] if spec.remote.pythons else runtime.python_on_host()
     lines += ["set -e", *(job.setup.splitlines() if job.setup else []),

@@ -41,7 +41,7 @@ from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
 from ..cluster.spec import ClusterSpec
-from ..meter import activity, ledger
+from ..meter import activity, allocation, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes, send_notice
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
@@ -58,7 +58,6 @@ REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at th
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
 AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
 WALLTIME_NOTICE = "walltime-notice"   # a Slurm job's batch step leaves it in this watchdog's folder (slurmjob.py)
-WALLTIME_NOTICE_S = 120.0             # … the walltime's end, when Slurm's record does not say it
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -119,7 +118,7 @@ class HeadWatch(Watch):
             return
         spec = ClusterSpec.from_json(record.spec)
         job = BACKENDS[spec.backend].job_record(spec)
-        ends = job.walltime_end if job is not None and job.walltime_end else heard + WALLTIME_NOTICE_S
+        ends = job.walltime_end if job is not None and job.walltime_end else heard + allocation.NOTICE_S
         try:
             nodes = [n for n in read_nodes(self.gcs, timeout=max(1.0, self.interval)) if n.alive]
             for node in nodes:

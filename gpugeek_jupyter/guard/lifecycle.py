@@ -212,10 +212,10 @@ def catch_up(record: ClusterRecord) -> ClusterRecord:
         record = registry.get(record.id)
         if pulled is not None and record.live:
             start_watchdog(record)
+            record = registry.get(record.id)
         elif pulled is not None and ClusterSpec.from_json(record.spec).slurm is not None:
             # the head closed its ledger as it stopped, a moment before the job ended: Slurm's record says when
             meter_instances(record, record.stop_reason)
-            record = registry.get(record.id)
     return record
 
 
@@ -291,13 +291,13 @@ def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> 
     job = BACKENDS[spec.backend].job_record(spec)
     if job is None:
         return False
-    if job.instances():
+    nodes, prices = job.instances(), spec.prices()
+    if nodes:
         _slurm_looked[record.id] = now
     gpus = {"head": float(spec.slurm.gpus_per_node), "host": float(spec.slurm.gpus_per_node)}
-    if sync_instances(record.id, job.instances(), spec.prices(), gpus, time.time(), 0.0, reason,
-                      recorded_end_wins=True) and \
+    if sync_instances(record.id, nodes, prices, gpus, time.time(), 0.0, reason, recorded_end_wins=True) and \
             not ledger.events(record.id, METERED_BY_SLURM):
-        rate = spec.prices()["host"].usd_per_hour
+        rate = prices["host"].usd_per_hour
         ledger.event(record.id, METERED_BY_SLURM,
                      f"metered from Slurm's record of job {job.job} ({allocation.SOURCES[job.source]}): its "
                      f"{len(job.nodes)} node{'s' if len(job.nodes) != 1 else ''} from the job's start to its end"

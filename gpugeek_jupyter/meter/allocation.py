@@ -28,6 +28,7 @@ READ = ("export SLURM_TIME_FORMAT=%s; "
 # Slurm's job states once a job no longer runs (COMPLETING: ending, its EndTime set)
 OVER = ("COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
         "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT")
+NOTICE_S = 120     # the walltime's notice (sbatch --signal=B:USR2@NOTICE_S), unless the user's --sbatch names one
 SOURCES = {"scontrol": "scontrol show job", "sacct": "sacct", "jobcomp": "the job completion record (sacct -c)"}
 
 

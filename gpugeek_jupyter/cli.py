@@ -6,13 +6,16 @@ started may still be billing. This reads the same registry and ledger as the Lab
 cluster the way the sidebar does, by the processes we started. ``gpugeek clusters`` answers in
 a fraction of a second (``benchmarks/bench_cli.py``).
 
+    gpugeek up [NAME] [--backend slurm --login … | --hosts … | …]   (the flags of ``%gpugeek up``)
     gpugeek clusters [--json]
     gpugeek status NAME [--json]
     gpugeek cost [NAME] [--json]
     gpugeek down NAME [--forget] | --all [--yes]
     gpugeek log [NAME] [--since 2h] [--json]
 
-A bad argument gets one line and exit status 2; a stop that fails, 1.
+A bad argument gets one line and exit status 2; a stop that fails, 1. ``up`` is the one command
+that loads the package (and IPython's parser of ``%gpugeek up``, whose flags it takes as they are):
+the cluster it starts outlives the command, as one started from a notebook outlives its kernel.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     top = _Parser(prog="gpugeek", description="List, price and stop gpugeek clusters without Jupyter.")
     top.add_argument("--version", action=_Version, nargs=0, help="print the installed version")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("up", add_help=False, prefix_chars="\0",
+                        help="start a cluster, or re-attach to a live one: `%%gpugeek up`'s flags "
+                             "(`gpugeek up --help` lists them)").add_argument("flags", nargs=argparse.REMAINDER)
     each = commands.add_parser("clusters", help="the live clusters, then the latest stopped ones")
     each.add_argument("--json", action="store_true", help="print JSON")
     one = commands.add_parser("status", help="one cluster: its nodes, utilisation and latest events")
@@ -74,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "up":
+        return _up(args.flags)
     from .guard import board
     from .meter import ledger
 
@@ -96,6 +104,33 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:          # `gpugeek log | head`: the reader has gone, which is fine
         sys.stdout = open(os.devnull, "w")   # noqa: SIM115 - so the exit's flush does not fail too
         return 0
+
+
+def _up(argv: list[str]) -> int:
+    """``%gpugeek up`` from a terminal: the magic's own parser, the same API call."""
+    from IPython.core.error import UsageError
+
+    from . import api
+    from .magics import up
+
+    parser = up.parser
+    parser.prog = "gpugeek up"
+    if {"-h", "--help"} & set(argv):
+        print(parser.format_help().removeprefix("::").strip().replace("%gpugeek up", "gpugeek up", 1))
+        return 0
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _fail(2, f"up: {exc}")
+    if args.plan:
+        return _fail(2, "up: --plan names a plan kept in a notebook — from a terminal, give --gpu or --offer")
+    flags = {k: v for k, v in vars(args).items() if k not in ("name", "plan", "no_install")}
+    try:
+        cluster = api.up(args.name, install=not args.no_install, **flags)
+    except GpugeekError as exc:
+        return _fail(1, str(exc))
+    print(cluster)
+    return 0
 
 
 def _guard(cluster: dict) -> str:

@@ -82,17 +82,25 @@ class Slurm:
         """Slurm's own record of each ended job (``jobcomp/filetxt``)."""
         return self.dir / "jobcomp.txt"
 
-    def ended(self, job: str) -> dict | None:
-        """The job's line in Slurm's record of ended jobs, as key=value (``StartTime`` and ``EndTime``
-        also as ``start``/``end``, seconds since the epoch); None until it is there."""
+    def runs(self, job: str) -> list[dict]:
+        """The job's lines in Slurm's record of ended jobs, as key=value (``StartTime`` and ``EndTime``
+        also as ``start``/``end``, seconds since the epoch): one a run — a job requeued has a line
+        for each run it ended (``JobState=PENDING``), then one for its end."""
         text = self.jobcomp.read_text() if self.jobcomp.exists() else ""
+        found = []
         for line in text.splitlines():
             if f"JobId={job} " in line:
                 fields = dict(pair.split("=", 1) for pair in line.split() if "=" in pair)
                 for key, name in (("StartTime", "start"), ("EndTime", "end")):    # slurmctld's local time
                     fields[name] = time.mktime(time.strptime(fields[key], "%Y-%m-%dT%H:%M:%S"))
-                return fields
-        return None
+                found.append(fields)
+        return found
+
+    def ended(self, job: str) -> dict | None:
+        """The job's end in Slurm's record of ended jobs (``runs``' last line, once it is not a
+        requeued run's); None until it is there."""
+        found = [run for run in self.runs(job) if run["JobState"] not in ("PENDING", "REQUEUED")]
+        return found[-1] if found else None
 
     def ssh(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """``command`` on the login host, as the cluster's user runs it."""

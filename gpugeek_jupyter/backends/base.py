@@ -133,6 +133,16 @@ class Backend:
         billed from, ``meter/allocation.py``); None when it does not answer."""
         return None
 
+    def follow(self, record: ClusterRecord) -> ClusterRecord | None:
+        """Where the cluster's head moved without a stop of ours (a requeued scheduler job runs
+        again on a new allocation): the record with the new head, reached again; None where it
+        has not moved (or cannot)."""
+        return None
+
+    def wait_moved(self, record: ClusterRecord, say=print) -> ClusterRecord:
+        """Until the cluster's head has moved (``follow``) and its nodes are back: the record then."""
+        raise GpugeekError(f"a {self.name} cluster's head does not move")
+
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
         self.check(Feature.SCALE)
         raise NotImplementedError

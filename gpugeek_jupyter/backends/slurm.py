@@ -29,13 +29,13 @@ import tarfile
 import time
 from types import MappingProxyType
 
-from ..cluster import processes
+from ..cluster import processes, registry
 from ..cluster.registry import ClusterRecord
 from ..cluster.remote import Allocated, Found, Guarded, LineOpened, Submitted, learn
 from ..cluster.spec import ClusterSpec
 from ..config import settings
 from ..errors import GpugeekError
-from ..meter import allocation
+from ..meter import allocation, ledger
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, read_nodes, token_text
 from ..remote import headguard, runtime, ssh, tunnel
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
@@ -85,15 +85,18 @@ def batch_script(name: str, folder: str, spec: ClusterSpec) -> str:
     folder it was submitted from), then the host script on the first node."""
     job = spec.slurm
     lines = ["#!/bin/bash", f"#SBATCH --job-name=gg-{name}", f"#SBATCH --nodes={job.nodes}",
-             "#SBATCH --ntasks-per-node=1", "#SBATCH --output=job-%j.log", "#SBATCH --no-requeue"]
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --output=job-%j.log"]
+    # a requeued job runs the script again under the same id: its log goes on, not over
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if job.requeue else ["#SBATCH --no-requeue"]
     if job.gpus_per_node:
         lines.append(f"#SBATCH --gres=gpu:{job.gpu_type + ':' if job.gpu_type else ''}{job.gpus_per_node}")
     for flag, value in (("cpus-per-task", job.cpus_per_node), ("time", job.time_min), ("partition", job.partition),
                         ("account", job.account), ("qos", job.qos), ("constraint", job.constraint)):
         if value is not None:
             lines.append(f"#SBATCH --{flag}={value}")
-    if job.time_min is not None and "--signal" not in (job.sbatch or ""):
-        # the walltime's notice: the batch step (slurmjob.py) hears it, and every node of the cluster is told
+    if (job.time_min is not None or job.requeue) and "--signal" not in (job.sbatch or ""):
+        # the walltime's notice (the partition's, without --time): the batch step (slurmjob.py) hears
+        # it, and every node of the cluster is told
         lines.append(f"#SBATCH --signal=B:USR2@{allocation.NOTICE_S}")
     lines += [f"#SBATCH {option}" for option in shlex.split(job.sbatch or "")]
     python = spec.remote.pythons[0] if spec.remote.pythons else runtime.python_on_host()
@@ -180,10 +183,7 @@ def wait_running(record: ClusterRecord, spec: ClusterSpec, job: str, say=print) 
         if state["state"] == "RUNNING":
             return
         if state["state"] == "PENDING":
-            place = f", position {state['position']} in the queue" if state["position"] else ""
-            why = f" ({state['reason']})" if state["reason"] not in ("None", "") else ""
-            line = (f"Slurm job {job}: pending{why} — {state['nodes']} node"
-                    f"{'s' if state['nodes'] != '1' else ''} on {state['partition']}{place}")
+            line = _pending(job, state)
             if state["reason"] in NEVER or state["reason"].startswith("AssocGrp"):
                 raise GpugeekError(f"{line}: Slurm will not run it as asked — change the flags that ask for it")
             if line != last:
@@ -193,6 +193,14 @@ def wait_running(record: ClusterRecord, spec: ClusterSpec, job: str, say=print) 
             raise GpugeekError(f"Slurm job {job} is {state['state']} ({state['reason']}): "
                                f"{_log_tail(record, spec, job)}")
         time.sleep(POLL_S)
+
+
+def _pending(job: str, state: dict) -> str:
+    """The queue's own words for a pending job: ``pending (Resources) — 2 nodes on gpu, position 3``."""
+    place = f", position {state['position']} in the queue" if state["position"] else ""
+    why = f" ({state['reason']})" if state["reason"] not in ("None", "") else ""
+    return (f"Slurm job {job}: pending{why} — {state['nodes']} node{'s' if state['nodes'] != '1' else ''} on "
+            f"{state['partition']}{place}")
 
 
 def head_of(record: ClusterRecord, spec: ClusterSpec, job: str, within: float = HEAD_WITHIN_S) -> dict:
@@ -229,6 +237,70 @@ def cancel(record: ClusterRecord, spec: ClusterSpec, within: float = STOPPED_WIT
         if time.monotonic() > deadline:
             raise GpugeekError(f"Slurm job {job} is still {state['state']} {within:.0f} s after scancel")
         time.sleep(1.0)
+
+
+def _word(record: ClusterRecord, spec: ClusterSpec, job: str) -> dict | None:
+    """What the job's latest run said of its head (``job-ID.json``), or None before it said."""
+    done = on_login(spec, f"cat {node_dir(record)}/job-{job}.json 2>/dev/null")
+    try:
+        return json.loads(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    except ValueError:
+        return None
+
+
+def follow(record: ClusterRecord) -> ClusterRecord | None:
+    """A requeued job runs again under the same id, on an allocation of its own: once its new run
+    says where Ray's head is, the record learns it and the tunnel goes there (``tunnel.moved``).
+    None while the job has not moved (pending, or its head still starting). Done by whichever
+    of the kernel and the watchdog here finds it first."""
+    with tunnel.held(record):
+        record = registry.get(record.id)
+        spec = ClusterSpec.from_json(record.spec)
+        job = spec.remote.job_id
+        if not job or not record.live:
+            return None
+        answer = _word(record, spec, job)
+        restart = int((answer or {}).get("restart") or 0)
+        if answer is None or restart <= spec.remote.restarts:
+            return None
+        if not answer.get("ok"):
+            raise GpugeekError(f"Slurm job {job} runs again, but {answer.get('error')} — the job's log: "
+                               f"{node_dir(record)}/job-{job}.log on the login node")
+        told = read_job(spec)
+        moved = tunnel.moved(record, Allocated(
+            ips=(answer["ip"],), temp_dirs=(answer["temp_dir"],), head_ip=answer["ip"], gcs_port=answer["port"],
+            keeper_port=answer["keeper_port"], keeper_host=answer["ip"], restarts=restart,
+            walltime_end=told.walltime_end if told is not None else None))
+    ledger.event(record.id, "head-moved", f"Slurm job {job} runs again (requeued {restart} time"
+                 f"{'s' if restart != 1 else ''}) with its head on {answer['node']}: reached through "
+                 f"{spec.slurm.login} again")
+    return moved
+
+
+def wait_requeued(record: ClusterRecord, say=print) -> ClusterRecord:
+    """Until the requeued job runs again and every node of it is in Ray's table, saying the queue's
+    reason as it changes: the record then. A job that ends instead is one line."""
+    spec = ClusterSpec.from_json(record.spec)
+    job, last = spec.remote.job_id, None
+    while True:
+        moved = follow(record)
+        fresh = registry.get(record.id)
+        if moved is None and ClusterSpec.from_json(fresh.spec).remote.restarts > spec.remote.restarts:
+            moved = fresh       # this machine's watchdog followed it first
+        if moved is not None:
+            SlurmBackend().wait_ready(moved, ClusterSpec.from_json(moved.spec))
+            return moved
+        if not fresh.live:
+            raise GpugeekError(f"cluster {record.name!r} was stopped while its job waited to run again")
+        state = queue_state(spec, job)
+        if state is None:
+            raise GpugeekError(f"Slurm job {job} ended instead of running again: {_log_tail(record, spec, job)}")
+        line = _pending(job, state) if state["state"] == "PENDING" else \
+            f"Slurm job {job}: {state['state'].lower()}, Ray's head starting"
+        if line != last:
+            say(line, flush=True)
+            last = line
+        time.sleep(POLL_S)
 
 
 def read_job(spec: ClusterSpec) -> allocation.JobRecord | None:
@@ -299,6 +371,12 @@ class SlurmBackend(Backend):
 
     def job_record(self, spec):
         return read_job(spec)
+
+    def follow(self, record):
+        return follow(record)
+
+    def wait_moved(self, record, say=print):
+        return wait_requeued(record, say)
 
     def stop(self, record, grace=5.0):
         spec = ClusterSpec.from_json(record.spec)

@@ -32,11 +32,11 @@ from ..kernel.session import current
 from ..meter import ledger, telemetry
 from ..provision.actions import Cluster
 from ..provision.up import up
-from ..units import clock, number
+from ..units import number
 from ..workers import oom
 from ..workers.cell import calls_gg
 from ..workers.options import Report, RunOptions, gg_only, options
-from . import away, shipping
+from . import away, shipping, walltime
 from .driving import driver
 from .fetching import say_written
 from .leaving import leave_with_this_kernel
@@ -297,7 +297,13 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
                     group, _ = group_for(opts)
                 except RemoteError as error:
                     if error.preempted is not None and capable(record).scheduler:
-                        raise GpugeekError(_at_walltime(record, job_id, job_name, error.preempted)) from None
+                        if not (record.spec.get("slurm") or {}).get("requeue"):
+                            raise GpugeekError(walltime.ends(record, job_id, job_name, error.preempted)) from None
+                        reset()
+                        record = walltime.requeued(record, job_id, job_name, error.preempted)
+                        group, record = group_for(opts, record)
+                        opts = replace(opts, retry=opts.retry + 1)
+                        continue
                     if error.preempted is not None:    # checkpointed on a notice: not a failure
                         group = _resume_after_preemption(record, job_id, job_name, error.preempted, opts)
                         opts = replace(opts, retry=opts.retry + 1)
@@ -363,18 +369,6 @@ def _resume_after_preemption(record: ClusterRecord, job_id: str, job_name: str, 
     reset()
     driver().wait_gone(preempted["nodes"], preempted["deadline"] + NODE_GONE_S)
     return group_for(opts)[0]
-
-
-def _at_walltime(record: ClusterRecord, job_id: str, job_name: str, preempted: dict) -> str:
-    """The cell checkpointed on its scheduler's notice: the whole allocation ends at its walltime,
-    so the cell resumes in the next cluster, from that checkpoint. What to say, and the ledger's."""
-    ledger.job_preempted(record.id, job_id)
-    ends = clock(preempted["deadline"])
-    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {preempted['step']} on the "
-                                             f"walltime's notice (the job ends at {ends})")
-    return (f"cluster {record.name!r} reaches its walltime at {ends}: the cell checkpointed at step "
-            f"{preempted['step']} and stopped — `%gpugeek up` a cluster again (with a longer --time) and run the "
-            f"cell again: it resumes from there")
 
 
 def _after_a_loss(opts: RunOptions, node_id: str | None, record: ClusterRecord, job_name: str) -> RunOptions:

@@ -46,6 +46,7 @@ class Remote:
     keeper_host: str | None = None     # where the keeper listens as the SSH host sees it (None: the head's loopback)
     job_id: str | None = None          # the scheduler's job that holds the nodes (Slurm)
     walltime_end: float | None = None  # … when it ends at its time limit, as the scheduler says (the countdown)
+    restarts: int = 0                  # … how often it was requeued (each run on an allocation of its own)
     # started: the head's watchdog and the tunnel's end here
     guard_home: str | None = None
     guard_pid: int | None = None
@@ -161,6 +162,7 @@ class Allocated:
     keeper_port: int
     keeper_host: str
     walltime_end: float | None      # None: no time limit, or the scheduler did not say
+    restarts: int = 0               # the job's run: 0, then one more each time it is requeued
 
 
 Fact = Asked | StorageNeeds | Found | LaidOut | HeadStarted | CloudHead | Guarded | LineOpened | Submitted | Allocated

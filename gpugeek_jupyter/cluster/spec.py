@@ -57,6 +57,7 @@ class SlurmJob:
     constraint: str | None = None
     setup: str | None = None           # shell lines run before Ray on each node ("module load …")
     sbatch: str | None = None          # more sbatch options, as on its command line
+    requeue: bool = False              # requeued at its walltime's notice: the cluster goes on in its next allocation
 
 
 @dataclass

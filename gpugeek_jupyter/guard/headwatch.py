@@ -56,6 +56,7 @@ HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per 
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
+REQUEUE_BEFORE_S = 30.0        # ``up --requeue``: the job requeued this long before its walltime at the latest
 AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
 WALLTIME_NOTICE = "walltime-notice"   # a Slurm job's batch step leaves it in this watchdog's folder (slurmjob.py)
 
@@ -82,6 +83,8 @@ class HeadWatch(Watch):
         self.near: float | None = None                 # the cap a stop was timed again near
         # a cloud head's autoscaler: what it could not launch, read from its log (and the spot fallback)
         self.walltime_heard: float | None = None       # a Slurm job's walltime notice, once passed on
+        self.walltime_ends: float | None = None        # … when the job ends, as told
+        self.requeued = False                          # ``up --requeue``: the job was requeued
         self.launches = Launches(Path(temp_dir_of(order["temp_dirs"], order["ip"])) / AUTOSCALER_LOG,
                                  Path(os.path.expanduser(BOOTSTRAP))) if order.get("cloud") else None
 
@@ -98,6 +101,7 @@ class HeadWatch(Watch):
         reason = super().look()
         if exchanging and not reason and self.order.get("scheduled"):
             self._walltime(record)
+            self._requeue(record)
         if exchanging and not reason and self.launches is not None:
             spec = ClusterSpec.from_json(record.spec)
             self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
@@ -125,10 +129,33 @@ class HeadWatch(Watch):
                 send_notice(self.gcs, node.node_id, ends)
         except ClusterUnreachable:
             return                       # told at the next look
-        self.walltime_heard = heard
+        self.walltime_heard, self.walltime_ends = heard, ends
         ledger.event(self.cluster_id, launches.WALLTIME, f"Slurm job {spec.remote.job_id} reaches its walltime at "
                      f"{clock(ends)}: its {len(nodes)} nodes told (a running cell checkpoints at its next step)",
                      options={"ends": ends})
+
+    def _requeue(self, record) -> None:
+        """``up --requeue``: once the walltime's notice is passed on and no cell works on the cluster
+        any more (a running one checkpointed on it), or ``REQUEUE_BEFORE_S`` before the walltime at
+        the latest, the job is requeued (Slurm never requeues a job that reached its time limit by
+        itself). That ends every process of the job, this one too; the next run finds this ledger
+        and the checkpoints in the shared home, and the notebook follows it there."""
+        spec = ClusterSpec.from_json(record.spec)
+        if self.walltime_heard is None or self.requeued or spec.slurm is None or not spec.slurm.requeue:
+            return
+        now = time.time()
+        working, _ = self.cluster_jobs.look(self.gcs, now, timeout=max(1.0, self.interval))
+        if working and now < (self.walltime_ends or now) - REQUEUE_BEFORE_S:
+            return
+        job = spec.remote.job_id
+        ledger.event(self.cluster_id, launches.REQUEUED,
+                     f"Slurm job {job} requeued before its walltime: it runs again in a new allocation, where "
+                     f"a cell that checkpointed resumes" + (f" ({working} was still running)" if working else ""))
+        self.requeued = True
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            ledger.event(self.cluster_id, "requeue-failed", f"scontrol requeue {job} failed "
+                         f"({done.stderr.strip()[-300:]}): the job ends at its walltime")
 
     def _exchange(self, record) -> None:
         """Read the laptop's report and limits (a GCS that does not answer is the node table's
@@ -326,9 +353,12 @@ def stop_detached(source: str, marker: str, grace: float, temp_dir: str) -> str:
 
 
 def open_record(order: dict) -> int:
-    """The cluster's row in the head's registry: made on first start, found again on a restart."""
+    """The cluster's row in the head's registry: made on first start, found again on a restart
+    (a requeued Slurm job's next run: its GCS elsewhere)."""
     for record in registry.all_records(include_stopped=False):
         if record.name == order["name"]:
+            if record.address != order["gcs"]:
+                registry.update(record.id, address=order["gcs"])
             return record.id
     record = registry.create(order["name"], order["backend"], order["spec"], simulated=False,
                              budget_usd=order.get("budget"), idle_minutes=order.get("idle"))
@@ -351,7 +381,7 @@ def main(argv: list[str]) -> int:
         # a Slurm allocation: its keeper ends with this process, whether the job ends it (SIGTERM) or
         # this ends first — a keeper left orphaned would leave the job's process tree and outlive it
         # (at once: an exit raised here could be taken for a failed look and the watchdog go on)
-        signal.signal(signal.SIGTERM, lambda *_: (keeper.stop(), os._exit(0)))
+        signal.signal(signal.SIGTERM, lambda *_: (keeper.kill_now(), os._exit(0)))
     reason = run(cluster_id, watch=watch)
     if order.get("scheduled"):     # the batch step ends the job once this ends
         keeper.stop()

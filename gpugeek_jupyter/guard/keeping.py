@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +61,16 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill_now(self) -> None:
+        """End it from a signal handler: SIGKILL to its session, waiting for nothing — the handler
+        may have come while this process waited on it, and Popen's wait is not reentrant (a wait
+        here would wait on its own lock for good)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)      # its own session: pid == process group
+            except OSError:
+                pass
 
     def tend(self) -> str | None:
         """At each look: start it again if it died; what to put in the ledger, or None."""

@@ -291,6 +291,7 @@ def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> 
     job = BACKENDS[spec.backend].job_record(spec)
     if job is None:
         return False
+    _slurm_jobs[record.id] = job
     nodes, prices = job.instances(), spec.prices()
     if nodes:
         _slurm_looked[record.id] = now
@@ -308,6 +309,14 @@ def _meter_job(record: ClusterRecord, spec: ClusterSpec, reason: str | None) -> 
 METERED_BY_SLURM = "metered-by-slurm"
 SLURM_LOOK_EVERY_S = 15.0
 _slurm_looked: dict[int, float] = {}
+_slurm_jobs: dict[int, allocation.JobRecord] = {}     # each Slurm cluster's job, as last read here
+
+
+def requeued(record: ClusterRecord) -> bool:
+    """Whether the cluster's Slurm job, as last read here, was requeued and waits to run again
+    (its head answers nowhere meanwhile, and that is no sign of trouble)."""
+    job = _slurm_jobs.get(record.id)
+    return job is not None and job.restarts > 0 and job.state.split()[0] in ("PENDING", "REQUEUED", "CONFIGURING")
 
 
 def machines_gone(record: ClusterRecord) -> str | None:
@@ -316,9 +325,10 @@ def machines_gone(record: ClusterRecord) -> str | None:
     it), or someone did in the provider's console. A Slurm cluster's, when its job has ended (its
     walltime, an ``scancel``, the head's stop). The stop that follows ends what runs here."""
     spec = ClusterSpec.from_json(record.spec)
-    if spec.slurm is not None:
+    if spec.slurm is not None:        # a job requeued is pending again, its rows all ended: not over
+        job = _slurm_jobs.get(record.id)
         return (f"its Slurm job {spec.remote.job_id} has ended, as Slurm records it"
-                if spec.remote.job_id and all_ended(record.id) else None)
+                if job is not None and job.over and all_ended(record.id) else None)
     cloud = CLOUDS.get(spec.backend)
     if cloud is None or not cloud.lists_instances or not all_ended(record.id):
         return None

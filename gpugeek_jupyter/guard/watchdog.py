@@ -42,12 +42,13 @@ from ..units import clock
 from . import health
 from .clusterjobs import ClusterJobs
 from .launches import copy_news
-from .lifecycle import machines_gone, meter_instances, shutdown
+from .lifecycle import machines_gone, meter_instances, requeued, shutdown
 
 UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts as gone
 UNREACHABLE = "unreachable"   # why a watchdog ended with its (remote) cluster still live
 STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)
 BUDGET_STOP_GRACE_S = 0.5
+FOLLOW_EVERY_S = 10.0   # a scheduler's job whose head does not answer: how often its new run is looked for
 DEFAULT_IDLE_WINDOW_MIN = 10.0   # how far back devices are read where no idle stop is set (for status)
 
 
@@ -75,6 +76,8 @@ class Watch:
         self.unreached_since: float | None = None   # the cluster's GCS has not answered since
         self.unreachable_after = settings().unreachable_after_s
         self.cluster_jobs = ClusterJobs(cluster_id)   # the jobs the cluster tells of (no notebook needed)
+        self.followed = -FOLLOW_EVERY_S                # when a moved head was last looked for
+        self.follow_failed: str | None = None
 
     def look(self) -> str | None:
         """One pass; returns why the cluster stopped, or None to keep watching."""
@@ -144,7 +147,7 @@ class Watch:
     def _read(self, record):
         # the tunnel first: Ray's client waits ~35 s on a port nothing forwards any more, and a
         # kernel's Ray Client gives up reconnecting after 30
-        record = self._reopen_tunnel(record) or record
+        record = self._follow(record) or self._reopen_tunnel(record) or record
         try:
             if capable(record).tunnelled and not tunnel.forwards(record.address):
                 raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
@@ -162,7 +165,7 @@ class Watch:
         if head_gone:       # a head that runs but does not answer is a failing look, not a lost one
             if shutdown(record, "lost: the head stopped answering", from_watchdog=True, stop=self.stop):
                 return "lost"
-        elif capable(record).tunnelled and \
+        elif capable(record).tunnelled and not requeued(record) and \
                 time.time() - (record.heard or self.unreached_since) > self.unreachable_after:   # as readers say
             return self._go_quiet(record)
         elif not self.unmetered_said and self.misses >= UNREACHABLE_LIMIT:
@@ -185,6 +188,24 @@ class Watch:
         if record.session_id:
             processes.stop_session(record.session_id, record.created, record.marker, grace=1)
         return UNREACHABLE
+
+    def _follow(self, record):
+        """The record with its new head when its scheduler's job moved (requeued: it runs again on
+        an allocation of its own, ``Backend.follow``), else None; looked for while the head does
+        not answer, at most every ``FOLLOW_EVERY_S``."""
+        if not capable(record).scheduler or tunnel.forwards(record.address):
+            return None
+        now = time.monotonic()
+        if now - self.followed < FOLLOW_EVERY_S:
+            return None
+        self.followed = now
+        try:
+            return BACKENDS[record.backend].follow(record)
+        except GpugeekError as exc:
+            if str(exc) != self.follow_failed:      # said once
+                self.follow_failed = str(exc)
+                ledger.event(self.cluster_id, "head-moved", str(exc))
+            return None
 
     def _reopen_tunnel(self, record):
         """The record with a new tunnel if the one to a remote head had dropped, else None."""

@@ -30,6 +30,7 @@ from .flags import (
     positive_float,
     positive_int,
     pricing_flag,
+    slurm_flags,
     span,
     subcommand,
 )
@@ -135,16 +136,7 @@ from . import advice  # noqa: E402,F401 - registers advise and catalog after pla
                            "used as it is (default: a runtime made on each host; slurm: in the shared home)")
 @argument("--no-install", action="store_true", help="ssh, slurm: never install on the hosts; say what is missing")
 @argument("--pip-index-url", help="ssh, slurm: the package index the hosts install from (a mirror of PyPI)")
-@argument("--login", help="slurm: the cluster's login node, [USER@]HOST[:PORT] or a host of your ssh config")
-@argument("--partition", help="slurm: the partition to ask nodes of (default: the cluster's)")
-@argument("--nodes", type=number("--nodes", int), help="slurm: how many nodes the job holds (default 1)")
-@argument("--gpu-type", help="slurm: the GRES type of the GPUs (--gres=gpu:TYPE:N), where the cluster names types")
-@argument("--time", help="slurm: the walltime (minutes, HH:MM:SS, D-HH:MM); 2 min ahead, a cell checkpoints")
-@argument("--account", help="slurm: the account the job is charged to")
-@argument("--qos", help="slurm: the quality of service asked for")
-@argument("--constraint", help="slurm: node features the job needs (sbatch --constraint)")
-@argument("--setup", help="slurm: shell lines run before Ray on each node (`module load cuda`)")
-@argument("--sbatch", help="slurm: any other sbatch options, as on its command line (\"--exclusive --mem=0\")")
+@slurm_flags
 @argument("--env", help="a requirements.txt or pyproject.toml: pip packages every job gets on every node")
 @argument("--working-dir", help="a folder sent to every node: each cell starts in its copy (data beside the notebook)")
 @argument("--storage", help="where jobs checkpoint unless a cell says: s3://…, gs://…, az://… or a shared path")

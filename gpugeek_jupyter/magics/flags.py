@@ -95,6 +95,24 @@ def span(flag: str) -> Callable[[str], float]:
     return parse
 
 
+# what a Slurm cluster's `up` asks of its scheduler: sbatch's own options, by their own names
+slurm_flags = flags(
+    argument("--login", help="slurm: the cluster's login node, [USER@]HOST[:PORT] or a host of your ssh config"),
+    argument("--partition", help="slurm: the partition to ask nodes of (default: the cluster's)"),
+    argument("--nodes", type=number("--nodes", int), help="slurm: how many nodes the job holds (default 1)"),
+    argument("--gpu-type", help="slurm: the GRES type of the GPUs (--gres=gpu:TYPE:N), where the cluster names types"),
+    argument("--time", help="slurm: the walltime (minutes, HH:MM:SS, D-HH:MM); 2 min ahead, a cell checkpoints"),
+    argument("--account", help="slurm: the account the job is charged to"),
+    argument("--qos", help="slurm: the quality of service asked for"),
+    argument("--constraint", help="slurm: node features the job needs (sbatch --constraint)"),
+    argument("--setup", help="slurm: shell lines run before Ray on each node (`module load cuda`)"),
+    argument("--requeue", action="store_true",
+        help="slurm: at the walltime's notice, requeue the job: the cluster goes on in its next allocation, "
+             "where a running cell resumes from its checkpoint"),
+    argument("--sbatch", help="slurm: any other sbatch options, as on its command line (\"--exclusive --mem=0\")"),
+)
+
+
 # what a job asks of the worker group, in `run` and `torchrun` (--amp, --grad-ckpt and
 # --accumulate are the gg helper's: a cell or script that never calls gg is told they don't apply)
 job_flags = flags(

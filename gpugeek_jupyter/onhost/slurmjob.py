@@ -63,9 +63,9 @@ def main(args):
     ip = onhost.node_ip(os.environ.get("SLURM_LAUNCH_NODE_IPADDR"))    # as the login node reaches this one
     said = os.path.join(folder, f"job-{job}.json")
 
-    def tell(answer):
+    def tell(answer):      # each run's word its own (a requeued job runs again under the same id)
         with open(said + ".part", "w") as f:
-            json.dump(answer, f)
+            json.dump(dict(answer, restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0)), f)
         os.replace(said + ".part", said)
 
     if os.path.exists(NOTICE_FILE):     # an earlier run's (a requeued job's)
@@ -177,7 +177,11 @@ def _end(signum, frame):
         time.sleep(0.1)
     for proc in ours:
         _signal(proc, signal.SIGKILL)       # and what is left of its group (Ray's raylet, GCS)
-        proc.wait()
+    # reaped by polling: this handler may have come while this process waited for one of them, and
+    # Popen's wait is not reentrant (a blocking wait here would wait on its own lock for good)
+    deadline = time.time() + ENDING_S + 2.0
+    while any(proc.poll() is None for proc in ours) and time.time() < deadline:
+        time.sleep(0.05)
     _tidy()
     deadline = time.time() + STEPS_S
     while any(step.poll() is None for step in _steps) and time.time() < deadline:

@@ -67,6 +67,7 @@ class UpRequest:
     constraint: str | None = None
     setup: str | None = None
     sbatch: str | None = None
+    requeue: bool = False
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:
@@ -120,7 +121,8 @@ def providers() -> set[str]:
 
 SSH_FLAGS = ("hosts", "ssh_key", "gpus_per_host", "cpus_per_host", "usd_per_hour", "python", "pip_index_url")
 # a scheduler's allocation is reached over SSH too (its login node), its runtime made from there
-SLURM_FLAGS = ("login", "partition", "nodes", "gpu_type", "time", "account", "qos", "constraint", "setup", "sbatch")
+SLURM_FLAGS = ("login", "partition", "nodes", "gpu_type", "time", "account", "qos", "constraint", "setup", "sbatch",
+               "requeue")
 SIZING_FLAGS = ("plan", "gpu", "workers", "min_workers", "max_workers")
 
 
@@ -186,7 +188,7 @@ def _scheduled(request: UpRequest) -> ClusterSpec:
                    gpus_per_node=gpus or 0, gpu_type=request.gpu_type,
                    cpus_per_node=cpus, time_min=walltime(request.time),
                    account=request.account, qos=request.qos, constraint=request.constraint,
-                   setup=request.setup, sbatch=request.sbatch)
+                   setup=request.setup, sbatch=request.sbatch, requeue=request.requeue)
     return slurm_spec(job, ssh_key=request.ssh_key, usd_per_hour=request.usd_per_hour, offer=request.offer,
                       pricing=request.pricing, python=request.python, catalog=request.catalog,
                       install=request.install, pip_index_url=request.pip_index_url, backend=request.backend)

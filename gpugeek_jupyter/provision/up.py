@@ -43,7 +43,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        storage: str | None = None, internal_ips: bool = False, login: str | None = None,
        partition: str | None = None, nodes: int | None = None, gpu_type: str | None = None,
        time: str | int | None = None, account: str | None = None, qos: str | None = None,
-       constraint: str | None = None, setup: str | None = None, sbatch: str | None = None) -> Cluster | LaunchConfig:
+       constraint: str | None = None, setup: str | None = None, sbatch: str | None = None,
+       requeue: bool = False) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -64,7 +65,9 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     host of your ssh config) for ``nodes`` nodes of ``partition`` with ``gpus_per_host`` GRES GPUs
     (of ``gpu_type``) and ``cpus_per_host`` CPUs each, for ``time`` (sbatch's walltime), under
     ``account``/``qos``/``constraint``; ``setup`` (shell lines: ``module load …``) runs before Ray
-    on each node, ``sbatch`` adds any other option; each node is priced at ``usd_per_hour``.
+    on each node, ``sbatch`` adds any other option; each node is priced at ``usd_per_hour``. With
+    ``requeue``, the job is requeued at its walltime's notice (once a running cell has checkpointed)
+    and the cluster goes on in its next allocation, where the cell resumes.
     """
     return start(UpRequest.of(locals()))
 
@@ -219,6 +222,8 @@ def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:
         stop(record, "lost: its head no longer answers")
         raise GpugeekError(f"cluster {record.name!r} had stopped (its head no longer answers) — "
                            f"run `up` again to start a new one")
+    if capable(record).scheduler:       # a requeued job running again: its new head reached
+        BACKENDS[record.backend].follow(record)
     cluster = Cluster(record.name)
     cluster.connect()
     current().active = record.name

@@ -15,6 +15,7 @@ import fcntl
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .. import ports
@@ -65,14 +66,32 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
     return Tunnel(proc.pid, f"127.0.0.1:{gcs_port}", f"127.0.0.1:{line_port}")
 
 
+@contextmanager
+def held(record: ClusterRecord):
+    """The cluster's tunnel, one process at a time (the kernel and the watchdog may both find it
+    dropped, or its head moved)."""
+    with open(ssh.local_dir(record.name, record.id) / "tunnel.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure(record: ClusterRecord) -> ClusterRecord:
     """The record with a live tunnel: the one it has if that still forwards, else a new one on the
     same local ports where they are free (so addresses others hold stay good, and a kernel whose
-    line dropped dials the new one). One process at a time (the kernel and the
-    watchdog may both find it dropped)."""
-    with open(ssh.local_dir(record.name, record.id) / "tunnel.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    line dropped dials the new one)."""
+    with held(record):
         return _ensure(registry.get(record.id))
+
+
+def moved(record: ClusterRecord, *facts) -> ClusterRecord:
+    """The head moved (a requeued Slurm job's next run; the caller holds ``held``): what was
+    learned of it recorded, the tunnel to the old head stopped and one to the new opened on the
+    same local ports where they are free — a kernel's line dials the new keeper where it did."""
+    learn(ClusterSpec.from_json(record.spec), *facts, record_id=record.id)
+    if record.session_id and processes.alive(record.session_id):
+        processes.stop_session(record.session_id, record.created, record.marker, grace=1)
+    registry.update(record.id, session_id=None)      # (not a tunnel that dropped: the caller says why)
+    return _ensure(registry.get(record.id))
 
 
 def _ensure(record: ClusterRecord) -> ClusterRecord:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,32 @@ def test_the_meter_reads_a_job_as_slurm_records_it_running_then_ended(slurm):
             ("COMPLETED", ("node1", "node2"), ended["start"], ended["end"]), (record, ended)
         assert all(i.gone and i.ended == ended["end"] for i in record.instances()), record
     assert over.elapsed(0) == ended["end"] - ended["start"] >= 3
+
+
+def test_the_meter_reads_each_run_of_a_requeued_job_from_slurms_record(slurm):
+    """A job requeued (``scontrol requeue``) runs again under its id: the run it ended is a line of
+    the job completion record, and the meter bills it as a run of its own, start to end as that
+    line says, while the job waits to run again (pending: no current run)."""
+    job = slurm.ssh("sbatch --parsable -N2 --time=5 --requeue --wrap 'sleep 60'").stdout.strip()
+    read = allocation.READ.format(job=job)
+    try:
+        wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.state == "RUNNING", 20,
+                   "the job running")
+        time.sleep(2)
+        assert slurm.ssh(f"scontrol requeue {job}").returncode == 0
+        first = wait_until(lambda: slurm.runs(job), 20, "the requeued run's line in Slurm's record")[0]
+        pending = allocation.parse(slurm.ssh(read).stdout)
+        assert (pending.state, pending.restarts, pending.started) == ("PENDING", 1, None), pending
+        assert [(r.started, r.ended, r.nodes) for r in pending.earlier] == \
+            [(first["start"], first["end"], ("node1", "node2"))], (pending, first)
+        rows = pending.instances()
+        assert [(i.launched, i.ended, i.gone, i.head) for i in rows] == \
+            [(first["start"], first["end"], True, True), (first["start"], first["end"], True, False)], rows
+        assert pending.elapsed(time.time()) == first["end"] - first["start"] > 0
+        assert not pending.over
+    finally:
+        slurm.ssh(f"scancel {job}")
+    wait_until(lambda: not slurm.squeue(), 30, "the job gone from the queue")
 
 
 @pytest.mark.parametrize("hostlist", ["node[1-2]", "node1", "gpu-a[01-03,10],login,n[7-8]", "r[1-2]n[01-02]"])

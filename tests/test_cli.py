@@ -26,7 +26,8 @@ def gpugeek(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args", [["bogus"], ["down"], ["down", "a", "--all"], ["status"], ["clusters", "--nope"],
-                                  ["log", "--since", "2x"], ["status", "nope"], ["cost", "nope"], ["down", "nope"]])
+                                  ["log", "--since", "2x"], ["status", "nope"], ["cost", "nope"], ["down", "nope"],
+                                  ["up", "x", "--nodes", "two"], ["up", "--bogus"], ["up", "x", "--plan", "p"]])
 def test_a_bad_argument_is_one_line_and_exit_2(args):
     done = gpugeek(*args)
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
@@ -41,6 +42,34 @@ def test_it_loads_no_jupyter_ipython_ray_or_pandas():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "loaded:", done.stdout
+
+
+def test_up_takes_the_magics_flags_from_its_own_declaration():
+    """``gpugeek up`` parses with ``%gpugeek up``'s parser: every flag the magic declares is there."""
+    from gpugeek_jupyter.magics import up
+
+    magic = {o for action in up.parser._actions for o in action.option_strings}
+    done = gpugeek("up", "--help")
+    assert done.returncode == 0 and done.stdout.startswith("gpugeek up "), done.stdout[:300]
+    assert "--requeue" in magic and all(flag in done.stdout for flag in magic), magic - set(done.stdout.split())
+
+
+@pytest.mark.slow
+def test_up_from_a_terminal_starts_a_cluster_that_outlives_the_command(gpugeek_home):
+    done = gpugeek("up", "rehearsal", "--backend", "sim", "--gpu", "A100", "--count", "8", "--workers", "1")
+    procs = []
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "rehearsal: sim cluster, running at" in done.stdout, done.stdout
+        listed = gpugeek("clusters").stdout
+        assert "rehearsal" in listed and "running" in listed, listed
+        record = registry.live("rehearsal")
+        procs = of_cluster(record)       # the command has ended: its cluster runs on
+        assert record is not None and still_running(procs), "the cluster's processes"
+    finally:
+        stopped = gpugeek("down", "rehearsal")
+    assert stopped.returncode == 0 and "stopped 'rehearsal'" in stopped.stdout, stopped
+    assert not still_running(procs, wait=10), "left running after down"
 
 
 def test_nothing_yet():

@@ -291,13 +291,18 @@ def wait_requeued(record: ClusterRecord, say=print) -> ClusterRecord:
             SlurmBackend().wait_ready(moved, ClusterSpec.from_json(moved.spec))
             return moved
         if not fresh.live:
-            raise GpugeekError(f"cluster {record.name!r} was stopped while its job waited to run again")
+            raise GpugeekError(f"cluster {record.name!r} was stopped while its job waited to run again "
+                               f"({fresh.stop_reason})")
         state = queue_state(spec, job)
         if state is None:
             raise GpugeekError(f"Slurm job {job} ended instead of running again: {_log_tail(record, spec, job)}")
-        line = _pending(job, state) if state["state"] == "PENDING" else \
-            f"Slurm job {job}: {state['state'].lower()}, Ray's head starting"
-        if line != last:
+        if state["state"] == "PENDING":
+            line = _pending(job, state)
+        elif last is not None:        # pending before: it runs again, Ray's head starting
+            line = f"Slurm job {job}: {state['state'].lower()}, Ray's head starting"
+        else:                         # its run still ending, before it is pending again
+            line = None
+        if line is not None and line != last:
             say(line, flush=True)
             last = line
         time.sleep(POLL_S)

@@ -328,7 +328,7 @@ def machines_gone(record: ClusterRecord) -> str | None:
     if spec.slurm is not None:        # a job requeued is pending again, its rows all ended: not over
         job = _slurm_jobs.get(record.id)
         return (f"its Slurm job {spec.remote.job_id} has ended, as Slurm records it"
-                if job is not None and job.over and all_ended(record.id) else None)
+                if job is not None and job.done and all_ended(record.id) else None)
     cloud = CLOUDS.get(spec.backend)
     if cloud is None or not cloud.lists_instances or not all_ended(record.id):
         return None

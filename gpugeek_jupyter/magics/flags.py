@@ -106,6 +106,7 @@ slurm_flags = flags(
     argument("--qos", help="slurm: the quality of service asked for"),
     argument("--constraint", help="slurm: node features the job needs (sbatch --constraint)"),
     argument("--setup", help="slurm: shell lines run before Ray on each node (`module load cuda`)"),
+    argument("--job", help="slurm: re-attach to the live cluster holding this job (its id in squeue)"),
     argument("--requeue", action="store_true",
         help="slurm: at the walltime's notice, requeue the job: the cluster goes on in its next allocation, "
              "where a running cell resumes from its checkpoint"),

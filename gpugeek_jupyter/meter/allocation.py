@@ -62,7 +62,14 @@ class JobRecord:
 
     @property
     def over(self) -> bool:
+        """The run is over (its end recorded): COMPLETING too, which a requeue passes through."""
         return self.state.split()[0] in OVER
+
+    @property
+    def done(self) -> bool:
+        """The job is over for good: a state Slurm leaves it in (a job requeued is COMPLETING, then
+        pending again)."""
+        return self.over and self.state.split()[0] != "COMPLETING"
 
     def elapsed(self, now: float) -> float:
         """Seconds the allocation has been held: start to end (or now), as Slurm records them,

@@ -68,6 +68,7 @@ class UpRequest:
     setup: str | None = None
     sbatch: str | None = None
     requeue: bool = False
+    job: str | None = None          # re-attach to the live Slurm cluster that holds this job
 
     @classmethod
     def of(cls, flags: dict) -> UpRequest:

@@ -44,7 +44,7 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
        partition: str | None = None, nodes: int | None = None, gpu_type: str | None = None,
        time: str | int | None = None, account: str | None = None, qos: str | None = None,
        constraint: str | None = None, setup: str | None = None, sbatch: str | None = None,
-       requeue: bool = False) -> Cluster | LaunchConfig:
+       requeue: bool = False, job: str | None = None) -> Cluster | LaunchConfig:
     """Start (or re-attach to) a Ray cluster and make it the active one.
 
     ``up("name")`` on a live cluster of that name re-attaches to it — how a restarted kernel finds
@@ -67,7 +67,8 @@ def up(name: str | None = None, *, backend: str | None = None, address: str | No
     ``account``/``qos``/``constraint``; ``setup`` (shell lines: ``module load …``) runs before Ray
     on each node, ``sbatch`` adds any other option; each node is priced at ``usd_per_hour``. With
     ``requeue``, the job is requeued at its walltime's notice (once a running cell has checkpointed)
-    and the cluster goes on in its next allocation, where the cell resumes.
+    and the cluster goes on in its next allocation, where the cell resumes. ``job`` (a Slurm job
+    id, as ``squeue`` lists it) re-attaches to the live cluster that holds it, whatever its name.
     """
     return start(UpRequest.of(locals()))
 
@@ -77,7 +78,7 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
     or record the cluster, start it and connect this kernel to it."""
     pip = read_env_file(request.env) if request.env else []
     folder = environment.working_dir(request.working_dir) if request.working_dir else None
-    existing = registry.live(request.name)
+    existing = _holding(request.job) if request.job is not None else registry.live(request.name)
     if existing is not None and not request.dry_run:
         return _reattach(existing, request)
     spec = spec_of(request)
@@ -203,6 +204,17 @@ def _check_listening(address: str | None) -> None:
         port_kind = "client server" if address.startswith(CLIENT_SCHEME) else "GCS"
         raise GpugeekError(f"nothing answers at {address} ({why}) — is the Ray head "
                            f"running, and is this its {port_kind} port?")
+
+
+def _holding(job: str) -> ClusterRecord:
+    """``up --job ID``: the live Slurm cluster of this machine that holds the job (what ``squeue``
+    lists), whatever its name — a new kernel reaches it so."""
+    job = str(job).strip()
+    for record in registry.all_records(include_stopped=False):
+        if record.backend == "slurm" and (record.spec.get("remote") or {}).get("job_id") == job:
+            return record
+    raise GpugeekError(f"--job {job}: no live Slurm cluster of this machine holds that job (`%gpugeek clusters` "
+                       f"lists them; a job submitted from another machine is reached from there)")
 
 
 def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:

@@ -35,7 +35,8 @@ def _nothing_left(slurm) -> bool:
     return not slurm.squeue() and not any(slurm.strays(n) for n in slurm.nodes)
 
 
-def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm, cluster_user, capsys):
+def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm, cluster_user, gpugeek_home,
+                                                                            capsys):
     began = time.monotonic()
     try:
         gg.up("hpc", nodes=2, gpus_per_host=1, time=30, **dict(cluster_user, usd_per_hour=RATE))
@@ -55,6 +56,14 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
         assert ips == [n.address for n in slurm.nodes], f"ranks ran on {ips}"
         pulled = gg.run("answer = 6 * 7", workers=2, gpus_per_worker=1, pull=["answer"], monitor=False).pulled
         assert pulled == {"answer": 42}, pulled
+        # a new kernel reaches the cluster by its job's id, as squeue lists it, and runs a cell there
+        gg.reset()           # (this kernel's workers hold both GPUs)
+        other = subprocess.run(
+            [sys.executable, "-c", f"import gpugeek_jupyter as gg\ngg.up(job={job!r})\nprint('pulled', gg.run("
+             "'x = 2 + 3', workers=2, gpus_per_worker=1, pull=['x'], monitor=False).pulled)"],
+            capture_output=True, text=True, timeout=240, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
+        assert "re-attached to slurm cluster 'hpc'" in other.stdout and "pulled {'x': 5}" in other.stdout, \
+            other.stdout[-2000:] + other.stderr[-3000:]
         # a stranger on the cluster's network (another user on the login node) reaches the keeper's port
         # on the head node, answers its challenge without the token: closed, with nothing said
         probe = (f"import os, socket\ns = socket.create_connection(({spec.remote.head_ip!r}, "

@@ -23,12 +23,12 @@ LAB_ARGS ?=
 # asyncio-based tests of the main suite do not share a process well.
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
-PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm
+PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm --ignore=tests/docs
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
 
-.PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean
+.PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean docs
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -65,6 +65,19 @@ labextension:
 # (the venv's install runs `npm ci` beside its own, then this)
 labextension-build:
 	cd labextension && PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
+
+# The documentation site (docs/, Sphinx + MyST) into site/, offline: no fetch at build or read time.
+# Strict: any warning fails it. The notebooks' pages show the outputs tests/test_notebooks.py kept in
+# artifacts/notebooks/ (never run here); DOCS_NOTEBOOKS=required (as make test builds) makes a missing
+# or stale one a failure. Then tests/docs/ checks the built pages (nothing loaded over http(s)).
+DOCS_NOTEBOOKS ?=
+# (built under build/, then moved: myst-nb writes a jupyter_execute/ folder beside the output folder)
+docs: $(VENV)/.installed-test
+	rm -rf site build/site
+	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(VENV)/bin/sphinx-build -E -W --keep-going -b html \
+	  -d build/doctrees docs build/site
+	mv build/site site
+	$(PY) -m pytest -q -p no:cacheprovider tests/docs
 
 # opens on the quickstart notebook (the URL it prints goes there)
 lab: $(VENV)/.installed-test

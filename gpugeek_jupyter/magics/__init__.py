@@ -74,19 +74,21 @@ def offers(self: GpugeekMagics, line: str):
 @argument("--model", help="name of a torch.nn.Module in the notebook")
 @argument("--example", help="name of one input batch for --model (when it can't be inferred)")
 @argument("--precision", default="bf16", type=choice(Precision, "--precision"),
-          metavar="|".join(Precision.values()))
+          metavar="|".join(Precision.values()), help="the dtype the model trains in (mixed precision: torch.amp)")
 @argument("--optimizer", default="adam", type=choice(Optimizer, "--optimizer"),
-          metavar="|".join(Optimizer.values()))
+          metavar="|".join(Optimizer.values()), help="the optimizer whose state is counted in memory")
 @argument("--batch", type=positive_int("--batch"), default=1, help="micro-batch per GPU")
 @argument("--seq", type=positive_int("--seq"), help="sequence length (default 2048 with --params)")
 @argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
 @argument("--grad-ckpt-class", help="block class to checkpoint (default: nn.ModuleList children)")
-@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
+@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()),
+          help="how the model is spread over the GPUs (fsdp divides weights, gradients and optimizer state)")
 @argument("--gpus", type=positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
 @argument("--tokens", help="tokens (or samples) to train on, like 2B")
 @argument("--hours", type=positive_float("--hours"), help="or: hours to train for")
 @argument("--objective", default="cost", type=choice(Objective, "--objective"),
-          metavar="|".join(Objective.values()))
+          metavar="|".join(Objective.values()),
+          help="rank offers by cost or by time (with --hours: by $ per token, or by tokens trained)")
 @argument("--mfu", type=positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
 @argument("--checkpoint-every", type=positive_float("--checkpoint-every"), metavar="MINUTES",
           help="spot: minutes between checkpoints (default: the interval that costs least)")
@@ -241,7 +243,8 @@ def backends(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @cluster_name
-@argument("--by", default="node", type=choice(CostGrouping, "--by"), metavar="|".join(CostGrouping.values()))
+@argument("--by", default="node", type=choice(CostGrouping, "--by"), metavar="|".join(CostGrouping.values()),
+          help="how the dollars are grouped in the table")
 def cost(self: GpugeekMagics, line: str):
     """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
     args = parse_argstring(cost, line)

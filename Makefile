@@ -54,7 +54,7 @@ $(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
 	  test $$venv -eq 0 && test $$npm_rc -eq 0
 	$(MAKE) --no-print-directory labextension-build
 	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
-	  --no-build-isolation -e ".[test]"
+	  --no-build-isolation -e ".[test,docs]"
 	touch $@
 
 # `npm ci` installs exactly the committed package-lock.json
@@ -91,28 +91,34 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
-# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite and
-# then the Slurm lab (tests/slurm: its hosts install from the lab's files, made by then).
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite and
+# then the documentation site (make docs, strict, once the main suite has kept the executed
+# notebooks it renders), into artifacts/test-*.log (printed when they end), beside the rest of the
+# main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files, made by then).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log artifacts/test-docs.log \
+	  artifacts/test-main.rc artifacts/test-docs.rc; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
-	  $(PYTEST_BROWSER); browser=$$?; lab=0; \
+	  $(PYTEST_BROWSER); browser=$$?; lab=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
 	else \
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
 	    echo $$? > artifacts/test-lab.rc; \
-	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
+	    while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	    $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required > artifacts/test-docs.log 2>&1; \
+	    echo $$? > artifacts/test-docs.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; echo $$main > artifacts/test-main.rc; \
 	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
 	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
-	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
+	  echo "== make docs"; cat artifacts/test-docs.log; \
+	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); docs=$$(cat artifacts/test-docs.rc); \
 	fi; \
-	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser"; \
-	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
+	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \
+	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0 && test $$docs -eq 0
 
 # What the suites need, made at once: the Debian packages (one apt-get run for all that are
 # missing) beside the venv, the extension build and the package's install.

@@ -35,6 +35,7 @@ exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", "ARCHITECTURE.md"]
 root_doc = "index"
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 
+smartquotes = False             # "--flag" stays two hyphens, as typed (not an en dash)
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
@@ -47,7 +48,8 @@ autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "undoc-members": False}
 
 html_theme = "furo"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["site.css"]
 html_show_sourcelink = False
 html_last_updated_fmt = None
 

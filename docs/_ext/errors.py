@@ -38,8 +38,10 @@ def _text(node: ast.expr) -> str | None:
         for value in node.values:
             if isinstance(value, ast.Constant):
                 parts.append(str(value.value))
-            else:
-                parts.append(f"‹{ast.unparse(value.value)}›")
+            else:       # a value's name where it has a short one; else only that a value goes there
+                source = ast.unparse(value.value)
+                simple = isinstance(value.value, ast.Name | ast.Attribute | ast.Subscript) and len(source) <= 24
+                parts.append(f"‹{source if simple else '…'}›")
         return "".join(parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _text(node.left), _text(node.right)

@@ -93,9 +93,11 @@ def copy_plotly(app, exception) -> None:
 
 
 def plotly_where_needed(app, pagename, templatename, context, doctree) -> None:
-    """Only pages that draw a figure load the ~5 MB of plotly.js."""
+    """Only pages that draw a figure load the ~5 MB of plotly.js, in the page's head: the figures'
+    inline scripts call ``Plotly.newPlot`` where they stand, and the theme puts its scripts last."""
     if "Plotly.newPlot" in context.get("body", ""):
-        app.add_js_file("plotly.min.js", priority=100)
+        src = context["pathto"]("_static/plotly.min.js", 1)
+        context["metatags"] = context.get("metatags", "") + f'\n    <script src="{src}"></script>'
 
 
 def setup(app):

@@ -8,6 +8,7 @@ reference at the next build, and its help text with it.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
@@ -45,6 +46,14 @@ def parser_rows(parser: argparse.ArgumentParser) -> list[str]:
     return rows or ["(no options)"]
 
 
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage lines as ``-h`` prints them (IPython's formatter opens them with a reST ``::``)."""
+    lines = parser.format_usage().replace("usage: ", "").replace("%%", "%").splitlines()
+    while lines and lines[0].strip() in ("", "::", "%::"):
+        lines.pop(0)
+    return textwrap.dedent("\n".join(lines)).strip()
+
+
 def _escape(text: str) -> str:
     return text.replace("*", r"\*").replace("`", "``").replace("|", r"\|").replace("_", r"\_")
 
@@ -77,11 +86,11 @@ class MagicsDirective(_Generated):
         for name, func in SUBCOMMANDS.items():
             parser = func.parser
             magic = f"%%gpugeek {name}" if name in CELL_SUBCOMMANDS else f"%gpugeek {name}"
-            usage = parser.format_usage().replace("usage: ", "").strip()
+            usage = _usage(parser)
             if name in CELL_SUBCOMMANDS:
                 usage = "%" + usage
             out += [f".. _magic-{name}:", "", magic, "-" * (len(magic) + 4), "",
-                    _escape((parser.description or "").strip()), "", "::", "",
+                    _escape((parser.description or "").strip()), "", ".. code-block:: text", "",
                     *("    " + u for u in usage.splitlines()), "", *parser_rows(parser), ""]
         return out
 
@@ -93,16 +102,16 @@ class CliDirective(_Generated):
         from gpugeek_jupyter.cli import _parser
 
         top = _parser()
-        out = ["::", "", *("    " + u for u in top.format_usage().replace("usage: ", "").strip().splitlines()), "",
+        out = [".. code-block:: text", "", *("    " + u for u in _usage(top).splitlines()), "",
                *parser_rows(top), ""]
         for action in top._actions:
             if isinstance(action, argparse._SubParsersAction):
                 helps = {c.dest: c.help for c in action._choices_actions}
                 for name, sub in action.choices.items():
                     title = f"gpugeek {name}"
-                    out += [f".. _cli-{name}:", "", title, "-" * (len(title) + 4), "", _escape(helps.get(name) or ""),
-                            "", "::", "", *("    " + u for u in sub.format_usage().replace("usage: ", "").strip()
-                                            .splitlines()), "", *parser_rows(sub), ""]
+                    out += [f".. _cli-{name}:", "", title, "-" * (len(title) + 4), "",
+                            _escape(helps.get(name) or ""), "", ".. code-block:: text", "",
+                            *("    " + u for u in _usage(sub).splitlines()), "", *parser_rows(sub), ""]
         return out
 
 

@@ -77,7 +77,7 @@ docs: $(VENV)/.installed-test
 	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(VENV)/bin/sphinx-build -E -W --keep-going -b html \
 	  -d build/doctrees docs build/site
 	mv build/site site
-	$(PY) -m pytest -q -p no:cacheprovider tests/docs
+	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(PY) -m pytest -q -p no:cacheprovider tests/docs
 
 # opens on the quickstart notebook (the URL it prints goes there)
 lab: $(VENV)/.installed-test

@@ -6,6 +6,7 @@ Run by ``make docs`` after the build (the main suite leaves this folder out: it 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def test_plotly_and_search_are_the_sites_own(site):
     assert (site / "_static" / "plotly.min.js").stat().st_size > 1_000_000
     assert (site / "searchindex.js").exists() and (site / "search.html").exists()
     figures = [p for p in site.rglob("*.html") if "Plotly.newPlot" in p.read_text(errors="replace")]
-    assert figures, "the rendered notebooks carry figures"
+    if os.environ.get("GPUGEEK_DOCS_NOTEBOOKS") == "required":     # the notebooks rendered with outputs
+        assert figures, "the rendered notebooks carry figures"
     for page in figures:
         assert re.search(r"<script[^>]*src=\"[./]*_static/plotly\.min\.js", page.read_text()), page
 

@@ -27,6 +27,10 @@ PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ig
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
+# the quickstart notebook, executed for the site's tutorial: in make test's second stream, beside the
+# main suite (the rest of tests/test_notebooks.py runs in it)
+TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
+PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 
 .PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean docs
 
@@ -91,10 +95,11 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite and
-# then the documentation site (make docs, strict, once the main suite has kept the executed
-# notebooks it renders), into artifacts/test-*.log (printed when they end), beside the rest of the
-# main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files, made by then).
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite, the
+# quickstart notebook and then the documentation site (make docs, strict, once the main suite has kept
+# the executed notebooks it renders), into artifacts/test-*.log (printed when they end), beside the
+# rest of the main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files,
+# made by then).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
@@ -107,14 +112,14 @@ test: test-setup lint chromium sshd prometheus
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
 	    echo $$? > artifacts/test-lab.rc; \
 	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
-	    while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
-	    $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required > artifacts/test-docs.log 2>&1; \
-	    echo $$? > artifacts/test-docs.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; echo $$main > artifacts/test-main.rc; \
+	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
+	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
 	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
 	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
-	  echo "== make docs"; cat artifacts/test-docs.log; \
+	  echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); docs=$$(cat artifacts/test-docs.rc); \
 	fi; \
 	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \

@@ -50,11 +50,13 @@ def undocumented(parsers: dict[str, argparse.ArgumentParser], pages: str) -> lis
 
 
 def test_every_magic_flag_is_documented():
-    assert undocumented(magic_parsers(), how_to_text()) == []
+    missing = undocumented(magic_parsers(), how_to_text())
+    assert not missing, "give each a help text and say what it is for on a how-to page:\n" + "\n".join(missing)
 
 
 def test_every_cli_option_is_documented():
-    assert undocumented(cli_parsers(), how_to_text()) == []
+    missing = undocumented(cli_parsers(), how_to_text())
+    assert not missing, "give each a help text and say what it is for on a how-to page:\n" + "\n".join(missing)
 
 
 def test_the_verdict_names_a_flag_added_without_docs():

@@ -156,10 +156,8 @@ class ApiDirective(_Generated):
         for names, module in ((gpugeek_jupyter.API, api), (gpugeek_jupyter.WIDGETS, widgets)):
             for name in names:
                 obj = getattr(module, name)
-                kind = "autoclass" if inspect.isclass(obj) else "autofunction"
+                kind = "autoclass" if inspect.isclass(obj) else "autofunction"     # members: conf.py's default
                 out += [f".. {kind}:: {module.__name__}.{name}", ""]
-                if kind == "autoclass":
-                    out += ["   :members:", ""]
         return out
 
 

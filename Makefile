@@ -216,7 +216,7 @@ frameworks-lab: $(VENV)/.installed-test sshd chromium lab-files
 stranger: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_STRANGER_EVERY_HOST=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_stranger.py
 
-# The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
+# The docs' pictures (docs/images/*.png: README.md, docs/how-to/view.md), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.
 .PHONY: screenshots

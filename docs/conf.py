@@ -24,7 +24,6 @@ html_title = f"gpugeek-jupyter {version}"
 extensions = [
     "myst_nb",                  # Markdown pages and .ipynb, outputs as stored
     "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
     "reference",                # %gpugeek, gpugeek CLI and config.toml, from their declarations
     "notebooks",                # the executed notebooks, offline
     "errors",                   # the troubleshooting page, from the raise sites
@@ -51,6 +50,7 @@ html_theme = "furo"
 html_static_path = ["_static"]
 html_css_files = ["site.css"]
 html_show_sourcelink = False
+html_copy_source = False        # the notebooks' sources are megabytes; search reads the pages
 html_last_updated_fmt = None
 
 gpugeek_notebooks_required = os.environ.get("GPUGEEK_DOCS_NOTEBOOKS") == "required"

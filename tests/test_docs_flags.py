@@ -39,8 +39,10 @@ def undocumented(parsers: dict[str, argparse.ArgumentParser], pages: str) -> lis
     missing = []
     for command, parser in parsers.items():
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction):
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
                 continue
+            if not action.option_strings and not (action.help or "").strip():     # a positional: its help
+                missing.append(f"{command} {action.metavar or action.dest}: no help text in its declaration")
             for flag in (s for s in action.option_strings if s.startswith("--")):
                 if not (action.help or "").strip():
                     missing.append(f"{command} {flag}: no help text in its declaration")
@@ -64,6 +66,7 @@ def test_the_verdict_names_a_flag_added_without_docs():
     from IPython.core.magic_arguments import argument, magic_arguments
 
     @magic_arguments()
+    @argument("name", nargs="?")
     @argument("--documented", help="said here")
     @argument("--no-help-text")
     @argument("--only-help", help="but on no page")
@@ -72,6 +75,7 @@ def test_the_verdict_names_a_flag_added_without_docs():
 
     pages = "Use `--documented X` and `--no-help-text`, never --only-helpful."
     assert undocumented({"%gpugeek fake": fake.parser}, pages) == [
+        "%gpugeek fake name: no help text in its declaration",
         "%gpugeek fake --no-help-text: no help text in its declaration",
         "%gpugeek fake --only-help: on no how-to page (docs/how-to/, docs/machines/)",
     ]

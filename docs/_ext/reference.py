@@ -42,7 +42,8 @@ def parser_rows(parser: argparse.ArgumentParser) -> list[str]:
     formatter = parser._get_formatter()
     for action in options(parser):
         help_text = formatter._expand_help(action) if action.help else ""     # "80%%" → "80%", as -h says
-        rows.append(f"* ``{_names(action)}`` — {_escape(help_text)}{_default(action).replace('`', '``')}")
+        said = f" — {_escape(help_text)}" if help_text else ""
+        rows.append(f"* ``{_names(action)}``{said}{_default(action).replace('`', '``')}")
     return rows or ["(no options)"]
 
 

@@ -41,7 +41,9 @@ def undocumented(parsers: dict[str, argparse.ArgumentParser], pages: str) -> lis
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
                 continue
-            if not action.option_strings and not (action.help or "").strip():     # a positional: its help
+            # a positional: its help (one that hands the rest of the line to another parser, as
+            # `gpugeek up` does to %gpugeek up's, is that parser's to document)
+            if not action.option_strings and action.nargs != argparse.REMAINDER and not (action.help or "").strip():
                 missing.append(f"{command} {action.metavar or action.dest}: no help text in its declaration")
             for flag in (s for s in action.option_strings if s.startswith("--")):
                 if not (action.help or "").strip():

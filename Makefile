@@ -23,12 +23,16 @@ LAB_ARGS ?=
 # asyncio-based tests of the main suite do not share a process well.
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
-PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm
+PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm --ignore=tests/docs
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
+# the quickstart notebook, executed for the site's tutorial: in make test's second stream, beside the
+# main suite (the rest of tests/test_notebooks.py runs in it)
+TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
+PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 
-.PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean
+.PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean docs
 
 # The JupyterLab front end (labextension/, TypeScript) is built from source with npm into
 # gpugeek_jupyter/labextension/, which the wheel ships prebuilt: installing needs no node.
@@ -54,7 +58,7 @@ $(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
 	  test $$venv -eq 0 && test $$npm_rc -eq 0
 	$(MAKE) --no-print-directory labextension-build
 	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
-	  --no-build-isolation -e ".[test]"
+	  --no-build-isolation -e ".[test,docs]"
 	touch $@
 
 # `npm ci` installs exactly the committed package-lock.json
@@ -65,6 +69,19 @@ labextension:
 # (the venv's install runs `npm ci` beside its own, then this)
 labextension-build:
 	cd labextension && PATH="$(abspath $(VENV))/bin:$$PATH" $(NPM) run --silent build:prod
+
+# The documentation site (docs/, Sphinx + MyST) into site/, offline: no fetch at build or read time.
+# Strict: any warning fails it. The notebooks' pages show the outputs tests/test_notebooks.py kept in
+# artifacts/notebooks/ (never run here); DOCS_NOTEBOOKS=required (as make test builds) makes a missing
+# or stale one a failure. Then tests/docs/ checks the built pages (nothing loaded over http(s)).
+DOCS_NOTEBOOKS ?=
+# (built under build/, then moved: myst-nb writes a jupyter_execute/ folder beside the output folder)
+docs: $(VENV)/.installed-test
+	rm -rf site build/site
+	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(VENV)/bin/sphinx-build -E -W --keep-going -b html \
+	  -d build/doctrees docs build/site
+	mv build/site site
+	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(PY) -m pytest -q -p no:cacheprovider tests/docs
 
 # opens on the quickstart notebook (the URL it prints goes there)
 lab: $(VENV)/.installed-test
@@ -78,28 +95,35 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once: the lab's files (lab-files, below), the multi-host lab (tests/lab) and then the browser
-# suite, into artifacts/test-*.log (printed when they end), beside the rest of the main suite and
-# then the Slurm lab (tests/slurm: its hosts install from the lab's files, made by then).
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite, the
+# quickstart notebook and then the documentation site (make docs, strict, once the main suite has kept
+# the executed notebooks it renders), into artifacts/test-*.log (printed when they end), beside the
+# rest of the main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files,
+# made by then).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log artifacts/test-docs.log \
+	  artifacts/test-main.rc artifacts/test-docs.rc; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
-	  $(PYTEST_BROWSER); browser=$$?; lab=0; \
+	  $(PYTEST_BROWSER); browser=$$?; lab=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
 	else \
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
 	    echo $$? > artifacts/test-lab.rc; \
-	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
+	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
+	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
 	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
 	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
-	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); \
+	  echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
+	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); docs=$$(cat artifacts/test-docs.rc); \
 	fi; \
-	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser"; \
-	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0
+	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \
+	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0 && test $$docs -eq 0
 
 # What the suites need, made at once: the Debian packages (one apt-get run for all that are
 # missing) beside the venv, the extension build and the package's install.
@@ -195,7 +219,7 @@ frameworks-lab: $(VENV)/.installed-test sshd chromium lab-files
 stranger: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_STRANGER_EVERY_HOST=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_stranger.py
 
-# The README's pictures (docs/images/*.png), taken from the real UI by tests/browser/test_screenshots.py:
+# The docs' pictures (docs/images/*.png: README.md, docs/how-to/view.md), taken from the real UI by tests/browser/test_screenshots.py:
 # a simulated A100 cluster's panel, a live job monitor, the cost dashboard and the Lab sidebar. The
 # browser suite skips that module, so only this target rewrites them.
 .PHONY: screenshots

@@ -107,7 +107,7 @@ def run(source: str, *, workers: int = 2, gpus_per_worker: float | None = None, 
 
 def torchrun(script: str, *args: str, name: str | None = None, monitor: bool = True, **flags):
     """Run an existing ``torchrun``-style script (``train.py``) on the warm group as one job: every
-    worker runs it as a rank, with ``sys.argv`` = [script, *args] and the variables ``torchrun``
+    worker runs it as a rank, with ``sys.argv = [script, *args]`` and the variables ``torchrun``
     sets, as ``torchrun --nproc-per-node … train.py ARGS`` would. ``flags`` are ``run``'s. As under
     torchrun, the script's folder is first on ``sys.path`` (on a remote cluster the modules beside
     it that it imports go with it) and it runs in the caller's folder: on a cluster on this

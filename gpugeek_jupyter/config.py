@@ -1,23 +1,16 @@
 """Where state lives and the few settings a user may change.
 
 Everything is under ``$GPUGEEK_HOME`` (default ``~/.gpugeek``, created 0700). Settings come
-from ``$GPUGEEK_HOME/config.toml``::
+from ``$GPUGEEK_HOME/config.toml``, one ``[table]`` per section::
 
     [catalog]
-    paths = ["~/my-marketplace-offers.csv"]   # extra offers, same columns as the bundled CSV
-    reserved_discount = 0.40                   # reserved = on-demand x (1 - discount), an estimate
+    paths = ["~/my-marketplace-offers.csv"]
 
-    [spot]                                     # preemptions per hour of one node, your own figures
+    [spot]
     preemptions_per_hour = {"aws/H100" = 0.02, "gcp" = 0.01}
 
-    [cluster]
-    local_usd_per_hour = 0.0                   # what this machine costs you (local backend)
-    meter_interval_s = 2.0                     # how often the watchdog meters and checks limits
-    unreachable_after_min = 10.0               # a remote cluster not heard from this long: unreachable
-    ssh_wait_s = 240.0                         # a cloud's new machine that answers no SSH this long is given up
-
-    [hosts]                                    # your own machines (up --backend ssh)
-    pip_index_url = "https://pypi.example.com/simple"   # where they install their runtime from
+Every key is declared once, in ``KEYS`` (its table, name, default and meaning): ``settings()``
+takes its defaults from there and the documentation's reference is generated from it.
 """
 
 from __future__ import annotations
@@ -29,12 +22,45 @@ from pathlib import Path
 
 from .errors import GpugeekError
 
-DEFAULT_RESERVED_DISCOUNT = 0.40
-DEFAULT_METER_INTERVAL_S = 2.0
-DEFAULT_UNREACHABLE_AFTER_MIN = 10.0
-# Ray's launcher waits 15 minutes for a new machine's SSH (AUTOSCALER_NODE_START_WAIT_S), billed all along;
-# a cloud GPU machine answers in one to three
-DEFAULT_SSH_WAIT_S = 240.0
+
+@dataclass(frozen=True)
+class Key:
+    """One setting of ``config.toml``: ``[table] name = default``, and what it means."""
+
+    table: str
+    name: str
+    default: object
+    help: str
+
+
+KEYS: tuple[Key, ...] = (
+    Key("catalog", "paths", [], "extra offers: CSV files with the bundled catalog's columns"),
+    Key("catalog", "reserved_discount", 0.40,
+        "reserved = on-demand × (1 − discount), an estimate; a fraction in [0, 1)"),
+    Key("spot", "preemptions_per_hour", {}, 'your own preemption rates: "provider" or "provider/GPU" → preemptions '
+        "per node-hour (≥ 0)"),
+    Key("cluster", "local_usd_per_hour", 0.0, "what this machine costs you, $/h (local backend; ≥ 0)"),
+    Key("cluster", "meter_interval_s", 2.0, "how often the watchdog meters and checks budget and idle (0.1–600 s)"),
+    Key("cluster", "unreachable_after_min", 10.0, "a remote cluster not heard from this long is \"unreachable since\", "
+        "and no more dialing (0.1–1440 min)"),
+    # Ray's launcher waits 15 minutes for a new machine's SSH (AUTOSCALER_NODE_START_WAIT_S), billed all along;
+    # a cloud GPU machine answers in one to three
+    Key("cluster", "ssh_wait_s", 240.0, "a cloud's new machine that answers no SSH this long is given up and "
+        "terminated (10–3600 s)"),
+    Key("hosts", "pip_index_url", None, "where your own hosts (up --backend ssh) install their runtime from: "
+        "the URL of a package index"),
+)
+
+
+def default(table: str, name: str) -> object:
+    """The declared default of ``[table] name``."""
+    return next(k.default for k in KEYS if (k.table, k.name) == (table, name))
+
+
+DEFAULT_RESERVED_DISCOUNT = default("catalog", "reserved_discount")
+DEFAULT_METER_INTERVAL_S = default("cluster", "meter_interval_s")
+DEFAULT_UNREACHABLE_AFTER_MIN = default("cluster", "unreachable_after_min")
+DEFAULT_SSH_WAIT_S = default("cluster", "ssh_wait_s")
 
 BUDGET_WARN_AT = 0.8          # a budget warning at 80 % of the cap (watchdog, gauges, figures)
 
@@ -92,7 +118,7 @@ def settings() -> Settings:
     cluster = data.get("cluster", {})
     if not isinstance(cluster, dict):
         raise GpugeekError(f"{path}: [cluster] must be a table")
-    local = cluster.get("local_usd_per_hour", 0.0)
+    local = cluster.get("local_usd_per_hour", default("cluster", "local_usd_per_hour"))
     interval = cluster.get("meter_interval_s", DEFAULT_METER_INTERVAL_S)
     if isinstance(local, bool) or not isinstance(local, (int, float)) or local < 0:
         raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0")

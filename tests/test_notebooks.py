@@ -1,21 +1,43 @@
+"""The example notebooks run to the end, and their executed copies are kept for the docs site.
+
+Each executed notebook is written to ``$GPUGEEK_NOTEBOOK_ARTIFACTS`` (default
+``artifacts/notebooks/``): the site renders those outputs and never runs a notebook itself.
+"""
+
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+ROOT = Path(__file__).parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 
 
-def _run(name, tmp_path):
+def executed_dir() -> Path:
+    """Where executed copies go: the docs build reads them from the same place."""
+    return Path(os.environ.get("GPUGEEK_NOTEBOOK_ARTIFACTS") or ROOT / "artifacts" / "notebooks")
+
+
+def _execute(name, tmp_path):
+    """Run the notebook in a fresh kernel; a copy that ran without error is kept for the site."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={
         "metadata": {"path": str(tmp_path)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.output_type == "error"]
     assert not errors, [e.get("evalue") for e in errors]
+    out = executed_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out / name)
+    return nb
+
+
+def _run(name, tmp_path):
+    nb = _execute(name, tmp_path)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     mimes = {m for o in outputs for m in o.get("data", {})}
     # a plotly figure, or a dashboard widget whose HTML fallback carries its figures
@@ -23,6 +45,14 @@ def _run(name, tmp_path):
         "Plotly.newPlot" in str(o.get("data", {}).get("text/html", "")) for o in outputs), "the chart rendered"
     text = "\n".join(str(v) for o in outputs for v in [o.get("text", ""), *o.get("data", {}).values()])
     return text
+
+
+@pytest.mark.slow
+def test_quickstart_notebook(tmp_path):
+    """The tutorial of the site: the whole loop in ten cells, on a local cluster."""
+    text = _run("quickstart.ipynb", tmp_path)
+    assert "best:" in text
+    assert "stopped: local" in text
 
 
 @pytest.mark.slow
@@ -99,12 +129,7 @@ def _check_watch_outputs(nb) -> None:
 
 @pytest.mark.slow
 def test_watch_cost_and_utilisation_notebook(tmp_path):
-    nb = nbformat.read(NOTEBOOKS / NOTEBOOK_04, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
-    assert not errors, [e.get("evalue") for e in errors]
-    _check_watch_outputs(nb)
+    _check_watch_outputs(_execute(NOTEBOOK_04, tmp_path))
 
 
 def test_the_saved_watch_notebook_keeps_its_static_figures():

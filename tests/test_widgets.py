@@ -65,7 +65,7 @@ def test_an_offer_no_backend_rents_gets_the_ssh_way_in_and_starts_nothing(gpugee
     from gpugeek_jupyter.provision.request import UpRequest, spec_of
 
     raw = pd.read_csv(bundled_path())
-    launched = {"aws", "gcp", "azure"}            # the clouds Ray's cluster launcher rents, as README says
+    launched = {"aws", "gcp", "azure"}            # the clouds Ray's cluster launcher rents (docs/machines/cloud.md)
     every = api.offers()
     assert (every["up_with"] == "rent, then ssh").sum() == (~raw["provider"].isin(launched)).sum()
     assert set(every.loc[every["provider"].isin(launched), "up_with"]) == launched

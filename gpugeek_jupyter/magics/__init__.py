@@ -22,7 +22,7 @@ from ..sizing import spot
 from ..vocab import CostGrouping, Objective, Optimizer, Precision, Strategy
 from .flags import (
     SUBCOMMANDS,
-    choice,
+    choice_flag,
     cluster_name,
     job_flags,
     number,
@@ -74,20 +74,17 @@ def offers(self: GpugeekMagics, line: str):
 @argument("--params", help="parameter count, like 7B or 350M")
 @argument("--model", help="name of a torch.nn.Module in the notebook")
 @argument("--example", help="name of one input batch for --model (when it can't be inferred)")
-@argument("--precision", default="bf16", type=choice(Precision, "--precision"),
-          metavar="|".join(Precision.values()))
-@argument("--optimizer", default="adam", type=choice(Optimizer, "--optimizer"),
-          metavar="|".join(Optimizer.values()))
+@choice_flag("--precision", Precision, "bf16", "the dtype the model trains in (mixed precision: torch.amp)")
+@choice_flag("--optimizer", Optimizer, "adam", "the optimizer whose state is counted in memory")
 @argument("--batch", type=positive_int("--batch"), default=1, help="micro-batch per GPU")
 @argument("--seq", type=positive_int("--seq"), help="sequence length (default 2048 with --params)")
 @argument("--grad-ckpt", action="store_true", help="activation (gradient) checkpointing")
 @argument("--grad-ckpt-class", help="block class to checkpoint (default: nn.ModuleList children)")
-@argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values()))
+@choice_flag("--strategy", Strategy, "ddp", "how the model is spread over the GPUs (fsdp shards its state)")
 @argument("--gpus", type=positive_int("--gpus"), help="total GPUs (several nodes when > 8)")
 @argument("--tokens", help="tokens (or samples) to train on, like 2B")
 @argument("--hours", type=positive_float("--hours"), help="or: hours to train for")
-@argument("--objective", default="cost", type=choice(Objective, "--objective"),
-          metavar="|".join(Objective.values()))
+@choice_flag("--objective", Objective, "cost", "rank by cost or time (with --hours: $ per token, or tokens trained)")
 @argument("--mfu", type=positive_float("--mfu"), default=0.4, help="assumed model FLOPs utilisation")
 @argument("--checkpoint-every", type=positive_float("--checkpoint-every"), metavar="MINUTES",
           help="spot: minutes between checkpoints (default: the interval that costs least)")
@@ -233,7 +230,7 @@ def backends(self: GpugeekMagics, line: str):
 @subcommand
 @magic_arguments()
 @cluster_name
-@argument("--by", default="node", type=choice(CostGrouping, "--by"), metavar="|".join(CostGrouping.values()))
+@choice_flag("--by", CostGrouping, "node", "how the dollars are grouped in the table")
 def cost(self: GpugeekMagics, line: str):
     """What a cluster has cost (from the ledger): a table and cumulative $ over time."""
     args = parse_argstring(cost, line)

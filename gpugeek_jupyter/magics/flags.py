@@ -38,6 +38,11 @@ def choice(kind: type[Choice], flag: str) -> Callable[[str], str]:
     return parse
 
 
+def choice_flag(flag: str, kind: type[Choice], default: str, help_text: str) -> Callable:
+    """A flag whose value is one of ``kind``'s, the values shown as its metavar (``ddp|fsdp``)."""
+    return argument(flag, default=default, type=choice(kind, flag), metavar="|".join(kind.values()), help=help_text)
+
+
 def flags(*arguments: Callable) -> Callable:
     """Several ``argument`` decorators as one, shared by the subcommands that take them (the way
     ipyparallel's magics share ``exec_args``/``output_args``)."""
@@ -126,7 +131,7 @@ job_flags = flags(
              help="activation checkpointing of repeated blocks (or of CLASS), by gg.prepare"),
     argument("--accumulate", type=number("--accumulate", int), default=1, help="micro-batches per gg step"),
     argument("--clip", type=number("--clip"), help="clip gradients to this norm"),
-    argument("--strategy", default="ddp", type=choice(Strategy, "--strategy"), metavar="|".join(Strategy.values())),
+    choice_flag("--strategy", Strategy, "ddp", "ddp (a full copy on each worker) or fsdp (FSDP2 fully_shard)"),
     argument("--checkpoint-every", type=number("--checkpoint-every", int), help="save every N steps"),
     argument("--checkpoint-dir", help="where checkpoints go (shared by all workers)"),
     argument("--collective-timeout", type=number("--collective-timeout"), metavar="SECONDS",

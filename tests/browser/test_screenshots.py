@@ -1,4 +1,4 @@
-"""The README's pictures, taken from the real UI: a notebook in a real JupyterLab starts a
+"""The pictures of README.md and docs/how-to/view.md, taken from the real UI: a notebook in a real JupyterLab starts a
 simulated A100 cluster on this machine, runs a real ``%%gpugeek run`` job on it, shows the
 cluster panel and the cost dashboard, and the Lab sidebar shows the cluster — each saved as a
 PNG in docs/images/, clipped to what it shows.

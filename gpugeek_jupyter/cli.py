@@ -13,9 +13,10 @@ a fraction of a second (``benchmarks/bench_cli.py``).
     gpugeek down NAME [--forget] | --all [--yes]
     gpugeek log [NAME] [--since 2h] [--json]
 
-A bad argument gets one line and exit status 2; a stop that fails, 1. ``up`` is the one command
-that loads the package (and IPython's parser of ``%gpugeek up``, whose flags it takes as they are):
-the cluster it starts outlives the command, as one started from a notebook outlives its kernel.
+A bad argument gets one line and exit status 2; a stop that fails, 1. ``up`` becomes a process
+of its own (``magics/terminal.py``) that parses with ``%gpugeek up``'s own declaration and calls
+the API as a kernel does: the cluster it starts outlives it, as one started from a notebook
+outlives its kernel.
 """
 
 from __future__ import annotations
@@ -107,30 +108,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(argv: list[str]) -> int:
-    """``%gpugeek up`` from a terminal: the magic's own parser, the same API call."""
-    from IPython.core.error import UsageError
-
-    from . import api
-    from .magics import up
-
-    parser = up.parser
-    parser.prog = "gpugeek up"
-    if {"-h", "--help"} & set(argv):
-        print(parser.format_help().removeprefix("::").strip().replace("%gpugeek up", "gpugeek up", 1))
-        return 0
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as exc:
-        return _fail(2, f"up: {exc}")
-    if args.plan:
-        return _fail(2, "up: --plan names a plan kept in a notebook — from a terminal, give --gpu or --offer")
-    flags = {k: v for k, v in vars(args).items() if k not in ("name", "plan", "no_install")}
-    try:
-        cluster = api.up(args.name, install=not args.no_install, **flags)
-    except GpugeekError as exc:
-        return _fail(1, str(exc))
-    print(cluster)
-    return 0
+    """``%gpugeek up`` from a terminal, in a process of its own as a kernel would be
+    (``magics/terminal.py``): this command reaches no kernel's connection, and loads nothing of it."""
+    os.execv(sys.executable, [sys.executable, "-m", "gpugeek_jupyter.magics.terminal", *argv])
+    return 1      # (execv returns only by raising)
 
 
 def _guard(cluster: dict) -> str:

@@ -109,7 +109,7 @@ def test_the_meter_reads_each_run_of_a_requeued_job_from_slurms_record(slurm):
     try:
         wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.state == "RUNNING", 20,
                    "the job running")
-        time.sleep(2)
+        time.sleep(2)     # a run of whole seconds (Slurm records seconds): its start and end differ
         assert slurm.ssh(f"scontrol requeue {job}").returncode == 0
         first = wait_until(lambda: slurm.runs(job), 20, "the requeued run's line in Slurm's record")[0]
         pending = allocation.parse(slurm.ssh(read).stdout)

@@ -174,15 +174,18 @@ cloud-lab: $(VENV)/.installed-test sshd lab-files
 	  tests/lab/test_aws_in_a_box.py::test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated \
 	  tests/lab/test_aws_in_a_box.py::test_an_up_that_crashed_half_way_is_listed_and_downed_by_its_tag
 
-# A real Slurm, the long scenarios (tests/slurm; `make test` runs the rest), about eleven minutes: a
-# cell running when its job's walltime comes checkpoints on Slurm's signal, the job ends at its
+# A real Slurm, the long scenarios (tests/slurm; `make test` runs the rest), about fourteen minutes:
+# a cell running when its job's walltime comes checkpoints on Slurm's signal, the job ends at its
 # walltime, and the next cluster resumes the cell losing no step (tests/slurm/test_slurm_walltime.py);
 # with --requeue the job is requeued, runs again on an allocation of its own and the same cell resumes
-# there (tests/slurm/test_slurm_requeue.py).
+# there (tests/slurm/test_slurm_requeue.py); the laptop gone with a budget, the head ending the job
+# at the cap (tests/slurm/test_slurm_money.py); two clusters sharing both nodes at once
+# (test_slurm_cluster.py).
 .PHONY: slurm-lab
 slurm-lab: $(VENV)/.installed-test sshd lab-files
 	GPUGEEK_SLURM_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/slurm/test_slurm_walltime.py \
-	  tests/slurm/test_slurm_requeue.py
+	  tests/slurm/test_slurm_requeue.py tests/slurm/test_slurm_money.py \
+	  "tests/slurm/test_slurm_cluster.py::test_two_clusters_on_the_same_nodes_do_not_collide_and_downing_one_leaves_the_other_running"
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
 # `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the

@@ -313,10 +313,11 @@ _slurm_jobs: dict[int, allocation.JobRecord] = {}     # each Slurm cluster's job
 
 
 def requeued(record: ClusterRecord) -> bool:
-    """Whether the cluster's Slurm job, as last read here, was requeued and waits to run again
-    (its head answers nowhere meanwhile, and that is no sign of trouble)."""
+    """Whether the cluster's Slurm job, as last read here, was requeued since this machine last
+    reached its head: it waits to run again, or runs on an allocation not followed yet (its head
+    answers nowhere meanwhile, and that is no sign of trouble)."""
     job = _slurm_jobs.get(record.id)
-    return job is not None and job.restarts > 0 and job.state.split()[0] in ("PENDING", "REQUEUED", "CONFIGURING")
+    return job is not None and job.restarts > ClusterSpec.from_json(record.spec).remote.restarts
 
 
 def machines_gone(record: ClusterRecord) -> str | None:

@@ -191,9 +191,9 @@ class Watch:
 
     def _follow(self, record):
         """The record with its new head when its scheduler's job moved (requeued: it runs again on
-        an allocation of its own, ``Backend.follow``), else None; looked for while the head does
-        not answer, at most every ``FOLLOW_EVERY_S``."""
-        if not capable(record).scheduler or tunnel.forwards(record.address):
+        an allocation of its own, ``Backend.follow``), else None; looked for once the scheduler's
+        record says so, at most every ``FOLLOW_EVERY_S``."""
+        if not capable(record).scheduler or not requeued(record):
             return None
         now = time.monotonic()
         if now - self.followed < FOLLOW_EVERY_S:

@@ -211,7 +211,7 @@ def _holding(job: str) -> ClusterRecord:
     lists), whatever its name — a new kernel reaches it so."""
     job = str(job).strip()
     for record in registry.all_records(include_stopped=False):
-        if record.backend == "slurm" and (record.spec.get("remote") or {}).get("job_id") == job:
+        if capable(record).scheduler and (record.spec.get("remote") or {}).get("job_id") == job:
             return record
     raise GpugeekError(f"--job {job}: no live Slurm cluster of this machine holds that job (`%gpugeek clusters` "
                        f"lists them; a job submitted from another machine is reached from there)")

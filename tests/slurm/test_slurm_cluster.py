@@ -200,6 +200,8 @@ def test_a_login_that_fails_is_one_line_and_submits_nothing(slurm, cluster_user,
     assert slurm.squeue() == [] and registry.all_records() == []
 
 
+@pytest.mark.skipif(not os.environ.get("GPUGEEK_SLURM_LAB"), reason="two clusters side by side take a minute "
+                    "beside make test's timed tests: `make slurm-lab` runs it")
 def test_two_clusters_on_the_same_nodes_do_not_collide_and_downing_one_leaves_the_other_running(slurm, cluster_user):
     """Two jobs of one CPU per node on the same two nodes (two CPUs each): their heads on the same
     first node on ports of their own, temp folders and Ray sessions of their own; a cell on each;

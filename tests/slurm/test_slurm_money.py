@@ -27,7 +27,9 @@ from gpugeek_jupyter.guard.headwatch import HEAD_STOP_ALLOWANCE_S
 from gpugeek_jupyter.meter import ledger
 from gpugeek_jupyter.remote import headguard
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.environ.get("GPUGEEK_SLURM_LAB"), reason="the laptop gone from a Slurm cluster with a budget takes a "
+    "minute beside make test's timed tests: `make slurm-lab` runs it")]
 
 RATE = 3.6             # $/h per node: two nodes burn $0.002 a second
 CAP_AFTER_S = 30.0     # the cap is set this far ahead at the burn, once the head's watchdog beats

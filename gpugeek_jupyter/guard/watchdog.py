@@ -48,7 +48,7 @@ UNREACHABLE_LIMIT = 3   # consecutive failed reads before a head of ours counts 
 UNREACHABLE = "unreachable"   # why a watchdog ended with its (remote) cluster still live
 STOP_ALLOWANCE_S = 1.0  # how long a budget stop takes to end the nodes (SIGKILL after 0.5 s)
 BUDGET_STOP_GRACE_S = 0.5
-FOLLOW_EVERY_S = 10.0   # a scheduler's job whose head does not answer: how often its new run is looked for
+FOLLOW_EVERY_S = 10.0   # a requeued scheduler job: how often its next run is looked for
 DEFAULT_IDLE_WINDOW_MIN = 10.0   # how far back devices are read where no idle stop is set (for status)
 
 

@@ -8,7 +8,7 @@ beside it, submits it and waits while it is pending, saying the queue's own reas
 runs, Ray, the head's watchdog and the keeper stay in the foreground of its steps
 (``onhost/slurmjob.py``), so the scheduler sees every process and ends them all with the job; they
 use ports free on the first node and a temp dir of the job's own, so two clusters — or two users
-— share nodes without colliding, and nothing ever runs ``ray stop``.
+— share nodes without colliding, and nothing of ours ever stops every Ray on a node.
 
 The kernel reaches the head through the login node: ``ssh -L`` to the head node's address, where
 the keeper listens behind the cluster's token (compute nodes never connect back, and no SSH to a
@@ -206,11 +206,8 @@ def _pending(job: str, state: dict) -> str:
 def head_of(record: ClusterRecord, spec: ClusterSpec, job: str, within: float = HEAD_WITHIN_S) -> dict:
     """Where the job's first node says Ray's head and the keeper listen (``job-ID.json``)."""
     deadline = time.monotonic() + within
-    path = f"{node_dir(record)}/job-{job}.json"
     while True:
-        done = on_login(spec, f"cat {path} 2>/dev/null")
-        if done.returncode == 0 and done.stdout.strip():
-            answer = json.loads(done.stdout.strip())
+        if (answer := _word(record, spec, job)) is not None:
             if not answer.get("ok"):
                 raise GpugeekError(f"Slurm job {job}: {answer.get('error')} — the job's log: "
                                    f"{node_dir(record)}/job-{job}.log on the login node")
@@ -248,6 +245,15 @@ def _word(record: ClusterRecord, spec: ClusterSpec, job: str) -> dict | None:
         return None
 
 
+def _allocated(answer: dict, spec: ClusterSpec) -> Allocated:
+    """What a run's word (``job-ID.json``) and Slurm's record say of the allocation's head."""
+    told = read_job(spec)
+    return Allocated(ips=(answer["ip"],), temp_dirs=(answer["temp_dir"],), head_ip=answer["ip"],
+                     gcs_port=answer["port"], keeper_port=answer["keeper_port"], keeper_host=answer["ip"],
+                     walltime_end=told.walltime_end if told is not None else None,
+                     restarts=int(answer.get("restart") or 0))
+
+
 def follow(record: ClusterRecord) -> ClusterRecord | None:
     """A requeued job runs again under the same id, on an allocation of its own: once its new run
     says where Ray's head is, the record learns it and the tunnel goes there (``tunnel.moved``).
@@ -266,11 +272,7 @@ def follow(record: ClusterRecord) -> ClusterRecord | None:
         if not answer.get("ok"):
             raise GpugeekError(f"Slurm job {job} runs again, but {answer.get('error')} — the job's log: "
                                f"{node_dir(record)}/job-{job}.log on the login node")
-        told = read_job(spec)
-        moved = tunnel.moved(record, Allocated(
-            ips=(answer["ip"],), temp_dirs=(answer["temp_dir"],), head_ip=answer["ip"], gcs_port=answer["port"],
-            keeper_port=answer["keeper_port"], keeper_host=answer["ip"], restarts=restart,
-            walltime_end=told.walltime_end if told is not None else None))
+        moved = tunnel.moved(record, _allocated(answer, spec))
     ledger.event(record.id, "head-moved", f"Slurm job {job} runs again (requeued {restart} time"
                  f"{'s' if restart != 1 else ''}) with its head on {answer['node']}: reached through "
                  f"{spec.slurm.login} again")
@@ -356,11 +358,7 @@ class SlurmBackend(Backend):
               flush=True)
         wait_running(record, spec, job)
         head = head_of(record, spec, job)
-        told = read_job(spec)
-        learn(spec, Allocated(ips=(head["ip"],), temp_dirs=(head["temp_dir"],), head_ip=head["ip"],
-                              gcs_port=head["port"], keeper_port=head["keeper_port"], keeper_host=head["ip"],
-                              walltime_end=told.walltime_end if told is not None else None),
-              Guarded(guard_home=f"{node_dir(record)}/head"), record_id=record.id)
+        learn(spec, _allocated(head, spec), Guarded(guard_home=f"{node_dir(record)}/head"), record_id=record.id)
         opened = tunnel.open_tunnel(record, spec)
         return Started(address=opened.gcs, session_id=opened.pid, pids=[opened.pid],
                        learned=(LineOpened(line_address=opened.line),))

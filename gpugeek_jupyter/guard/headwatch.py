@@ -140,8 +140,10 @@ class HeadWatch(Watch):
         the latest, the job is requeued (Slurm never requeues a job that reached its time limit by
         itself). That ends every process of the job, this one too; the next run finds this ledger
         and the checkpoints in the shared home, and the notebook follows it there."""
+        if self.walltime_heard is None or self.requeued:
+            return
         spec = ClusterSpec.from_json(record.spec)
-        if self.walltime_heard is None or self.requeued or spec.slurm is None or not spec.slurm.requeue:
+        if spec.slurm is None or not spec.slurm.requeue:
             return
         now = time.time()
         working, _ = self.cluster_jobs.look(self.gcs, now, timeout=max(1.0, self.interval))

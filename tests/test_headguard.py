@@ -148,6 +148,28 @@ def test_the_heads_ledger_handed_back_over_ssh_becomes_the_laptops(tmp_path, mon
     assert store.query("SELECT COUNT(*) FROM events WHERE shown=0")[0][0] == 1, "the notebook has not seen it"
 
 
+def test_a_row_closed_here_is_not_reopened_by_a_heads_copy_that_still_has_it_open(gpugeek_home):
+    """A head ended before it could close a row (a requeued Slurm job's earlier run): this ledger
+    closed it from the scheduler's record, and adopting the head's stale copy keeps that end; a
+    row the head did close takes the head's end."""
+    now = time.time()
+    price = {"host": NodePrice("", "on-demand", 36.0, 36.0)}
+    record = _a_cluster("lab")
+    ledger.sync_nodes(record.id, _nodes(now, None), price)
+    rows = store.query("SELECT node_id, node_type, offer_id, pricing, usd_per_hour, on_demand_usd_per_hour, gpus, "
+                       "started, ended, end_reason FROM nodes WHERE cluster_id=? ORDER BY node_id", (record.id,))
+    columns = ("node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "on_demand_usd_per_hour", "gpus",
+               "started", "ended", "end_reason")
+    stale = [dict(zip(columns, row, strict=True)) for row in rows]        # the head's copy: all open
+    ledger.end_all_nodes(record.id, now + 10, "requeued")                 # closed here meanwhile
+    closed_by_head = dict(stale[0], ended=now + 5, end_reason="head's stop")
+    ledger.adopt(record.id, [closed_by_head, *stale[1:]], [])
+    ends = [tuple(r) for r in store.query("SELECT ended, end_reason FROM nodes WHERE cluster_id=? ORDER BY node_id",
+                                          (record.id,))]
+    assert ends[0] == (now + 5, "head's stop"), ends
+    assert all(end == (now + 10, "requeued") for end in ends[1:]), ends
+
+
 def test_the_heads_events_adopted_after_the_laptops_are_listed_in_the_order_they_happened(gpugeek_home):
     """The head's guard started before ``up`` returned; its event reaches the laptop's ledger
     later. ``status`` (the CLI's, the sidebar's) lists both by the moment they happened."""

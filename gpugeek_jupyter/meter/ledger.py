@@ -99,13 +99,19 @@ def end_all_nodes(cluster_id: int, at: float, reason: str) -> None:
 def adopt(cluster_id: int, nodes: Iterable[Mapping], events: Iterable[Mapping]) -> None:
     """Another ledger's account of the cluster made this one's — the head watchdog's
     (``remote/headguard.py``): its node rows replace these (the same nodes, read from the same
-    Ray, but closed where the head closed them) and its events not yet here are added, unshown
-    (a budget warning only if none was given here: both watchdogs warn)."""
+    Ray, but closed where the head closed them) — save a row closed here that it still has open
+    (a head ended before it could close it, a requeued Slurm job's earlier run: this ledger knew
+    more) — and its events not yet here are added, unshown (a budget warning only if none was
+    given here: both watchdogs warn)."""
     columns = ("node_id", "node_type", "offer_id", "pricing", "usd_per_hour", "on_demand_usd_per_hour", "gpus",
                "started", "ended", "end_reason")
+    kept = {"ended": "COALESCE(excluded.ended, nodes.ended)",
+            "end_reason": "CASE WHEN excluded.ended IS NULL THEN nodes.end_reason ELSE excluded.end_reason END"}
+    updates = ", ".join(f"{c}={kept.get(c, f'excluded.{c}')}" for c in columns if c != "node_id")
     with store.transaction() as db:
-        db.executemany(f"INSERT OR REPLACE INTO nodes (cluster_id, {', '.join(columns)})"
-                       f" VALUES (?{',?' * len(columns)})", [(cluster_id, *(n.get(c) for c in columns)) for n in nodes])
+        db.executemany(f"INSERT INTO nodes (cluster_id, {', '.join(columns)}) VALUES (?{',?' * len(columns)})"
+                       f" ON CONFLICT(cluster_id, node_id) DO UPDATE SET {updates}",
+                       [(cluster_id, *(n.get(c) for c in columns)) for n in nodes])
         have = {(round(r[0], 3), r[1]) for r in db.execute("SELECT at, kind FROM events WHERE cluster_id=?",
                                                             (cluster_id,))}
         if any(kind == "budget-warning" for _, kind in have):

@@ -23,6 +23,7 @@ from models import logged_steps
 from netlab import described
 
 import gpugeek_jupyter as gg
+from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
@@ -85,7 +86,8 @@ def test_a_requeued_job_runs_again_and_the_cell_resumes_in_its_next_allocation(s
     gg.status("rq")
     metered = gg.cost("rq").total_usd
     interval = settings().meter_interval_s
-    assert abs(metered - billed) <= burn * (interval + 1.0) / 3600, (metered, billed)
+    rows = store.query("SELECT node_id, started, ended, end_reason FROM nodes WHERE cluster_id=?", (record.id,))
+    assert abs(metered - billed) <= burn * (interval + 1.0) / 3600, (metered, billed, rows, runs, ended)
     assert not slurm.squeue(), slurm.squeue()
     deadline = time.monotonic() + 15
     while (left := [p for n in slurm.nodes for p in slurm.strays(n)]) and time.monotonic() < deadline:

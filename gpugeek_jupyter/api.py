@@ -23,7 +23,7 @@ from .guard.lifecycle import catch_up, counted_until, sync_ledger
 from .health.checkup import doctor
 from .health.findings import DoctorReport
 from .kernel.session import READINGS, any_cluster, current, fine, trouble, troubles_to_say
-from .meter import ledger
+from .meter import costs, ledger
 from .meter.telemetry import node_samples_frame
 from .provision.actions import Cluster, down, limits, preempt, scale
 from .provision.renting import RENT_THERE as RENT_THERE  # the picker's: an offer up cannot rent
@@ -302,11 +302,11 @@ def cost(name: str | None = None, by: str = "node", *, sync: bool = True) -> Cos
             drain_telemetry()
         record = registry.get(record.id)      # as the sync left it (the head's word, a stop it made)
     now = counted_until(record, time.time())
-    table = ledger.cost_table(record.id, by, now)
-    nodes = ledger.nodes_frame(record.id, now)
+    table = costs.cost_table(record.id, by, now)
+    nodes = costs.nodes_frame(record.id, now)
     samples = node_samples_frame(record.id, metrics=("gpu_util", "cpu_percent"))
     idle = idle_dollars(samples, nodes, now=now)
-    curve = ledger.spend_curve(nodes, now)
+    curve = costs.spend_curve(nodes, now)
     return CostReport(
         name=record.name, by=by, table=table,
         figure=cost_figure(nodes, curve, title=f"{record.name}: cumulative cost by node type and pricing",

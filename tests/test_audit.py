@@ -19,7 +19,7 @@ from cluster_processes import settings, wait_until
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import api
 from gpugeek_jupyter.cluster import registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 
 PACKAGE = Path(gg.__file__).parent
 REWRITES = re.compile(r"\b(UPDATE\s+events\b|DELETE\s+FROM\s+events\b|REPLACE\s+INTO\s+events\b|"
@@ -66,7 +66,7 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     # a cap just under 80 % spent: the watchdog warns at its next look; the user raises it at once.
     # (It would stop the cluster at 100 % — a quarter of the node's lifetime so far later, less the
     # 1.5 s it stops ahead — so the node has lived 40 s first: about 8 s to raise it.)
-    worker = next(n for n in ledger.nodes_frame(record.id).itertuples() if n.alive and n.gpus)
+    worker = next(n for n in costs.nodes_frame(record.id).itertuples() if n.alive and n.gpus)
     time.sleep(max(0.0, worker.started + 40 - time.time()))   # the node's age, by its own start time (above)
     gg.limits("audit", budget=round(ledger.spend(record.id) / 0.8 * 0.999, 6))
     wait_until(lambda: ledger.events(record.id, "budget-warning"), 15, "the watchdog's budget warning")

@@ -24,7 +24,7 @@ from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.guard import board as server
 from gpugeek_jupyter.guard.lifecycle import phase_of
 from gpugeek_jupyter.guard.watchdog import UNREACHABLE_LIMIT, Watch
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.onhost import script as onhost
 from gpugeek_jupyter.raynodes import read_nodes
 from gpugeek_jupyter.vocab import ClusterPhase
@@ -81,7 +81,7 @@ def test_a_failed_stop_in_ups_clean_up_stays_listed_watched_and_metered(gpugeek_
 
     # watched: the watchdog lives on and keeps metering what may still be billing
     assert processes.alive(record.watchdog_pid)
-    wait_until(lambda: len(ledger.nodes_frame(record.id)) == 1, 20, "the watchdog to meter the head")
+    wait_until(lambda: len(costs.nodes_frame(record.id)) == 1, 20, "the watchdog to meter the head")
     spent = ledger.spend(record.id)
     assert spent > 0
     wait_until(lambda: ledger.spend(record.id) > spent, 10, "the watchdog to go on metering")

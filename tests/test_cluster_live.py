@@ -17,7 +17,7 @@ from models import at_step, logged_steps
 import gpugeek_jupyter as gg
 from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import processes, registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.raynodes import use_token_auth
 from gpugeek_jupyter.vocab import ClusterPhase
 
@@ -72,7 +72,7 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     t_done = time.time()
 
     price = gg.offers(gpu="A100", count=8).iloc[0]["on_demand_price"]   # the catalog, not the ledger
-    nodes = ledger.nodes_frame(record.id).set_index("node_id")
+    nodes = costs.nodes_frame(record.id).set_index("node_id")
     expected = 0.0
     for node_id, info in table.items():
         if not info.resources_total.get("GPU"):
@@ -126,7 +126,7 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
     saved = [p for p in ckpt.glob("step-*") if (p / "COMPLETE").exists()]
     assert len(saved) == 1, saved
     assert "preemption notice: checkpointed at step" in out and f"resumed from {saved[0].name}" in out, out
-    by_node = ledger.nodes_frame(record.id).set_index("node_id")
+    by_node = costs.nodes_frame(record.id).set_index("node_id")
     assert by_node.loc[victim, "end_reason"] == "preempted"
     assert at < (saved[0] / "COMPLETE").stat().st_mtime < by_node.loc[victim, "ended"], \
         "the checkpoint was written after the notice and before the node was gone"
@@ -140,7 +140,7 @@ def test_a_preemption_notice_checkpoints_the_job_which_resumes_losing_no_step(
         return "on-demand" in set(gg.status("p1").nodes["pricing"])
     wait_until(replaced, 120, "an on-demand replacement")
     gg.down("p1")
-    by_node = ledger.nodes_frame(record.id).set_index("node_id")
+    by_node = costs.nodes_frame(record.id).set_index("node_id")
     assert by_node.loc[victim, "end_reason"] == "preempted"
     assert by_node.loc[victim, "pricing"] == "spot"
     on_demand = by_node[by_node["pricing"] == "on-demand"]

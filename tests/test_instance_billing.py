@@ -16,7 +16,7 @@ from gpugeek_jupyter.clouds.aws import AWS, _instance
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec, NodeType
 from gpugeek_jupyter.guard.lifecycle import machines_gone, meter_instances
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.meter.instances import sync_instances
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -87,14 +87,14 @@ def test_rows_are_priced_by_node_type_billed_a_minute_at_least_and_closed_once(g
     gone = [instance("i-h", "head", t0 + 600, "terminated"), instance("i-w", WORKER.name, t0 + 20, "terminated")]
     sync_instances(record.id, gone, prices, gpus, t0 + 700, 60.0, reason="down")
     sync_instances(record.id, [instance("i-h", "head", t0 + 900, "terminated")], prices, gpus, t0 + 950, 60.0)
-    rows = {r["node_id"]: r for r in ledger.nodes_frame(record.id, t0 + 1000).to_dict("records")}
+    rows = {r["node_id"]: r for r in costs.nodes_frame(record.id, t0 + 1000).to_dict("records")}
     assert (rows["i-h"]["ended"], rows["i-h"]["end_reason"]) == (t0 + 600, "down")   # closed once
     assert rows["i-w"]["ended"] == t0 + 60 and rows["i-w"]["gpus"] == 1.0        # EC2's first minute whole
     assert ledger.spend(record.id, t0 + 1000) == pytest.approx(0.192 * 600 / 3600 + 0.526 * 60 / 3600)
     # an end the provider does not date ends at the look that saw it go
     sync_instances(record.id, [base.Instance("i-x", WORKER.name, t0, None, "stopped", "", False, True)],
                    prices, gpus, t0 + 300, 60.0)
-    assert ledger.nodes_frame(record.id, t0 + 1000).set_index("node_id").loc["i-x", "ended"] == t0 + 300
+    assert costs.nodes_frame(record.id, t0 + 1000).set_index("node_id").loc["i-x", "ended"] == t0 + 300
 
 
 def test_a_rented_cluster_is_metered_from_ec2_and_over_once_every_instance_ended(gpugeek_home, ec2):
@@ -129,7 +129,7 @@ def test_an_instance_ec2_took_back_ends_as_a_preemption_with_an_event(gpugeek_ho
     prices = {WORKER.name: WORKER.price()}
     for _ in range(2):
         sync_instances(record.id, [taken, ours], prices, {}, time.time(), 60.0, reason="down")
-    rows = ledger.nodes_frame(record.id).set_index("node_id")["end_reason"].to_dict()
+    rows = costs.nodes_frame(record.id).set_index("node_id")["end_reason"].to_dict()
     assert rows == {"i-s": "preempted", "i-o": "down"}
     assert [e["kind"] for e in ledger.events(record.id)] == ["preempted"]
 

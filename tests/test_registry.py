@@ -12,7 +12,7 @@ from cluster_processes import wait_until
 
 from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -77,14 +77,14 @@ def test_ledger_prices_lifetimes_jobs_and_spot_savings():
     ledger.job_started(record.id, "j1", "train", at=t0 + 1800)
     ledger.job_ended(record.id, "j1", at=t0 + 3600)
     now = t0 + 3600
-    nodes = ledger.nodes_frame(record.id, now).set_index("node_id")
+    nodes = costs.nodes_frame(record.id, now).set_index("node_id")
     assert nodes.loc["a", "end_reason"] == "preempted" and nodes.loc["a", "usd"] == 1.5
     assert nodes.loc["b", "usd"] == 3.0 and nodes.loc["c", "usd"] == 15.0
     assert ledger.spend(record.id, now) == 19.5
     assert ledger.burn_rate(record.id) == 33.0                  # b (spot) + c (on-demand) alive
-    by_pricing = ledger.cost_table(record.id, "pricing", now).set_index("pricing")
+    by_pricing = costs.cost_table(record.id, "pricing", now).set_index("pricing")
     assert by_pricing.loc["spot", "spot_saved_usd"] == (30 - 3) * 1.5
-    by_job = ledger.cost_table(record.id, "job", now)
+    by_job = costs.cost_table(record.id, "job", now)
     assert by_job.loc[0, "usd"] == 3.0 * 0.5 + 30.0 * 0.5        # b and c during the job's half hour
 
 
@@ -107,7 +107,7 @@ def test_spend_is_one_formula_the_ledger_the_tables_and_the_sidebar_agree():
     now = t0 + 4321
     spent = ledger.spend(record.id, now)
     assert spent > 0
-    assert ledger.nodes_frame(record.id, now)["usd"].sum() == spent
+    assert costs.nodes_frame(record.id, now)["usd"].sum() == spent
     assert board._money([record.id], now)[record.id]["spent_usd"] == spent
     assert sum(r["usd"] for r in board.detail("one", now)["node_rows"]) == spent
     package = Path(ledger.__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ def test_overlapping_jobs_share_the_cluster_cost():
     ledger.job_started(record.id, "j2", "two", at=t0 + 1800)
     ledger.job_ended(record.id, "j1", at=t0 + 3600)
     ledger.job_ended(record.id, "j2", at=t0 + 3600)
-    by_job = ledger.cost_table(record.id, "job", t0 + 3600).set_index("job_id")
+    by_job = costs.cost_table(record.id, "job", t0 + 3600).set_index("job_id")
     assert by_job.loc["j1", "usd"] == 5.0 + 2.5 and by_job.loc["j2", "usd"] == 2.5
     assert by_job["usd"].sum() == ledger.spend(record.id, t0 + 3600)
 

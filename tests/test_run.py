@@ -17,7 +17,7 @@ from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.group import workergroup
 from gpugeek_jupyter.group.driver import RayDriver
 from gpugeek_jupyter.group.results import Interrupted, RemoteError
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 
 pytestmark = pytest.mark.slow
 
@@ -346,7 +346,7 @@ def test_prints_and_node_reports_arrive_while_the_cell_runs_with_a_drain_every_t
 
 def test_each_run_is_a_ledger_job_with_samples(ipython):
     record = registry.live("runs")
-    before = len(ledger.cost_table(record.id, "job"))
+    before = len(costs.cost_table(record.id, "job"))
     gg.run("""
 import torch
 m = torch.nn.Linear(4, 1)
@@ -357,7 +357,7 @@ for batch in gg.steps([torch.randn(8, 4) for _ in range(30)]):
     gg.backward(loss)
     gg.log(loss=loss.item())
 """, workers=2, name="logged")
-    jobs = ledger.cost_table(record.id, "job")
+    jobs = costs.cost_table(record.id, "job")
     assert len(jobs) == before + 1 and jobs.iloc[-1]["name"] == "logged" and jobs.iloc[-1]["status"] == "finished"
     job_id = jobs.iloc[-1]["job_id"]
     samples = ledger.samples_frame(record.id, job_id)

@@ -15,7 +15,7 @@ from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.guard import board
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -66,7 +66,7 @@ def test_down_forget_closes_the_record_at_its_last_word_and_the_terminal_offers_
     assert "forgot 'gone'" in done.stdout
     closed = registry.get(record.id)
     assert closed.stopped == pytest.approx(now - 300, abs=1) and closed.stop_reason.startswith("forgotten")
-    frame = ledger.nodes_frame(record.id)
+    frame = costs.nodes_frame(record.id)
     assert (frame["ended"] == closed.stopped).all(), "a node ended later than its cluster was last heard from"
     cost = json.loads(subprocess.run([sys.executable, "-m", "gpugeek_jupyter.cli", "cost", "gone", "--json"],
                                      capture_output=True, text=True, timeout=60).stdout)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from gpugeek_jupyter.cluster import registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.views.cost import budget_figure, budget_projection, cost_figure, spend_note
 from gpugeek_jupyter.views.jobs import FIGURE, MAX_POINTS, job_figure, job_summary, measured_rates
@@ -47,8 +47,8 @@ NOW = T0 + 3660.0      # spot2: 1 h × $12; od1: 1760 s × $32/h
 
 
 def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(cluster):
-    nodes = ledger.nodes_frame(cluster.id, NOW)
-    curve = ledger.spend_curve(nodes, NOW)
+    nodes = costs.nodes_frame(cluster.id, NOW)
+    curve = costs.spend_curve(nodes, NOW)
     last = curve.groupby(["node_type", "pricing"])["usd"].last()
     table = nodes.groupby(["node_type", "pricing"])["usd"].sum()
     for key, usd in table.items():
@@ -67,7 +67,7 @@ def test_cumulative_cost_ends_at_the_ledger_total_of_each_node_type_and_pricing(
 def test_the_curve_is_the_ledgers_sum_by_each_moment_worked_by_hand(cluster):
     """15 min into the spot nodes: 2 × 900 s × $12/h = $6 spot and $16 at on-demand; 1 h in, spot1
     has ended (30 min: $6) and spot2 runs on ($12); the on-demand node starts at 1900 s."""
-    rows = {(r["time"], r["node_type"]): r for r in ledger.spend_by(cluster.id, [T0 + 960, T0 + 3660], NOW)}
+    rows = {(r["time"], r["node_type"]): r for r in costs.spend_by(cluster.id, [T0 + 960, T0 + 3660], NOW)}
     assert rows[(T0 + 960, "a100-spot")]["usd"] == pytest.approx(6.0)
     assert rows[(T0 + 960, "a100-spot")]["on_demand_usd"] == pytest.approx(16.0)
     assert rows[(T0 + 960, "a100-od")]["usd"] == 0.0
@@ -77,8 +77,8 @@ def test_the_curve_is_the_ledgers_sum_by_each_moment_worked_by_hand(cluster):
 
 
 def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
-    nodes = ledger.nodes_frame(cluster.id, NOW)
-    fig = cost_figure(nodes, ledger.spend_curve(nodes, NOW), title="views", simulated=True)
+    nodes = costs.nodes_frame(cluster.id, NOW)
+    fig = cost_figure(nodes, costs.spend_curve(nodes, NOW), title="views", simulated=True)
     stacked = [t for t in fig.data if t.stackgroup == "cost"]
     assert "$" not in fig.layout.title.text, "plotly.js would read the text between two $ as LaTeX"
     # the head at $0/h adds nothing: drawn, its trace would run along the total's edge
@@ -93,11 +93,11 @@ def test_cost_figure_traces_and_title_carry_the_ledger_numbers(cluster):
 
 
 def test_budget_projection_reaches_the_budget_when_the_burn_says(cluster):
-    nodes = ledger.nodes_frame(cluster.id, NOW)
+    nodes = costs.nodes_frame(cluster.id, NOW)
     spent = ledger.spend(cluster.id, NOW)
     burn = ledger.burn_rate(cluster.id)
     assert burn == 12.0 + 32.0
-    curve = ledger.spend_curve(nodes, NOW)
+    curve = costs.spend_curve(nodes, NOW)
     data = budget_projection(nodes, curve, NOW, 100.0)
     projected = data[data["kind"] == "projected"]
     assert round(projected["usd"].iloc[0], 2) == round(spent, 2)
@@ -128,7 +128,7 @@ def test_idle_dollars_on_a_synthetic_ledger_with_known_answers(cluster):
     rows = [("spot2", "gpu0", 60 + t, 95.0 if t < 2400 else 10.0) for t in range(3600)]
     rows += [("spot2", "gpu1", 60 + t, 5.0) for t in [*range(600), *range(1800, 2400)]]
     samples = gpu_samples(rows)
-    nodes = ledger.nodes_frame(cluster.id, NOW)
+    nodes = costs.nodes_frame(cluster.id, NOW)
     idle = idle_dollars(samples, nodes, now=NOW).set_index("device")
     assert round(idle.loc["gpu0", "idle_usd"], 4) == 0.5
     assert round(idle.loc["gpu0", "usd"], 4) == 1.5        # 3600 samples × 1 s (the last one to `now`)
@@ -147,19 +147,19 @@ def test_idle_dollars_on_a_synthetic_ledger_with_known_answers(cluster):
 def test_idle_dollars_stop_at_the_node_end(cluster):
     """spot1 was preempted at T0+1860: a sample just before the end counts only up to the end."""
     samples = gpu_samples([("spot1", "gpu0", 1858, 0.0)])
-    idle = idle_dollars(samples, ledger.nodes_frame(cluster.id, NOW), now=NOW)
+    idle = idle_dollars(samples, costs.nodes_frame(cluster.id, NOW), now=NOW)
     assert math.isclose(idle["idle_hours"].iloc[0], 2 / 3600)
 
 
 def test_heatmap_without_gpu_samples_says_so_and_invents_no_idle_dollars(cluster):
     host = pd.DataFrame([{"node_id": "spot2", "at": T0 + t, "device": "host", "cpu_percent": 50.0}
                          for t in range(10)])
-    fig = utilisation_heatmap(host, ledger.nodes_frame(cluster.id, NOW))
+    fig = utilisation_heatmap(host, costs.nodes_frame(cluster.id, NOW))
     assert "no GPU telemetry" in title(fig) and "idle $ not measured" in title(fig)
     # ten samples a second apart: buckets no shorter than that, every one filled (not 60 thin stripes)
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z.shape == (1, 9) and not np.isnan(z).any(), z
-    assert idle_dollars(host, ledger.nodes_frame(cluster.id, NOW)).empty
+    assert idle_dollars(host, costs.nodes_frame(cluster.id, NOW)).empty
 
 
 def job_samples():
@@ -213,8 +213,8 @@ def test_a_free_cluster_draws_no_spend_chart_and_says_so_in_one_line():
     """A local cluster at $0/h has no $ to chart: no flat $0 line, one line that says it is free."""
     record = registry.create("free", "local", {}, simulated=False, budget_usd=None, idle_minutes=None)
     ledger.sync_nodes(record.id, [node("head0", "", T0, gpus=0, head=True)], PRICES)
-    nodes = ledger.nodes_frame(record.id, NOW)
-    curve = ledger.spend_curve(nodes, NOW)
+    nodes = costs.nodes_frame(record.id, NOW)
+    curve = costs.spend_curve(nodes, NOW)
     for fig in (cost_figure(nodes, curve, title="free: cumulative cost", simulated=False),
                 budget_figure(nodes, curve, NOW, None, title="free: spend and budget", simulated=False)):
         assert list(fig.data) == [], [t.name for t in fig.data]
@@ -222,14 +222,14 @@ def test_a_free_cluster_draws_no_spend_chart_and_says_so_in_one_line():
         assert "free" in title(fig) and "no $ to chart" in title(fig)
         assert "<br>" not in title(fig)           # one line
         assert spend_note(fig) == "free: every node at $0/h, no $ to chart"
-    empty = ledger.nodes_frame(record.id, NOW).iloc[0:0]
-    assert spend_note(cost_figure(empty, ledger.spend_curve(empty, NOW), title="t",
+    empty = costs.nodes_frame(record.id, NOW).iloc[0:0]
+    assert spend_note(cost_figure(empty, costs.spend_curve(empty, NOW), title="t",
                                   simulated=False)) is None      # nothing metered yet: not "free"
 
 
 def test_a_cluster_that_costs_something_keeps_its_spend_charts(cluster):
-    nodes = ledger.nodes_frame(cluster.id, NOW)
-    curve = ledger.spend_curve(nodes, NOW)
+    nodes = costs.nodes_frame(cluster.id, NOW)
+    curve = costs.spend_curve(nodes, NOW)
     assert spend_note(cost_figure(nodes, curve, title="t", simulated=True)) is None
     assert spend_note(budget_figure(nodes, curve, NOW, 100.0, title="b", simulated=True)) is None
 

@@ -15,7 +15,7 @@ import gpugeek_jupyter.api as api
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.kernel.session import current
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.widgets import ClusterPanel, CostDashboard, OfferPicker
 from gpugeek_jupyter.widgets.job import JobMonitor
 
@@ -190,7 +190,7 @@ def test_a_finished_job_leaves_a_static_summary_and_figure():
     summary = report.summary_bundle()
     assert "<progress" in summary["text/html"] and "value='9' max='9'" in summary["text/html"]
     assert "step 9/9" in summary["text/plain"] and "(simulated)" in summary["text/plain"]
-    assert report.usd == float(ledger.cost_table(record.id, "job")["usd"].iloc[0])
+    assert report.usd == float(costs.cost_table(record.id, "job")["usd"].iloc[0])
     figure = report.figure_bundle()
     assert {"application/vnd.plotly.v1+json", "text/html", "text/plain"} <= set(figure)
     loss = next(t for t in report.figure().data if t.name == "rank 0")

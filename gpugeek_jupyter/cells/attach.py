@@ -12,7 +12,7 @@ from ..errors import GpugeekError
 from ..group.results import Interrupted, Printer, RemoteError, Result
 from ..kernel import connection, session
 from ..line.wire import LinkDown
-from ..meter import ledger
+from ..meter import costs, ledger
 from . import away
 from . import jobs as running
 from .driving import driver
@@ -28,7 +28,7 @@ def jobs(name: str | None = None) -> list[dict]:
     connection.connect(record)
     rows = [{**job, "group": group_id} for group_id, job in driver().kept_jobs()]
     _settle_ledger(record.id, rows)
-    usd = {row["job_id"]: row["usd"] for row in ledger.cost_table(record.id, by="job").to_dict("records")}
+    usd = {row["job_id"]: row["usd"] for row in costs.cost_table(record.id, by="job").to_dict("records")}
     for row in rows:
         row["usd"] = usd.get(row.get("id"))     # None: a job this machine's ledger never saw
     return sorted(rows, key=lambda r: r.get("began") or 0, reverse=True)

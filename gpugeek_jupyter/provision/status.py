@@ -18,7 +18,7 @@ from ..cluster.spec import ClusterSpec
 from ..guard import board
 from ..guard.lifecycle import catch_up, counted_until, sync_ledger
 from ..kernel.session import any_cluster
-from ..meter import ledger
+from ..meter import costs, ledger
 from ..units import duration
 from ..vocab import ClusterPhase
 
@@ -111,7 +111,7 @@ def status(name: str | None = None, *, sync: bool = True) -> ClusterStatus:
         record = registry.get(record.id)      # as the sync left it (the head's word, a stop it made)
     now = time.time()
     seen = board.model(record, now)
-    frame = ledger.nodes_frame(record.id, counted_until(record, now))
+    frame = costs.nodes_frame(record.id, counted_until(record, now))
     alive = frame[frame["alive"]]
     nodes = pd.DataFrame({
         "node": alive["node_id"].str[-6:], "type": alive["node_type"], "gpus": alive["gpus"],

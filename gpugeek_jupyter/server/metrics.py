@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import store
 from ..guard import board
-from ..meter import ledger
+from ..meter import costs
 from ..vocab import ClusterPhase
 
 RECENT_S = 60.0       # telemetry older than this is not a node's current reading
@@ -94,7 +94,7 @@ def _jobs(live: dict[int, dict], now: float):
     steps = GaugeMetricFamily("gpugeek_job_step", "The job's latest step", labels=labels)
     speed = GaugeMetricFamily("gpugeek_job_samples_per_second", "The job's latest throughput", labels=labels)
     loss = GaugeMetricFamily("gpugeek_job_loss", "The job's latest logged loss", labels=labels)
-    for job in ledger.running_jobs_spend(list(live), now):
+    for job in costs.running_jobs_spend(list(live), now):
         key = [live[job["cluster_id"]]["name"], job["name"]]
         usd.add_metric(key, job["usd"])
         latest = store.query("SELECT step, metrics FROM samples WHERE cluster_id=? AND job_id=? AND rank=0"

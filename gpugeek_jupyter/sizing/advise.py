@@ -22,7 +22,7 @@ from ..catalog import gpus as gpu_specs
 from ..catalog import offers as catalog_offers
 from ..catalog.residency import residency_mask
 from ..errors import GpugeekError
-from ..meter import ledger
+from ..meter import costs, ledger
 from . import memory
 
 BUSY_TARGET = 0.9          # an offer is sized to run at most this busy
@@ -185,7 +185,7 @@ def _offer_of(cluster_id: int, started: float, ended: float,
               catalog: str | None) -> tuple[dict | None, float | None, str]:
     """The catalog row of the GPU nodes up while the job ran, what they cost together ($/h),
     and how they were bought."""
-    nodes = ledger.nodes_frame(cluster_id, now=ended)
+    nodes = costs.nodes_frame(cluster_id, now=ended)
     up = nodes["ended"].fillna(ended).astype(float) > started
     nodes = nodes[up & (nodes["started"].astype(float) < ended) & (nodes["gpus"].astype(float) > 0)
                   & nodes["offer_id"].notna()]

@@ -34,7 +34,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..errors import GpugeekError
-from ..meter import ledger
+from ..meter import costs, ledger
 from ..sizing.advise import advise_job
 from ..units import duration
 from ..views.jobs import LOGGED, job_figure, job_summary, logged_points, rate_counts
@@ -155,7 +155,7 @@ class JobMonitor:
 
     def usd(self) -> float:
         """This job's $ from the ledger (its share of the cluster's burn while it runs)."""
-        table = ledger.cost_table(self.cluster_id, "job")
+        table = costs.cost_table(self.cluster_id, "job")
         row = table[table["job_id"] == self.job_id]
         return float(row["usd"].iloc[0]) if len(row) else 0.0
 

@@ -109,7 +109,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
     import gpugeek_jupyter as gg
     from gpugeek_jupyter.cluster import registry
     from gpugeek_jupyter.cluster.spec import ClusterSpec
-    from gpugeek_jupyter.meter import ledger
+    from gpugeek_jupyter.meter import costs
     from gpugeek_jupyter.remote import headguard
 
     home = Path(lab.env["GPUGEEK_HOME"])
@@ -206,7 +206,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
             state, usd, _ = _read(reader, name, home, page)
             assert state == "stopped" and abs(usd - first_seen[reader]) < 0.005, (reader, usd, first_seen[reader])
         # this machine's ledger is the head's, row for row; the head kept no copy of the stopped cluster
-        local = ledger.nodes_frame(record.id).sort_values("node_id")
+        local = costs.nodes_frame(record.id).sort_values("node_id")
         assert [(r.node_id, r.started, r.ended, r.usd_per_hour) for r in local.itertuples()] == \
             [(n["node_id"], n["started"], n["ended"], n["usd_per_hour"]) for n in head_nodes]
         folder = hosts.hosts[0].file(spec.remote.token_path.replace("~", "/root", 1)).parent

@@ -39,7 +39,7 @@ def test_sidebar_shows_an_ssh_cluster_and_shuts_it_down_on_every_host(lab, page,
     monkeypatch.setenv("GPUGEEK_HOME", str(home))
     import gpugeek_jupyter as gg
     from gpugeek_jupyter.cluster import processes, registry
-    from gpugeek_jupyter.meter import ledger
+    from gpugeek_jupyter.meter import costs, ledger
 
     # a kernel on the "laptop" starts the cluster on the two hosts and goes away
     names = ",".join(f"root@{h.address}" for h in hosts.hosts)
@@ -90,7 +90,7 @@ def test_sidebar_shows_an_ssh_cluster_and_shuts_it_down_on_every_host(lab, page,
         final = registry.get(record.id)
         assert final.stopped is not None and final.stop_reason == "down (from JupyterLab)"
         # the toast's dollars are the ledger's: each host's lifetime × the rate
-        nodes = ledger.nodes_frame(record.id)
+        nodes = costs.nodes_frame(record.id)
         assert len(nodes) == 2 and nodes["ended"].notna().all()
         expected = sum((r.ended - r.started) / 3600 * RATE for r in nodes.itertuples())
         assert ledger.spend(record.id) == pytest.approx(expected, rel=1e-9)

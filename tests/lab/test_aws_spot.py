@@ -27,7 +27,7 @@ from gpugeek_jupyter import store
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not os.environ.get("GPUGEEK_CLOUD_LAB"), reason="a spot worker preempted mid-job and replaced takes five "
@@ -112,7 +112,7 @@ def test_a_spot_worker_taken_back_mid_job_is_replaced_and_the_job_resumes_losing
         assert replacements[0]["LaunchTime"].timestamp() >= noticed[0][0]
 
         # the ledger: a preemption, not a failure
-        by_node = ledger.nodes_frame(record.id).set_index("node_id")
+        by_node = costs.nodes_frame(record.id).set_index("node_id")
         assert by_node.loc[victim["InstanceId"], "end_reason"] == "preempted"
         job = store.query("SELECT status, preemptions FROM jobs WHERE cluster_id=? AND name=?",
                           (record.id, "spot-job"))[0]
@@ -171,7 +171,7 @@ def test_no_spot_capacity_with_spot_fallback_brings_on_demand_workers_and_says_s
         fallback = [line for line in told if "aws has no spot g4dn.xlarge for the workers (InsufficientInstance"
                     "Capacity): 2 on-demand workers (t4x1-on-demand, $0.526/h each) launch in their place" in line]
         assert refused and fallback, told
-        by_node = ledger.nodes_frame(record.id).set_index("node_id")
+        by_node = costs.nodes_frame(record.id).set_index("node_id")
         assert set(by_node.loc[[w["InstanceId"] for w in workers], "pricing"]) == {"on-demand"}
         print(f"\naws spot fallback: two on-demand workers running {fell_back:.0f} s after up began; told: "
               f"{fallback[0]}")

@@ -21,7 +21,7 @@ from cluster_processes import of_cluster, settings, still_running, wait_until
 from laptop_gone import row, terminal
 
 from gpugeek_jupyter.cluster import registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_hosts_deleted_under_a_live_cluster_then_forgotten(doomed, gpugeek_home)
         assert forgot.returncode == 0, forgot.stderr
         final = registry.get(record.id)
         assert final.stopped is not None and "forgotten" in final.stop_reason, final
-        nodes = ledger.nodes_frame(record.id)
+        nodes = costs.nodes_frame(record.id)
         assert len(nodes) == 3 and (nodes["ended"] == final.stopped).all(), nodes
         assert final.stopped <= deleted + 2, "the nodes were counted past the moment the hosts went"
         expected = sum((r.ended - r.started) * r.usd_per_hour / 3600 for r in nodes.itertuples())

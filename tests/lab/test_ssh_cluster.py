@@ -38,7 +38,7 @@ from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.guard import board as server_clusters
 from gpugeek_jupyter.kernel import environment
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.meter.telemetry import node_samples_frame
 
 pytestmark = pytest.mark.slow
@@ -450,7 +450,7 @@ def test_a_host_killed_mid_job_the_job_resumes_on_the_hosts_left(lab, on_lab3, t
         assert "died" in out and "resumes on 2" in out and "resumed from step-" in out, out
 
         def node_end(node_id=node_id):
-            ended = ledger.nodes_frame(record.id).set_index("node_id")["ended"].get(node_id)
+            ended = costs.nodes_frame(record.id).set_index("node_id")["ended"].get(node_id)
             return ended if ended == ended and ended is not None else None    # NaN until the node is closed
         ended = wait_until(node_end, 60, "the killed host's node closed in the ledger")
         off = ended - killed[0]
@@ -625,7 +625,7 @@ def test_down_costs_the_hosts_lifetimes_and_leaves_nothing(lab, on_lab3):
     record = registry.get(record.id)
     assert record.stopped
     # the dollars: every host's lifetime (as Ray recorded it, closed at the stop) × the rate
-    nodes = ledger.nodes_frame(record.id)
+    nodes = costs.nodes_frame(record.id)
     assert len(nodes) >= 3 and nodes["ended"].notna().all()     # and a node per host rejoined after a kill
     expected = sum((r.ended - r.started) / 3600 * RATE for r in nodes.itertuples())
     assert gg.cost("lab3").total_usd == pytest.approx(expected, rel=1e-9)

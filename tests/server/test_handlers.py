@@ -14,7 +14,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from gpugeek_jupyter.cluster import registry
-from gpugeek_jupyter.meter import ledger
+from gpugeek_jupyter.meter import costs, ledger
 from gpugeek_jupyter.raynodes import RayNode
 from gpugeek_jupyter.vocab import NodePrice
 
@@ -185,7 +185,7 @@ async def test_metrics_are_prometheus_text_with_the_ledgers_dollars_and_a_scrape
     assert value["gpugeek_cluster_gpus"][key] == 8 and value["gpugeek_cluster_simulated"][key] == 1
     assert value["gpugeek_cluster_state"][(*key, ("state", "running"))] == 1
     assert not any("gone" in str(labels) for f in value.values() for labels in f), "a stopped cluster is listed"
-    by_job = ledger.cost_table(m.id, by="job").set_index("job_id")["usd"]    # what `cost --by job` says
+    by_job = costs.cost_table(m.id, by="job").set_index("job_id")["usd"]    # what `cost --by job` says
     assert value["gpugeek_job_spent_usd"][(("cluster", "m"), ("job", "train"))] == pytest.approx(by_job["j1"], rel=1e-3)
     assert not any(("job", "eval") in labels for labels in value["gpugeek_job_spent_usd"]), "an ended job is listed"
     assert jp_serverapp.web_app.settings.get("api_last_activity") == before, "a scrape kept the server busy"

@@ -180,11 +180,13 @@ cloud-lab: $(VENV)/.installed-test sshd lab-files
 # with --requeue the job is requeued, runs again on an allocation of its own and the same cell resumes
 # there (tests/slurm/test_slurm_requeue.py); the laptop gone with a budget, the head ending the job
 # at the cap (tests/slurm/test_slurm_money.py); two clusters sharing both nodes at once
-# (test_slurm_cluster.py).
+# (test_slurm_cluster.py); a cell on a job the scheduler preempts, checkpointed on the job's signal
+# (tests/slurm/test_slurm_preempt.py; SLURM_LAB=long adds its --requeue variant, five minutes more).
+SLURM_LAB ?= 1
 .PHONY: slurm-lab
 slurm-lab: $(VENV)/.installed-test sshd lab-files
-	GPUGEEK_SLURM_LAB=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/slurm/test_slurm_walltime.py \
-	  tests/slurm/test_slurm_requeue.py tests/slurm/test_slurm_money.py \
+	GPUGEEK_SLURM_LAB=$(SLURM_LAB) $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/slurm/test_slurm_walltime.py \
+	  tests/slurm/test_slurm_requeue.py tests/slurm/test_slurm_money.py tests/slurm/test_slurm_preempt.py \
 	  "tests/slurm/test_slurm_cluster.py::test_two_clusters_on_the_same_nodes_do_not_collide_and_downing_one_leaves_the_other_running"
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;

@@ -14,6 +14,10 @@ cloud hands out — a login node you SSH to, compute nodes behind it that a sche
   GPUs declared as GRES on fake device files (``nvidia0``…: a step sees ``CUDA_VISIBLE_DEVICES``);
 - munge on a socket of the lab's own; the partition ``gpu`` with a walltime limit, and
   ``EnforcePartLimits=ALL`` so that a job over it is refused, not left pending;
+- preemption as GPU clouds and shared university partitions set it: a partition ``urgent`` over
+  the same nodes whose jobs preempt ``gpu``'s (``preempt/partition_prio``), which are requeued —
+  or cancelled where they may not be — after a grace time (``GraceTime``), told by the job's own
+  signal (``preempt_send_user_signal``) rather than a SIGTERM to every process;
 - no slurmdbd: ``JobCompType=jobcomp/filetxt`` writes one line per ended job, Slurm's own record.
 
 The laptop reaches the login host alone: the controller and the compute nodes are blackholed in
@@ -36,6 +40,8 @@ from netlab import _run
 
 CONTROLLER_AT, LOGIN_AT, NODES_FROM = 4, 30, 31      # the last byte of their addresses on the bridge
 PARTITION = "gpu"
+URGENT = "urgent"          # a partition over the same nodes whose jobs preempt the ``gpu`` partition's
+GRACE_S = 30               # a preempted job's grace time: its end, once the scheduler preempted it
 MAX_TIME_MIN = 60          # the partition's walltime limit
 START_TIMEOUT_S = 30
 
@@ -105,6 +111,15 @@ class Slurm:
     def ssh(self, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """``command`` on the login host, as the cluster's user runs it."""
         return self.lab.ssh(self.login, command, timeout=timeout)
+
+    def preempt(self, seconds: float = 5) -> str:
+        """A job in the ``urgent`` partition that wants every node whole for ``seconds``: it preempts
+        whatever the ``gpu`` partition runs there. Its id."""
+        done = self.ssh(f"sbatch --parsable -p {URGENT} -N {len(self.nodes)} --exclusive -J urgent "
+                        f"-o /dev/null --wrap 'sleep {seconds}'")
+        if done.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {done.stderr.strip()}")
+        return done.stdout.strip().split(";")[0]
 
     def squeue(self) -> list[dict]:
         """The queue as Slurm lists it (every job, every user): id, name, state, reason, nodes."""
@@ -247,8 +262,13 @@ def _configure(slurm: Slurm) -> None:
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={slurm.jobcomp}", "EnforcePartLimits=ALL", "SchedulerParameters=sched_interval=2",
         "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5", "MinJobAge=30",
+        "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
+        "SlurmctldParameters=preempt_send_user_signal",
         *node_lines,
-        f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime={MAX_TIME_MIN} State=UP", ""]))
+        f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime={MAX_TIME_MIN} State=UP PriorityTier=1"
+        f" GraceTime={GRACE_S}",
+        f"PartitionName={URGENT} Nodes={names} MaxTime={MAX_TIME_MIN} State=UP PriorityTier=2 PreemptMode=OFF",
+        ""]))
     (folder / "gres.conf").write_text("\n".join(gres) + "\n")
 
 

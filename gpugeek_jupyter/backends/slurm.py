@@ -94,9 +94,10 @@ def batch_script(name: str, folder: str, spec: ClusterSpec) -> str:
                         ("account", job.account), ("qos", job.qos), ("constraint", job.constraint)):
         if value is not None:
             lines.append(f"#SBATCH --{flag}={value}")
-    if (job.time_min is not None or job.requeue) and "--signal" not in (job.sbatch or ""):
-        # the walltime's notice (the partition's, without --time): the batch step (slurmjob.py) hears
-        # it, and every node of the cluster is told
+    if "--signal" not in (job.sbatch or ""):
+        # the job's notice, before its walltime (the partition's, without --time) and where the
+        # scheduler preempts it with the job's signal: the batch step (slurmjob.py) hears it, and
+        # every node of the cluster is told
         lines.append(f"#SBATCH --signal=B:USR2@{allocation.NOTICE_S}")
     lines += [f"#SBATCH {option}" for option in shlex.split(job.sbatch or "")]
     python = spec.remote.pythons[0] if spec.remote.pythons else runtime.python_on_host()

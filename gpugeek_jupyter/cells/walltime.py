@@ -1,6 +1,7 @@
-"""A cell on a Slurm cluster at its job's walltime: it checkpointed on the scheduler's notice
-(``gg.steps``, as on a spot node's), and either resumes in the next cluster the user starts, or —
-``up --requeue`` — in the job's own next run, which this kernel waits for and reaches again."""
+"""A cell on a Slurm cluster at its job's end — its walltime, or the scheduler preempting it: it
+checkpointed on the scheduler's notice (``gg.steps``, as on a spot node's), and either resumes in
+the next cluster the user starts, or — ``up --requeue`` — in the job's own next run, which this
+kernel waits for and reaches again."""
 
 from __future__ import annotations
 
@@ -11,32 +12,51 @@ from ..kernel import connection
 from ..meter import ledger
 from ..units import clock
 
+EARLY_S = 5.0     # a notice's end this much before the job's time limit: the scheduler preempted it
 
-def ends(record: ClusterRecord, job_id: str, job_name: str, preempted: dict) -> str:
-    """The cell checkpointed on its scheduler's notice: the whole allocation ends at its walltime,
-    so the cell resumes in the next cluster, from that checkpoint. What to say, and the ledger's."""
+
+def preempted(record: ClusterRecord, deadline: float) -> bool:
+    """The job ends before its time limit (as Slurm said it when the job started): a preemption,
+    whose grace time ends at ``deadline``. No time limit known: only a preemption signals early."""
+    limit = (record.spec.get("remote") or {}).get("walltime_end")
+    return limit is None or deadline < limit - EARLY_S
+
+
+def _end(record: ClusterRecord, deadline: float) -> str:
+    """The job's end, said: "reaches its walltime at 14:02" or "is preempted (it ends at 14:02)"."""
+    if preempted(record, deadline):
+        return f"is preempted by the scheduler (its job ends at {clock(deadline)})"
+    return f"reaches its walltime at {clock(deadline)}"
+
+
+def ends(record: ClusterRecord, job_id: str, job_name: str, notice: dict) -> str:
+    """The cell checkpointed on its scheduler's notice: the whole allocation ends (its walltime, or
+    the scheduler's preemption), so the cell resumes in the next cluster, from that checkpoint.
+    What to say, and the ledger's."""
     ledger.job_preempted(record.id, job_id)
-    ends = clock(preempted["deadline"])
-    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {preempted['step']} on the "
-                                             f"walltime's notice (the job ends at {ends})")
-    return (f"cluster {record.name!r} reaches its walltime at {ends}: the cell checkpointed at step "
-            f"{preempted['step']} and stopped — `%gpugeek up` a cluster again (with a longer --time) and run the "
+    why = "preemption" if preempted(record, notice["deadline"]) else "walltime"
+    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {notice['step']} on the "
+                                             f"{why}'s notice (the job ends at {clock(notice['deadline'])})")
+    longer = " with a longer --time" if why == "walltime" else ""
+    return (f"cluster {record.name!r} {_end(record, notice['deadline'])}: the cell checkpointed at step "
+            f"{notice['step']} and stopped — `%gpugeek up` a cluster again{longer} and run the "
             f"cell again: it resumes from there")
 
 
-def requeued(record: ClusterRecord, job_id: str, job_name: str, preempted: dict) -> ClusterRecord:
+def requeued(record: ClusterRecord, job_id: str, job_name: str, notice: dict) -> ClusterRecord:
     """The cell checkpointed on its scheduler's notice and the job is requeued (``up --requeue``):
     every process of it ends, and it runs again on an allocation of its own. This kernel waits for
     that run (its worker group already stopped), reaches its head again, and the cell resumes
     there from its checkpoint. The stop button ends the wait and leaves the job queued (the
     cluster is live: ``down`` cancels it)."""
     ledger.job_preempted(record.id, job_id)
-    step, ends = preempted["step"], clock(preempted["deadline"])
-    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {step} on the walltime's "
+    step = notice["step"]
+    why = "preemption" if preempted(record, notice["deadline"]) else "walltime"
+    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {step} on the {why}'s "
                                              f"notice; the Slurm job is requeued, and the cell resumes in its next run")
-    print(f"cluster {record.name!r} reaches its walltime at {ends}: the cell checkpointed at step {step}, and its "
-          f"Slurm job is requeued — the cell resumes from there once the job runs again (not counted as a failure)",
-          flush=True)
+    print(f"cluster {record.name!r} {_end(record, notice['deadline'])}: the cell checkpointed at step {step}, and "
+          f"its Slurm job is requeued — the cell resumes from there once the job runs again (not counted as a "
+          f"failure)", flush=True)
     connection.let_go()
     try:
         moved = BACKENDS[record.backend].wait_moved(record, say=print)

@@ -34,19 +34,18 @@ import sys
 import time
 from pathlib import Path
 
-from ..backends.interface import BACKENDS
 from ..backends.launcher import BOOTSTRAP
 from ..backends.rented import instances_of
 from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
 from ..cluster.spec import ClusterSpec
-from ..meter import activity, allocation, ledger
-from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes, send_notice
+from ..meter import activity, ledger
+from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
-from ..units import clock
 from . import launches
+from .jobend import JobEnd
 from .keeping import Keeper
 from .launches import Launches
 from .lifecycle import LET_GO_S
@@ -56,9 +55,7 @@ HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per 
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
-REQUEUE_BEFORE_S = 30.0        # ``up --requeue``: the job requeued this long before its walltime at the latest
 AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
-WALLTIME_NOTICE = "walltime-notice"   # a Slurm job's batch step leaves it in this watchdog's folder (slurmjob.py)
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -81,10 +78,9 @@ class HeadWatch(Watch):
         self.guard_kind = "head"
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
         self.near: float | None = None                 # the cap a stop was timed again near
+        # a Slurm job's end near (its walltime, a preemption): the nodes told, the job requeued
+        self.job_end = JobEnd(cluster_id, order["home"], self.gcs, interval) if order.get("scheduled") else None
         # a cloud head's autoscaler: what it could not launch, read from its log (and the spot fallback)
-        self.walltime_heard: float | None = None       # a Slurm job's walltime notice, once passed on
-        self.walltime_ends: float | None = None        # … when the job ends, as told
-        self.requeued = False                          # ``up --requeue``: the job was requeued
         self.launches = Launches(Path(temp_dir_of(order["temp_dirs"], order["ip"])) / AUTOSCALER_LOG,
                                  Path(os.path.expanduser(BOOTSTRAP))) if order.get("cloud") else None
 
@@ -99,65 +95,14 @@ class HeadWatch(Watch):
             if said:
                 ledger.event(self.cluster_id, "keeper", said)
         reason = super().look()
-        if exchanging and not reason and self.order.get("scheduled"):
-            self._walltime(record)
-            self._requeue(record)
+        if exchanging and not reason and self.job_end is not None:
+            self.job_end.look(record, self.cluster_jobs)
         if exchanging and not reason and self.launches is not None:
             spec = ClusterSpec.from_json(record.spec)
             self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
         if exchanging and not reason and self.blind is None:
             self._beat(record)
         return reason
-
-    def _walltime(self, record) -> None:
-        """A Slurm job's walltime near (the batch step left its notice, ``onhost/slurmjob.py``): every
-        node of the cluster is told, in the cluster's KV store, when the job ends — a running cell
-        checkpoints at its next step, as on a spot node's notice. Once per notice."""
-        notice = Path(os.path.expanduser(self.order["home"])) / WALLTIME_NOTICE
-        try:
-            heard = float(notice.read_text())
-        except (OSError, ValueError):
-            return
-        if heard == self.walltime_heard:
-            return
-        spec = ClusterSpec.from_json(record.spec)
-        job = BACKENDS[spec.backend].job_record(spec)
-        ends = job.walltime_end if job is not None and job.walltime_end else heard + allocation.NOTICE_S
-        try:
-            nodes = [n for n in read_nodes(self.gcs, timeout=max(1.0, self.interval)) if n.alive]
-            for node in nodes:
-                send_notice(self.gcs, node.node_id, ends)
-        except ClusterUnreachable:
-            return                       # told at the next look
-        self.walltime_heard, self.walltime_ends = heard, ends
-        ledger.event(self.cluster_id, launches.WALLTIME, f"Slurm job {spec.remote.job_id} reaches its walltime at "
-                     f"{clock(ends)}: its {len(nodes)} nodes told (a running cell checkpoints at its next step)",
-                     options={"ends": ends})
-
-    def _requeue(self, record) -> None:
-        """``up --requeue``: once the walltime's notice is passed on and no cell works on the cluster
-        any more (a running one checkpointed on it), or ``REQUEUE_BEFORE_S`` before the walltime at
-        the latest, the job is requeued (Slurm never requeues a job that reached its time limit by
-        itself). That ends every process of the job, this one too; the next run finds this ledger
-        and the checkpoints in the shared home, and the notebook follows it there."""
-        if self.walltime_heard is None or self.requeued:
-            return
-        spec = ClusterSpec.from_json(record.spec)
-        if spec.slurm is None or not spec.slurm.requeue:
-            return
-        now = time.time()
-        working, _ = self.cluster_jobs.look(self.gcs, now, timeout=max(1.0, self.interval))
-        if working and now < (self.walltime_ends or now) - REQUEUE_BEFORE_S:
-            return
-        job = spec.remote.job_id
-        ledger.event(self.cluster_id, launches.REQUEUED,
-                     f"Slurm job {job} requeued before its walltime: it runs again in a new allocation, where "
-                     f"a cell that checkpointed resumes" + (f" ({working} was still running)" if working else ""))
-        self.requeued = True
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            ledger.event(self.cluster_id, "requeue-failed", f"scontrol requeue {job} failed "
-                         f"({done.stderr.strip()[-300:]}): the job ends at its walltime")
 
     def _exchange(self, record) -> None:
         """Read the laptop's report and limits (a GCS that does not answer is the node table's

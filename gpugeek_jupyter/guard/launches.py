@@ -32,8 +32,10 @@ from ..meter import ledger
 REFUSED = "launch-refused"
 FELL_BACK = "spot-fallback"
 WALLTIME = "walltime"              # a Slurm job's walltime near: its nodes told (guard/headwatch.py)
-REQUEUED = "requeued"              # ``up --requeue``: the Slurm job requeued before its walltime (guard/headwatch.py)
-NEWS = (REFUSED, FELL_BACK, WALLTIME, REQUEUED)   # the head's events a notebook's machine copies from its heartbeat
+PREEMPTED = "slurm-preempted"      # the scheduler preempted a Slurm job: its nodes told (guard/headwatch.py)
+REQUEUED = "requeued"              # ``up --requeue``: the Slurm job requeued before its end (guard/headwatch.py)
+# the head's events a notebook's machine copies from its heartbeat
+NEWS = (REFUSED, FELL_BACK, WALLTIME, PREEMPTED, REQUEUED)
 SAY_AGAIN_S = 600.0                # a refusal that goes on is said again this often
 SPOT_PRICE = ("SpotMaxPriceTooLow",)   # spot that will not come at the price the launch pays
 

@@ -53,12 +53,15 @@ class JobRecord:
     state: str                    # Slurm's word: PENDING, RUNNING, COMPLETED, CANCELLED, TIMEOUT, …
     started: float | None         # None while it has not started
     ended: float | None           # None while it runs
-    walltime_end: float | None    # a running job's end at its time limit (its countdown)
+    walltime_end: float | None    # a running job's end at its time limit (its countdown; once preempted,
+    #                               the end of its grace time)
     nodes: tuple[str, ...]
     head: str | None              # the node the batch script runs on (Ray's head)
     source: str                   # which record said it (``SOURCES``)
     restarts: int = 0             # how often it was requeued (scontrol's ``Restarts``)
     earlier: tuple[Run, ...] = ()  # its runs before this one, each an allocation of its own
+    preempted: float | None = None  # when the scheduler preempted the running job (``PreemptTime``): its
+    #                                 ``walltime_end`` is then the end of its grace time
 
     @property
     def over(self) -> bool:
@@ -128,7 +131,8 @@ def _scontrol(text: str) -> JobRecord:
     return JobRecord(fields.get("JobId", ""), state, None if state == "PENDING" else started,
                      None if running else ends, ends if running else None, nodes,
                      fields.get("BatchHost") or (nodes[0] if nodes else None), "scontrol",
-                     int(restarts) if restarts.isdigit() else 0)
+                     int(restarts) if restarts.isdigit() else 0,
+                     preempted=_epoch(fields.get("PreemptTime")) if running else None)
 
 
 def _run(source: str, text: str) -> JobRecord | None:

@@ -232,7 +232,8 @@ def samples_frame(cluster_id: int, job_id: str | None = None) -> pd.DataFrame:
 # (the exact options, JSON) and the cluster's $ at that moment.
 # what a notebook prints once, unasked (a cloud head's launch refusals and spot fallback, a Slurm job's
 # walltime near: guard/launches.py)
-NEWS = ("budget-warning", "budget-stop", "idle-stop", "launch-refused", "spot-fallback", "walltime", "requeued")
+NEWS = ("budget-warning", "budget-stop", "idle-stop", "launch-refused", "spot-fallback", "walltime",
+        "slurm-preempted", "requeued")
 _EVENT = ("INSERT INTO events (cluster_id, at, kind, message, user, client, host, options, usd)"
           " SELECT ?,?,?,?,?,?,?,?, " + _SPEND.removeprefix("SELECT "))
 _who: dict[str, str] = {}

@@ -27,7 +27,7 @@ _steps = []         # of them, the srun steps on the other nodes: they end by Sl
 STEPS_S = 1.0       # … given this long more than this node's own end
 CHILDREN_END_S = 5.0   # when the head's Ray or its watchdog ended first: the rest's time to end (the keeper's too)
 _temp = []          # Ray's temp folder on this node, removed once its processes have ended
-# the walltime's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
+# the job's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
 # cluster's ``head``, beside this script): when it came (guard/headwatch.py reads it)
 NOTICE_FILE = os.path.join(HERE, "head", "walltime-notice")
 
@@ -192,15 +192,18 @@ def _end(signum, frame):
 
 
 def _notice(signum, frame):
-    """The walltime is near (``--signal=B:USR2@S`` reaches the batch step alone): left in a file
-    for the head's watchdog, which tells every node of the cluster at its next look, and a running
-    cell checkpoints at its next step. (A file, not a signal: one that came while the watchdog
-    was still starting would end it.)"""
+    """The job's end is near (``--signal=B:USR2@S`` reaches the batch step alone): its walltime, or
+    the scheduler preempting it (where Slurm sends the job's signal then:
+    ``SlurmctldParameters=preempt_send_user_signal``). Left in a file for the head's watchdog,
+    which tells every node of the cluster at its next look, and a running cell checkpoints at its
+    next step. (A file, not a signal: one that came while the watchdog was still starting would
+    end it.)"""
     os.makedirs(os.path.dirname(NOTICE_FILE), mode=0o700, exist_ok=True)
     with open(NOTICE_FILE + ".part", "w") as f:
         f.write(str(time.time()))
     os.replace(NOTICE_FILE + ".part", NOTICE_FILE)
-    print(f"the walltime's notice (signal {signum}): left for the head's watchdog", flush=True)
+    print(f"the job's notice (signal {signum}: its walltime near, or a preemption): left for the head's watchdog",
+          flush=True)
 
 
 def _signal(proc, signum):

@@ -36,7 +36,8 @@ HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", 
                 "ports.py", "versions.py", "meter/allocation.py",
                 "meter/__init__.py", "meter/activity.py", "meter/ledger.py", "meter/instances.py",
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
-                "guard/clusterjobs.py", "guard/headwatch.py", "guard/keeping.py", "guard/launches.py",
+                "guard/clusterjobs.py", "guard/headwatch.py", "guard/jobend.py", "guard/keeping.py",
+                "guard/launches.py",
                 "cluster/", "remote/", "backends/", "clouds/", "onhost/__init__.py", "onhost/script.py")
 # What the keeper (keeper/serve.py, started by the head's watchdog) needs besides: the warm groups
 # and their driver (``group/``, as a local kernel drives them), the doctor's look at the nodes, the
@@ -44,7 +45,7 @@ HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", 
 # the keeper's imports as it holds HEAD_PACKAGE, and runs the keeper from the archive alone too.
 # (blocks.py: what a worker checkpoints or shards, --grad-ckpt and --strategy fsdp, on a remote cluster too)
 KEEPER_PACKAGE = ("keeper/", "line/", "group/", "health/__init__.py", "health/nodes.py", "health/probe.py",
-                  "health/findings.py", "workers/", "launch/", "meter/", "display.py", "blocks.py")
+                  "health/findings.py", "workers/", "launch/", "meter/telemetry.py", "display.py", "blocks.py")
 ACTIVITY = "activity"        # this machine's idleness verdict (KV keys in the cluster's GCS)
 LIMITS = "limits"            # budget and idle limits set here after `up`
 HEARTBEAT = "guard"          # the head watchdog's heartbeat

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import slurmlab
 from cluster_processes import wait_until
 
 from gpugeek_jupyter.meter import allocation
@@ -124,6 +125,35 @@ def test_the_meter_reads_each_run_of_a_requeued_job_from_slurms_record(slurm):
     finally:
         slurm.ssh(f"scancel {job}")
     wait_until(lambda: not slurm.squeue(), 30, "the job gone from the queue")
+
+
+def test_the_meter_reads_a_preemption_and_the_job_hears_its_own_signal(slurm):
+    """A job of the ``gpu`` partition preempted for an ``urgent`` one: ``scontrol show job`` says
+    when (``PreemptTime``) and moves the job's end to the end of its grace time, and the batch step
+    hears the job's own signal (``--signal=B:USR2``, sent at preemption by
+    ``preempt_send_user_signal``), not a SIGTERM — what ``onhost/slurmjob.py`` passes on as a notice."""
+    heard = slurm.home / "preempt-heard"
+    heard.unlink(missing_ok=True)
+    at = "/root/preempt-heard"           # the same file, as the nodes see the shared home
+    script = f"trap 'echo USR2 > {at}' USR2; trap 'echo TERM > {at}' TERM; while true; do sleep 0.2; done"
+    job = slurm.ssh(f"sbatch --parsable -N2 --time=5 --signal=B:USR2@10 -o /dev/null --wrap \"{script}\"")
+    job = job.stdout.strip()
+    read = allocation.READ.format(job=job)
+    urgent = None
+    try:
+        wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.state == "RUNNING", 20,
+                   "the job running")
+        assert allocation.parse(slurm.ssh(read).stdout).preempted is None
+        urgent = slurm.preempt(seconds=1)
+        told = wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.preempted and r, 20,
+                          "scontrol's word of the preemption")
+        assert told.state == "RUNNING" and told.walltime_end == told.preempted + slurmlab.GRACE_S, told
+        assert told.walltime_end < told.started + 5 * 60, told
+        assert wait_until(lambda: heard.exists() and heard.read_text().strip(), 10, "the batch step's signal") \
+            == "USR2"
+    finally:
+        slurm.ssh(f"scancel {job} {urgent or ''}")
+    wait_until(lambda: not slurm.squeue(), 30, "the jobs gone from the queue")
 
 
 @pytest.mark.parametrize("hostlist", ["node[1-2]", "node1", "gpu-a[01-03,10],login,n[7-8]", "r[1-2]n[01-02]"])

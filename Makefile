@@ -174,7 +174,7 @@ cloud-lab: $(VENV)/.installed-test sshd lab-files
 	  tests/lab/test_aws_in_a_box.py::test_a_head_that_never_answers_ssh_is_given_up_within_the_wait_and_terminated \
 	  tests/lab/test_aws_in_a_box.py::test_an_up_that_crashed_half_way_is_listed_and_downed_by_its_tag
 
-# A real Slurm, the long scenarios (tests/slurm; `make test` runs the rest), about twelve minutes:
+# A real Slurm, the long scenarios (tests/slurm; `make test` runs the rest), about thirteen minutes:
 # a cell running when its job's walltime comes checkpoints on Slurm's signal, the job ends at its
 # walltime, and the next cluster resumes the cell losing no step (tests/slurm/test_slurm_walltime.py);
 # with --requeue the job is requeued, runs again on an allocation of its own and the same cell resumes

@@ -12,6 +12,7 @@ notebook follows it there (``cells/walltime.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -98,3 +99,13 @@ class JobEnd:
         if done.returncode != 0:
             ledger.event(self.cluster_id, "requeue-failed", f"scontrol requeue {job} failed "
                          f"({done.stderr.strip()[-300:]}): the job ends at {clock(ends)}")
+
+
+def preempted_end(record, now: float | None = None) -> float | None:
+    """A Slurm job the scheduler preempted: the end of its grace time while it is still ahead (the
+    head's word, copied from its heartbeat wherever the cluster is read), for its countdown."""
+    if not record.spec.get("slurm"):
+        return None
+    told = ledger.events(record.id, launches.PREEMPTED)
+    ends = json.loads(told[-1]["options"] or "{}").get("ends") if told else None
+    return ends if ends is not None and ends > (time.time() if now is None else now) else None

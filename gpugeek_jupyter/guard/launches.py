@@ -17,6 +17,7 @@ Runs on: a cloud head, in its watchdog.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -31,9 +32,9 @@ from ..meter import ledger
 
 REFUSED = "launch-refused"
 FELL_BACK = "spot-fallback"
-WALLTIME = "walltime"              # a Slurm job's walltime near: its nodes told (guard/headwatch.py)
-PREEMPTED = "slurm-preempted"      # the scheduler preempted a Slurm job: its nodes told (guard/headwatch.py)
-REQUEUED = "requeued"              # ``up --requeue``: the Slurm job requeued before its end (guard/headwatch.py)
+WALLTIME = "walltime"              # a Slurm job's walltime near: its nodes told (guard/jobend.py)
+PREEMPTED = "slurm-preempted"      # the scheduler preempted a Slurm job: its nodes told (guard/jobend.py)
+REQUEUED = "requeued"              # ``up --requeue``: the Slurm job requeued before its end (guard/jobend.py)
 # the head's events a notebook's machine copies from its heartbeat
 NEWS = (REFUSED, FELL_BACK, WALLTIME, PREEMPTED, REQUEUED)
 SAY_AGAIN_S = 600.0                # a refusal that goes on is said again this often
@@ -105,16 +106,17 @@ class Launches:
 def news(cluster_id: int, last: int = 5) -> list[dict]:
     """The head's latest ``NEWS`` events, for its heartbeat."""
     found = sorted((e for kind in NEWS for e in ledger.events(cluster_id, kind)), key=lambda e: e["at"])
-    return [{"kind": e["kind"], "message": e["message"], "at": e["at"]} for e in found[-last:]]
+    return [{"kind": e["kind"], "message": e["message"], "at": e["at"],
+             "options": json.loads(e["options"]) if e.get("options") else None} for e in found[-last:]]
 
 
 def copy_news(cluster_id: int, told: list[dict]) -> int:
-    """The head's news (from its heartbeat) into this machine's ledger, each once. Returns how many
-    were new."""
+    """The head's news (from its heartbeat) into this machine's ledger, each once, with its options
+    (a preempted job's grace time's end, say). Returns how many were new."""
     if not told:
         return 0
     have = {(e["kind"], round(e["at"], 3)) for kind in NEWS for e in ledger.events(cluster_id, kind)}
     fresh = [e for e in told if e.get("kind") in NEWS and (e["kind"], round(e["at"], 3)) not in have]
     for e in fresh:
-        ledger.event(cluster_id, e["kind"], e["message"], at=e["at"])
+        ledger.event(cluster_id, e["kind"], e["message"], at=e["at"], options=e.get("options"))
     return len(fresh)

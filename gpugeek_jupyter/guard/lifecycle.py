@@ -34,6 +34,7 @@ from ..remote import headguard, tunnel
 from ..units import clock, duration
 from ..vocab import ClusterPhase
 from . import health
+from .jobend import preempted_end
 
 STARTING_AT_MOST_S = 600   # an `up` still unfinished after this died half-way (its kernel was killed)
 HEARD_WINDOW_S = 30.0      # a remote cluster not heard from for longer: its $ counted to its last word
@@ -91,7 +92,8 @@ class ClusterState:
     guard: dict | None = None            # who enforced its limits when it was last heard
     budget: float | None = None
     watchdog_pid: int | None = None      # this machine's watchdog for it
-    walltime_end: float | None = None    # a scheduler's job: when it ends at its time limit
+    walltime_end: float | None = None    # a scheduler's job: when it ends at its time limit, or
+    preempted: bool = False              # … at its grace time's end, the scheduler having preempted it
 
     def describe(self, name: str, now: float | None = None, spent_then: float | None = None) -> str:
         """One line for people: ``running — orphan: no notebook attached``. ``spent_then``: the
@@ -102,7 +104,8 @@ class ClusterState:
         text = self.phase.value
         if self.walltime_end is not None and self.phase is ClusterPhase.RUNNING:
             left = self.walltime_end - now
-            text += (f" — walltime ends at {clock(self.walltime_end)} (in {duration(left)})" if left > 0
+            ends = "preempted by the scheduler: its job ends" if self.preempted else "walltime ends"
+            text += (f" — {ends} at {clock(self.walltime_end)} (in {duration(left)})" if left > 0
                      else f" — walltime reached at {clock(self.walltime_end)}")
         if self.phase is ClusterPhase.FAILED:
             text += (f": {self.failure} — it may still be running and billing; "
@@ -166,8 +169,8 @@ def state_of(record: ClusterRecord, attached: list[int] | None = None, now: floa
                         failure=record.start_failed or (UP_DIED if up_died(record) else None),
                         guard_failing=health.failing(record.id), unheard_since=unheard_since(record, now),
                         guard=json.loads(record.guard) if record.guard else None, budget=record.budget_usd,
-                        watchdog_pid=record.watchdog_pid,
-                        walltime_end=(record.spec.get("remote") or {}).get("walltime_end"))
+                        watchdog_pid=record.watchdog_pid, preempted=bool(grace := preempted_end(record, now)),
+                        walltime_end=grace or (record.spec.get("remote") or {}).get("walltime_end"))
 
 
 def unheard_since(record: ClusterRecord, now: float | None = None) -> float | None:

@@ -88,15 +88,15 @@ GROUP BY n.node_type, n.pricing, g.key ORDER BY n.node_type, n.pricing, g.key"""
 
 def spend_by(cluster_id: int, times: Iterable[float], now: float) -> list:
     """Rows (time, node_type, pricing, usd, on_demand_usd): the dollars spent by each of ``times``,
-    by node type and pricing — ``spend``'s formula at earlier moments; at ``now`` they add up to it."""
+    by node type and pricing — ``ledger.spend``'s formula at earlier moments; at ``now`` they add up to it."""
     return store.query(_CURVE, {"now": now, "cluster": cluster_id, "times": json.dumps([float(t) for t in times])})
 
 
 def spend_curve(nodes: pd.DataFrame, now: float, points: int = 200) -> pd.DataFrame:
     """Dollars spent by each moment of a time grid (``points`` from the first node's start to
-    ``now``, plus every start and end), by node type and pricing: ``spend``'s own SQL at earlier
-    moments, and what the same hours cost at on-demand prices (the gap is the spot saving). Its
-    last point is ``spend``. ``nodes``: the cluster's ``nodes_frame``.
+    ``now``, plus every start and end), by node type and pricing: ``ledger.spend``'s own SQL at
+    earlier moments, and what the same hours cost at on-demand prices (the gap is the spot
+    saving). Its last point is ``ledger.spend``. ``nodes``: the cluster's ``nodes_frame``.
 
     Columns: time, node_type, pricing, label, usd, on_demand_usd.
     """

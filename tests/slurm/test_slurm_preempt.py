@@ -81,6 +81,9 @@ def test_a_cell_on_a_job_the_scheduler_preempts_checkpoints_on_its_signal(slurm,
             said = str(stopped.value)
             assert "is preempted by the scheduler" in said and "it resumes from there" in said, said
             assert "walltime" not in said, said
+            # the countdown, while the grace time runs: to its end, not the walltime's
+            wait_until(lambda: "preempted by the scheduler: its job ends at" in gg.status(name).status, 15,
+                       "the status's countdown to the grace time's end", every=1)
         took = time.time() - began
         assert urgent, "the urgent job was never submitted"
         heard = wait_until(lambda: ledger.events(record.id, "slurm-preempted"), 30, "the head's preemption event")

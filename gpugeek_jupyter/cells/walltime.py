@@ -23,7 +23,8 @@ def preempted(record: ClusterRecord, deadline: float) -> bool:
 
 
 def _end(record: ClusterRecord, deadline: float) -> str:
-    """The job's end, said: "reaches its walltime at 14:02" or "is preempted (it ends at 14:02)"."""
+    """The job's end, said: "reaches its walltime at 14:02" or "is preempted by the scheduler (its
+    job ends at 14:02)"."""
     if preempted(record, deadline):
         return f"is preempted by the scheduler (its job ends at {clock(deadline)})"
     return f"reaches its walltime at {clock(deadline)}"

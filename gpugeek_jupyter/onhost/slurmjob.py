@@ -28,7 +28,7 @@ STEPS_S = 1.0       # … given this long more than this node's own end
 CHILDREN_END_S = 5.0   # when the head's Ray or its watchdog ended first: the rest's time to end (the keeper's too)
 _temp = []          # Ray's temp folder on this node, removed once its processes have ended
 # the job's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
-# cluster's ``head``, beside this script): when it came (guard/headwatch.py reads it)
+# cluster's ``head``, beside this script): when it came (guard/jobend.py reads it)
 NOTICE_FILE = os.path.join(HERE, "head", "walltime-notice")
 
 

@@ -108,4 +108,3 @@ def test_the_laptop_gone_the_heads_end_their_jobs_at_the_cap_and_when_idle_and_t
     while (left := [p for n in slurm.nodes for p in slurm.strays(n)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"left on the compute nodes (counted by namespace): {described(left)}"
-

@@ -22,10 +22,10 @@ def preempted(record: ClusterRecord, deadline: float) -> bool:
     return limit is None or deadline < limit - EARLY_S
 
 
-def _end(record: ClusterRecord, deadline: float) -> str:
-    """The job's end, said: "reaches its walltime at 14:02" or "is preempted by the scheduler (its
-    job ends at 14:02)"."""
-    if preempted(record, deadline):
+def _end(early: bool, deadline: float) -> str:
+    """The job's end, said: "reaches its walltime at 14:02" or, ``early`` (``preempted``), "is
+    preempted by the scheduler (its job ends at 14:02)"."""
+    if early:
         return f"is preempted by the scheduler (its job ends at {clock(deadline)})"
     return f"reaches its walltime at {clock(deadline)}"
 
@@ -35,11 +35,12 @@ def ends(record: ClusterRecord, job_id: str, job_name: str, notice: dict) -> str
     the scheduler's preemption), so the cell resumes in the next cluster, from that checkpoint.
     What to say, and the ledger's."""
     ledger.job_preempted(record.id, job_id)
-    why = "preemption" if preempted(record, notice["deadline"]) else "walltime"
+    early = preempted(record, notice["deadline"])
     ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {notice['step']} on the "
-                                             f"{why}'s notice (the job ends at {clock(notice['deadline'])})")
-    longer = " with a longer --time" if why == "walltime" else ""
-    return (f"cluster {record.name!r} {_end(record, notice['deadline'])}: the cell checkpointed at step "
+                                             f"{'preemption' if early else 'walltime'}'s notice (the job ends at "
+                                             f"{clock(notice['deadline'])})")
+    longer = "" if early else " with a longer --time"
+    return (f"cluster {record.name!r} {_end(early, notice['deadline'])}: the cell checkpointed at step "
             f"{notice['step']} and stopped — `%gpugeek up` a cluster again{longer} and run the "
             f"cell again: it resumes from there")
 
@@ -52,10 +53,11 @@ def requeued(record: ClusterRecord, job_id: str, job_name: str, notice: dict) ->
     cluster is live: ``down`` cancels it)."""
     ledger.job_preempted(record.id, job_id)
     step = notice["step"]
-    why = "preemption" if preempted(record, notice["deadline"]) else "walltime"
-    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {step} on the {why}'s "
-                                             f"notice; the Slurm job is requeued, and the cell resumes in its next run")
-    print(f"cluster {record.name!r} {_end(record, notice['deadline'])}: the cell checkpointed at step {step}, and "
+    early = preempted(record, notice["deadline"])
+    ledger.event(record.id, "job-preempted", f"job {job_name!r} checkpointed at step {step} on the "
+                                             f"{'preemption' if early else 'walltime'}'s notice; the Slurm job is "
+                                             f"requeued, and the cell resumes in its next run")
+    print(f"cluster {record.name!r} {_end(early, notice['deadline'])}: the cell checkpointed at step {step}, and "
           f"its Slurm job is requeued — the cell resumes from there once the job runs again (not counted as a "
           f"failure)", flush=True)
     connection.let_go()

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..backends.interface import BACKENDS
+from ..backends.interface import BACKENDS, capable
 from ..cluster.spec import ClusterSpec
 from ..meter import allocation, ledger
 from ..raynodes import ClusterUnreachable, read_nodes, send_notice
@@ -104,7 +104,7 @@ class JobEnd:
 def preempted_end(record, now: float | None = None) -> float | None:
     """A Slurm job the scheduler preempted: the end of its grace time while it is still ahead (the
     head's word, copied from its heartbeat wherever the cluster is read), for its countdown."""
-    if not record.spec.get("slurm"):
+    if not capable(record).scheduler:
         return None
     told = ledger.events(record.id, launches.PREEMPTED)
     ends = json.loads(told[-1]["options"] or "{}").get("ends") if told else None

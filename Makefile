@@ -131,8 +131,9 @@ test: test-setup lint chromium sshd prometheus
 test-setup:
 	@$(MAKE) --no-print-directory -j2 system-packages $(VENV)/.installed-test
 
-# chromium, openssh-server and rsync, prometheus, sudo (the cloud box's images have it), slurm-wlm and
-# munge (the Slurm lab, tests/slurmlab.py): the ones missing, in one apt-get run (as root;
+# chromium, openssh-server and rsync, prometheus, sudo (the cloud box's images have it), slurm-wlm,
+# munge, slurmdbd and mariadb-server (the Slurm lab and its accounting, tests/slurmlab.py: the lab
+# starts daemons of its own): the ones missing, in one apt-get run (as root;
 # elsewhere the chromium, sshd and prometheus targets below say what to do)
 system-packages:
 	@missing=""; \
@@ -143,6 +144,8 @@ system-packages:
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v slurmctld >/dev/null 2>&1 || missing="$$missing slurm-wlm"; \
 	command -v munged >/dev/null 2>&1 || missing="$$missing munge"; \
+	[ -x /usr/sbin/slurmdbd ] || missing="$$missing slurmdbd"; \
+	[ -x /usr/sbin/mariadbd ] || missing="$$missing mariadb-server"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing$$missing (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

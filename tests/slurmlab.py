@@ -18,7 +18,11 @@ cloud hands out — a login node you SSH to, compute nodes behind it that a sche
   the same nodes whose jobs preempt ``gpu``'s (``preempt/partition_prio``), which are requeued —
   or cancelled where they may not be — after a grace time (``GraceTime``), told by the job's own
   signal (``preempt_send_user_signal``) rather than a SIGTERM to every process;
-- no slurmdbd: ``JobCompType=jobcomp/filetxt`` writes one line per ended job, Slurm's own record.
+- ``JobCompType=jobcomp/filetxt``: one line per ended job, Slurm's own record; with
+  ``accounting=True`` also Slurm's accounting as sites run it — ``slurmdbd`` over a MariaDB of the
+  lab's own (both in the controller's namespace), an account ``gglab`` for the cluster's user, and
+  ``AccountingStorageEnforce=associations``, so that ``sacct`` answers and an unknown account is
+  refused.
 
 The laptop reaches the login host alone: the controller and the compute nodes are blackholed in
 this machine's namespace (namespace to namespace, over the bridge, is not affected). What a job
@@ -44,15 +48,19 @@ URGENT = "urgent"          # a partition over the same nodes whose jobs preempt 
 GRACE_S = 30               # a preempted job's grace time: its end, once the scheduler preempted it
 MAX_TIME_MIN = 60          # the partition's walltime limit
 START_TIMEOUT_S = 30
+ACCOUNT = "gglab"          # the cluster user's account, where the lab runs accounting
 
 
-def why_not() -> str | None:
-    """One line saying why a Slurm lab cannot be made here, or None when it can."""
+def why_not(accounting: bool = False) -> str | None:
+    """One line saying why a Slurm lab (with its accounting) cannot be made here, or None when it can."""
     if reason := netlab.why_not():
         return reason
     for tool in ("slurmctld", "slurmd", "sbatch", "munged", "nsenter"):
         if shutil.which(tool) is None:
             return f"the Slurm lab needs `{tool}` — apt-get install slurm-wlm munge"
+    for tool in ("slurmdbd", "mariadbd", "mariadb-install-db") if accounting else ():
+        if shutil.which(tool) is None:
+            return f"the Slurm lab's accounting needs `{tool}` — apt-get install slurmdbd mariadb-server"
     return None
 
 
@@ -64,7 +72,8 @@ class Slurm:
     controller: str                          # slurmctld's address
     gpus_per_node: int
     cpus_per_node: int             # declared (``config_overrides``: more than this machine's cores allowed)
-    daemons: dict[str, subprocess.Popen] = field(default_factory=dict)   # munged, slurmctld, slurmd-nodeN
+    accounting: bool = False       # slurmdbd and its database run: ``sacct`` answers, accounts are enforced
+    daemons: dict[str, subprocess.Popen] = field(default_factory=dict)   # munged, slurmctld, slurmd-nodeN, …
 
     @property
     def dir(self) -> Path:
@@ -149,7 +158,7 @@ class Slurm:
         """Every job and daemon ended, then every namespace, link, route and file gone."""
         for node in self.nodes:
             self.lab.kill_host(node)             # slurmd and what any job left
-        for name in ("slurmctld", "munged"):
+        for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):
             daemon = self.daemons.get(name)
             if daemon is not None and daemon.poll() is None:
                 daemon.kill()
@@ -176,8 +185,9 @@ class Slurm:
         return left
 
 
-def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
-    """The Slurm lab, its nodes idle and the login host answering; torn down again on any failure."""
+def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2, accounting: bool = False) -> Slurm:
+    """The Slurm lab, its nodes idle and the login host answering (with Slurm's accounting, its
+    database and the cluster user's account, where ``accounting``); torn down again on any failure."""
     lab = netlab.up(0)
     prefix = lab.gateway.rsplit(".", 1)[0]
     lab_id = lab.bridge[2:-2]
@@ -193,7 +203,7 @@ def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
                            address=f"{prefix}.{NODES_FROM + i - 1}", link=f"gl{lab_id}n{i}",
                            setup="mount -t tmpfs tmpfs /tmp", **make) for i in range(1, nodes + 1)]
     slurm = Slurm(lab, login, workers, controller=f"{prefix}.{CONTROLLER_AT}", gpus_per_node=gpus_per_node,
-                  cpus_per_node=cpus_per_node)
+                  cpus_per_node=cpus_per_node, accounting=accounting)
     try:
         lab.serve_index()
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpugeek-lab-login", "-f",
@@ -205,6 +215,8 @@ def up(nodes: int = 2, gpus_per_node: int = 2, cpus_per_node: int = 2) -> Slurm:
         _plug_controller(slurm)
         _configure(slurm)
         _start_munge(slurm)
+        if accounting:
+            _start_accounting(slurm)
         _start_controller(slurm)
         for node in workers:
             _start_node(slurm, node)
@@ -250,6 +262,11 @@ def _configure(slurm: Slurm) -> None:
                           + (f" Gres=gpu:{slurm.gpus_per_node}" if slurm.gpus_per_node else "") + " State=UNKNOWN")
     socket = slurm.lab.dir / "munge" / "munge.socket.2"
     names = ",".join(n.name for n in slurm.nodes)
+    accounting = ["AccountingStorageType=accounting_storage/none"]
+    if slurm.accounting:        # AccountingStoragePass: the munge socket toward slurmdbd (AuthInfo is not read there)
+        accounting = ["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={slurm.controller}",
+                      "AccountingStoragePort=6819", "AccountingStorageEnforce=associations",
+                      f"AccountingStoragePass={socket}"]
     slurm.conf.write_text("\n".join([
         "ClusterName=gglab", f"SlurmctldHost={host}({slurm.controller})",
         "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", f"AuthInfo=socket={socket}",
@@ -259,7 +276,7 @@ def _configure(slurm: Slurm) -> None:
         "SlurmctldPort=6817", "SlurmdPort=6818", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SlurmdParameters=config_overrides", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "ReturnToService=2", "MpiDefault=none", "MailProg=/bin/true", "GresTypes=gpu",
-        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/filetxt",
+        *accounting, "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={slurm.jobcomp}", "EnforcePartLimits=ALL", "SchedulerParameters=sched_interval=2",
         "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0", "KillWait=5", "MinJobAge=30",
         "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
@@ -270,6 +287,14 @@ def _configure(slurm: Slurm) -> None:
         f"PartitionName={URGENT} Nodes={names} MaxTime={MAX_TIME_MIN} State=UP PriorityTier=2 PreemptMode=OFF",
         ""]))
     (folder / "gres.conf").write_text("\n".join(gres) + "\n")
+    if slurm.accounting:
+        dbd = folder / "slurmdbd.conf"            # beside slurm.conf, where slurmdbd looks; root's alone
+        dbd.write_text("\n".join([
+            "AuthType=auth/munge", f"AuthInfo=socket={socket}", f"DbdHost={host}", f"DbdAddr={slurm.controller}",
+            "DbdPort=6819", "SlurmUser=root", f"PidFile={folder}/slurmdbd.pid", f"LogFile={folder}/log/slurmdbd.log",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", "StoragePort=3306",
+            "StorageUser=root", "StorageLoc=slurm_acct_db", ""]))
+        dbd.chmod(0o600)
 
 
 def _start_munge(slurm: Slurm) -> None:
@@ -285,6 +310,47 @@ def _start_munge(slurm: Slurm) -> None:
         stdout=log, stderr=log, start_new_session=True)
     log.close()
     _wait(lambda: (folder / "munge.socket.2").exists(), "munged's socket", slurm.daemons["munged"])
+
+
+def _start_accounting(slurm: Slurm) -> None:
+    """A MariaDB of the lab's own on the controller namespace's loopback (no grant tables: nothing
+    but the lab reaches it), ``slurmdbd`` over it, and the cluster, its account and its user known to
+    Slurm's accounting before the controller starts."""
+    data, log = slurm.dir / "mariadb", slurm.dir / "log"
+    _run("mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root", "--skip-test-db",
+         "--auth-root-authentication-method=normal")
+    inside = ["nsenter", f"--net=/run/netns/{slurm.netns}"]
+    out = open(log / "mariadbd.out", "ab")  # noqa: SIM115 - the child keeps it
+    slurm.daemons["mariadbd"] = subprocess.Popen(
+        [*inside, "mariadbd", "--no-defaults", f"--datadir={data}", "--user=root", "--skip-grant-tables",
+         "--bind-address=127.0.0.1", "--port=3306", f"--socket={data}/mariadbd.sock", f"--pid-file={data}/mariadbd.pid",
+         "--innodb-buffer-pool-size=16M", "--skip-log-bin"], stdout=out, stderr=out, start_new_session=True)
+    _wait(lambda: (data / "mariadbd.sock").exists(), "MariaDB's socket", slurm.daemons["mariadbd"])
+    env = {**os.environ, "SLURM_CONF": str(slurm.conf)}
+    slurm.daemons["slurmdbd"] = subprocess.Popen([*inside, "slurmdbd", "-D"], stdout=out, stderr=out,
+                                                 start_new_session=True, env=env)
+    out.close()
+
+    said = []
+
+    def ask(*words: str) -> bool:
+        done = subprocess.run([*inside, "sacctmgr", "-i", *words], capture_output=True, text=True, env=env)
+        said[:] = [(done.stdout + done.stderr).strip()]
+        return done.returncode == 0 or "already exists" in said[0]
+
+    try:
+        _wait(lambda: ask("add", "cluster", "gglab"), "cluster in slurmdbd", *slurm.daemons.values())
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; sacctmgr said: {said[0] if said else ''}; slurmdbd's log: "
+                           f"{_tail(slurm.dir / 'log' / 'slurmdbd.log')} {_tail(log / 'mariadbd.out')}") from None
+    for words in (("add", "account", ACCOUNT, "Cluster=gglab"),
+                  ("add", "user", "root", f"Account={ACCOUNT}", f"DefaultAccount={ACCOUNT}", "Cluster=gglab")):
+        if not ask(*words):
+            raise RuntimeError(f"the Slurm lab: sacctmgr {' '.join(words)}: {said[0]}")
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    return " | ".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(none)"
 
 
 def _start_controller(slurm: Slurm) -> None:

@@ -144,6 +144,13 @@ def node_files(record: ClusterRecord, spec: ClusterSpec) -> bytes:
     return buffer.getvalue()
 
 
+def _accounts(spec: ClusterSpec) -> str:
+    """The accounts Slurm's accounting knows for the user, said beside a refused ``--account``."""
+    done = on_login(spec, "sacctmgr -n -P show assoc user=$USER format=account 2>/dev/null", timeout=30)
+    names = sorted({a.strip() for a in done.stdout.split() if a.strip()}) if done.returncode == 0 else []
+    return f" (--account: yours here are {', '.join(names)})" if names else ""
+
+
 def submit(record: ClusterRecord, spec: ClusterSpec) -> str:
     """The cluster's folder written to the shared home and the job submitted: its id, or sbatch's
     own words in one line (nothing is then queued)."""
@@ -154,7 +161,8 @@ def submit(record: ClusterRecord, spec: ClusterSpec) -> str:
     err = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
     if done.returncode != 0 or not re.fullmatch(r"\d+(;\S+)?", said.splitlines()[-1] if said else ""):
         words = [line.removeprefix("sbatch: error: ").strip() for line in err.splitlines() if "error" in line]
-        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'}")
+        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'}"
+                           + (_accounts(spec) if "Invalid account" in err else ""))
     return said.splitlines()[-1].split(";")[0]
 
 

@@ -4,6 +4,8 @@ folder after the main suite, beside the multi-host lab's stream (its wheel index
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import slurmlab
 
@@ -12,10 +14,15 @@ import slurmlab
 def slurm():
     """A real Slurm (``tests/slurmlab.py``): a controller, a login host the laptop reaches alone, two
     compute nodes with two CPUs and two GRES GPUs each that share the cluster's home with the login
-    host and nothing with the laptop; everything it made gone at the end."""
-    if reason := slurmlab.why_not():
+    host and nothing with the laptop; everything it made gone at the end.
+
+    ``make test``'s runs Slurm's accounting (slurmdbd: ``sacct`` answers, accounts are enforced);
+    ``make slurm-lab``'s does not, as many sites, so its money scenarios read the meter's other
+    record of a job's end, the job completion record."""
+    accounting = not os.environ.get("GPUGEEK_SLURM_LAB")
+    if reason := slurmlab.why_not(accounting):
         pytest.skip(reason)
-    made = slurmlab.up(nodes=2, gpus_per_node=2, cpus_per_node=2)
+    made = slurmlab.up(nodes=2, gpus_per_node=2, cpus_per_node=2, accounting=accounting)
     try:
         yield made
     finally:

@@ -88,6 +88,12 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
     billed = (ended["end"] - ended["start"]) * 2 * RATE / 3600
     shown = gg.cost("hpc").total_usd
     assert abs(shown - billed) <= 2 * RATE * (settings().meter_interval_s + 1.0) / 3600, (shown, billed)
+    if slurm.accounting:          # and Slurm's accounting: its elapsed seconds × its node count
+        elapsed, count = wait_until(lambda: (r := slurm.ssh(f"sacct -X -n -P -j {job} -o ElapsedRaw,NNodes,State")
+                                             .stdout.split("|")) and r[-1].startswith("CANCELLED") and r[:2], 10,
+                                    "the job's end in sacct")
+        assert abs(shown - int(elapsed) * int(count) * RATE / 3600) <= 2 * RATE * (settings().meter_interval_s + 1.0) \
+            / 3600, (shown, elapsed, count)
     print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s; the ledger "
           f"${shown:.5f}, Slurm's record × the rate ${billed:.5f} ({(shown - billed) / (2 * RATE) * 3600:+.1f} s)")
 
@@ -175,12 +181,16 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
     ({"partition": "nope"}, "Slurm refused the job: invalid partition specified: nope"),
     ({"time": 120}, "Requested time limit is invalid (missing or exceeds some limit)"),
     ({"gpus_per_host": 5}, "Requested node configuration is not available"),
+    ({"account": "nosuch"}, "Invalid account or account/partition combination specified (--account: yours here "
+                            "are gglab, root)"),   # root: the cluster's own account, which root is in
 ])
 def test_what_slurm_refuses_is_sbatchs_own_words_in_one_line_and_nothing_is_queued(slurm, cluster_user, flags,
                                                                                     said):
     """A partition the cluster has not, a walltime over the partition's limit (the lab enforces it:
-    ``EnforcePartLimits=ALL``), a GRES no node has: sbatch's own words, one line, and no job left
-    queued. (An unknown --account needs Slurm's accounting, which the lab does not run.)"""
+    ``EnforcePartLimits=ALL``), a GRES no node has, an account Slurm's accounting does not know (the
+    lab enforces associations): sbatch's own words, one line, and no job left queued."""
+    if "account" in flags and not slurm.accounting:
+        pytest.skip("an unknown account is refused where Slurm's accounting runs: make test's lab")
     with pytest.raises(gg.GpugeekError) as refused:
         gg.up("refused", nodes=1, **{**cluster_user, **flags})
     line = str(refused.value)

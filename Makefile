@@ -25,10 +25,14 @@ CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm --ignore=tests/docs
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
-PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
+# AWS in a box last: its cloud, its autoscaler and its instances' hosts are the lab's heaviest test,
+# best run once make test's other streams are ending
+LAB_LAST := tests/lab/test_aws_in_a_box.py
+PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider \
+  $(filter-out $(LAB_LAST),$(sort $(wildcard tests/lab/test_*.py))) $(LAB_LAST)
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
-# the quickstart notebook, executed for the site's tutorial: in make test's second stream, beside the
-# main suite (the rest of tests/test_notebooks.py runs in it)
+# the quickstart notebook, executed for the site's tutorial: in make test's browser stream, just
+# before the site is built (the rest of tests/test_notebooks.py runs in the main suite's second part)
 TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
 PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 

@@ -145,8 +145,12 @@ def node_files(record: ClusterRecord, spec: ClusterSpec) -> bytes:
 
 
 def _accounts(spec: ClusterSpec) -> str:
-    """The accounts Slurm's accounting knows for the user, said beside a refused ``--account``."""
-    done = on_login(spec, "sacctmgr -n -P show assoc user=$USER format=account 2>/dev/null", timeout=30)
+    """The accounts Slurm's accounting knows for the user, said beside a refused ``--account``
+    (nothing, where the login node does not answer that)."""
+    try:
+        done = on_login(spec, "sacctmgr -n -P show assoc user=$USER format=account 2>/dev/null", timeout=30)
+    except GpugeekError:
+        return ""
     names = sorted({a.strip() for a in done.stdout.split() if a.strip()}) if done.returncode == 0 else []
     return f" (--account: yours here are {', '.join(names)})" if names else ""
 

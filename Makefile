@@ -25,14 +25,10 @@ CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ignore=tests/slurm --ignore=tests/docs
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
-# AWS in a box last: its cloud, its autoscaler and its instances' hosts are the lab's heaviest test,
-# best run once make test's other streams are ending
-LAB_LAST := tests/lab/test_aws_in_a_box.py
-PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider \
-  $(filter-out $(LAB_LAST),$(sort $(wildcard tests/lab/test_*.py))) $(LAB_LAST)
+PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
-# the quickstart notebook, executed for the site's tutorial: in make test's browser stream, just
-# before the site is built (the rest of tests/test_notebooks.py runs in the main suite's second part)
+# the quickstart notebook, executed for the site's tutorial: in make test's second stream, beside the
+# main suite (the rest of tests/test_notebooks.py runs in it)
 TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
 PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 
@@ -98,43 +94,36 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
-# Lint first; then every suite runs, and `make test` fails if any of them does. Three streams run at
-# once, each into artifacts/test-*.log (printed when all end): the lab's files (lab-files, below) and
-# the multi-host lab (tests/lab); the browser suite, the second part of the main suite (MAIN_SECOND:
-# its slowest files, by --durations), the quickstart notebook and then the documentation site (make
-# docs, strict, once both parts of the main suite have kept the executed notebooks it renders); and the
-# rest of the main suite, then the Slurm lab (tests/slurm: its hosts install from the lab's files,
+# Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
+# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite, the
+# quickstart notebook and then the documentation site (make docs, strict, once the main suite has kept
+# the executed notebooks it renders), into artifacts/test-*.log (printed when they end), beside the
+# rest of the main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files,
 # made by then).
-# Much of each stream's time is waiting — idle windows, budgets, SSH, page loads, Ray's starts — so
-# on two cores they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
-MAIN_SECOND := tests/test_notebooks.py tests/test_cluster_live.py tests/test_attach.py
-PYTEST_MAIN_FIRST := $(PYTEST_MAIN) --ignore=tests/lab $(addprefix --ignore=,$(MAIN_SECOND))
-PYTEST_MAIN_SECOND := $(PY) -m pytest -q -ra --durations=8 -p no:cacheprovider $(MAIN_SECOND) --deselect $(TUTORIAL_TEST)
+# Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
+# they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-lab.* artifacts/test-browser.* artifacts/test-main-second.* \
-	  artifacts/test-docs.* artifacts/test-main.rc; \
+	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log artifacts/test-docs.log \
+	  artifacts/test-main.rc artifacts/test-docs.rc; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
-	  $(PYTEST_BROWSER); browser=$$?; lab=0; second=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
+	  $(PYTEST_BROWSER); browser=$$?; lab=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
 	else \
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
-	    echo $$? > artifacts/test-lab.rc ) & \
-	  ( $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
-	    $(PYTEST_MAIN_SECOND) > artifacts/test-main-second.log 2>&1; echo $$? > artifacts/test-main-second.rc; \
+	    echo $$? > artifacts/test-lab.rc; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
 	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
 	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
 	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
-	  $(PYTEST_MAIN_FIRST) --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
+	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
 	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
 	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
-	  echo "== the main suite's second part ($(MAIN_SECOND))"; cat artifacts/test-main-second.log; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); docs=$$(cat artifacts/test-docs.rc); \
-	  second=$$(cat artifacts/test-main-second.rc); \
 	fi; \
-	echo "make test: main suite exit $$main, its second part exit $$second, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \
-	test $$main -eq 0 && test $$second -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0 && test $$docs -eq 0
+	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \
+	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0 && test $$docs -eq 0
 
 # What the suites need, made at once: the Debian packages (one apt-get run for all that are
 # missing) beside the venv, the extension build and the package's install.

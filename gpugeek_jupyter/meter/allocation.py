@@ -112,6 +112,11 @@ def parse(answer: str) -> JobRecord | None:
             return None
         runs.sort(key=lambda r: r.started or 0.0)
         current = runs.pop()
+    elif current.restarts and current.state.split()[0] == "COMPLETING":
+        # a requeue's passage (or a later run's end): scontrol's start and end name no run then (its
+        # start is the requeue's moment, its end that plus the time limit); the runs are sacct's or
+        # the job completion record's lines, and the next one has not started
+        current = replace(current, started=None, ended=None, walltime_end=None, nodes=(), head=None)
     earlier, seen = [], set()
     for run in runs:
         if run.started and run.ended and run.started not in seen and (

@@ -122,8 +122,12 @@ def test_the_meter_reads_each_run_of_a_requeued_job_from_slurms_record(slurm):
         time.sleep(2)     # a run of whole seconds (Slurm records seconds): its start and end differ
         assert slurm.ssh(f"scontrol requeue {job}").returncode == 0
         first = wait_until(lambda: slurm.runs(job), 20, "the requeued run's line in Slurm's record")[0]
-        pending = wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and r.earlier and r, 10,
-                             "the requeued run in Slurm's record as the meter reads it")
+        seen = []      # every read till the job waits to run again (a requeue passes through COMPLETING)
+        pending = wait_until(lambda: (r := allocation.parse(slurm.ssh(read).stdout)) and not seen.append(r)
+                             and r.state == "PENDING" and r.earlier and r, 20,
+                             "the job pending again, its requeued run in Slurm's record as the meter reads it")
+        assert all(i.launched == first["start"] for r in seen for i in r.instances()), \
+            [r for r in seen if any(i.launched != first["start"] for i in r.instances())]   # no run made up
         assert (pending.state, pending.restarts, pending.started) == ("PENDING", 1, None), pending
         assert [(r.started, r.ended, r.nodes) for r in pending.earlier] == \
             [(first["start"], first["end"], ("node1", "node2"))], (pending, first)

@@ -141,6 +141,19 @@ def test_the_meter_reads_each_run_of_a_requeued_job_from_slurms_record(slurm):
     wait_until(lambda: not slurm.squeue(), 30, "the job gone from the queue")
 
 
+def test_a_requeue_passing_through_completing_is_billed_as_the_run_it_ended_alone():
+    """scontrol's answer in the moment a requeue passes through COMPLETING, as the lab's showed it:
+    its start the requeue's moment, its end that plus the time limit — no run; the run the requeue
+    ended is sacct's line (the meter billed the made-up one once, and kept its row)."""
+    answer = ("scontrol|JobId=15 JobName=wrap JobState=COMPLETING Reason=None Restarts=1 BatchHost=node1 "
+              "StartTime=1796580591 EndTime=1796580891 NodeList=node1\n"
+              "sacct|15|REQUEUED|1796580588|1796580591|node[1-2]\n")
+    job = allocation.parse(answer)
+    assert (job.state, job.started, job.nodes, job.over, job.done) == ("COMPLETING", None, (), True, False), job
+    assert [(i.launched, i.ended, i.gone) for i in job.instances()] == [(1796580588.0, 1796580591.0, True)] * 2
+    assert job.elapsed(1796580600.0) == 3.0
+
+
 def test_the_meter_reads_a_preemption_and_the_job_hears_its_own_signal(slurm):
     """A job of the ``gpu`` partition preempted for an ``urgent`` one: ``scontrol show job`` says
     when (``PreemptTime``) and moves the job's end to the end of its grace time, and the batch step

@@ -87,13 +87,13 @@ def test_up_on_two_nodes_runs_a_ddp_cell_across_them_and_down_ends_the_job(slurm
     # the money: Slurm's record of the job, start to end × its nodes × the rate, to one metering interval
     billed = (ended["end"] - ended["start"]) * 2 * RATE / 3600
     shown = gg.cost("hpc").total_usd
-    assert abs(shown - billed) <= 2 * RATE * (settings().meter_interval_s + 1.0) / 3600, (shown, billed)
+    interval_usd = 2 * RATE * (settings().meter_interval_s + 1.0) / 3600
+    assert abs(shown - billed) <= interval_usd, (shown, billed)
     if slurm.accounting:          # and Slurm's accounting: its elapsed seconds × its node count
         elapsed, count = wait_until(lambda: (r := slurm.ssh(f"sacct -X -n -P -j {job} -o ElapsedRaw,NNodes,State")
                                              .stdout.split("|")) and r[-1].startswith("CANCELLED") and r[:2], 10,
                                     "the job's end in sacct")
-        assert abs(shown - int(elapsed) * int(count) * RATE / 3600) <= 2 * RATE * (settings().meter_interval_s + 1.0) \
-            / 3600, (shown, elapsed, count)
+        assert abs(shown - int(elapsed) * int(count) * RATE / 3600) <= interval_usd, (shown, elapsed, count)
     print(f"\nslurm: up {took_up:.1f} s, first cell {first_cell:.1f} s, down {took_down:.1f} s; the ledger "
           f"${shown:.5f}, Slurm's record × the rate ${billed:.5f} ({(shown - billed) / (2 * RATE) * 3600:+.1f} s)")
 

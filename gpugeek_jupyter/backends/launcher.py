@@ -42,6 +42,7 @@ NODE_IDLE_MINUTES = 5
 # in a venv of its own), whose Python (runtime.python_on_host) runs the start commands; `ray up`
 # leaves the autoscaler's config at BOOTSTRAP.
 GUARD_ORDER = "guard.json"
+UV_PACKED = "uv.gz"        # this machine's uv, in the nodes' folder: their runtime made with it
 BOOTSTRAP = "~/ray_bootstrap_config.yaml"
 SHOWN_MARKER = "<marker, set by up>"
 
@@ -149,6 +150,8 @@ def setup_command(name: str, spec: ClusterSpec | None = None) -> str:
     storage = spec.remote.extra if spec is not None else ()
     order = runtime.order_for(spec.remote if own else Remote(pip_index_url=settings().pip_index_url,
                                                              extra=(*sdk, *storage)))
+    if (uv := runtime.uv_for_nodes()) is not None:   # shipped in the folder (write_node_files)
+        order["uv_packed"] = {"path": f"{node_dir(name)}/{UV_PACKED}", **uv}
     return f"python3 {node_dir(name)}/runtime.py install {shlex.quote(json.dumps(order))}"
 
 
@@ -187,6 +190,8 @@ def write_node_files(name: str, guard: dict | None = None) -> Path:
     os.chmod(folder, 0o700)
     shutil.copyfile(ssh.ONHOST, folder / "onhost.py")
     shutil.copyfile(runtime.SCRIPT, folder / "runtime.py")
+    if runtime.uv_for_nodes() is not None:
+        (folder / UV_PACKED).write_bytes(runtime.packed_uv())
     if guard is not None:
         (folder / GUARD_ORDER).write_text(json.dumps(guard))
         headguard.copy_package(folder / "package")

@@ -10,8 +10,10 @@ ORDER (JSON) names what the kernel runs: ``ray`` and ``torch`` versions (its Pyt
 version too, said but not asked for: the kernel reaches the cluster over its keeper's line, which
 carries source text and data, so the hosts' Python need not be the kernel's), and the user's
 choices: ``python`` (an existing environment, used as it is), ``install`` (false: never install),
-``index_url`` (a mirror of PyPI), ``root`` (where runtimes live, ``~/.gpugeek/runtime``) and
-``uv`` (where the laptop put its uv, when the host had none).
+``index_url`` (a mirror of PyPI), ``root`` (where runtimes live, ``~/.gpugeek/runtime``),
+``uv`` (where the laptop put its uv, when the host had none) and ``uv_packed`` (the laptop's uv,
+gzipped, shipped beside this script with Ray's file mounts to nodes the laptop cannot ask first: a
+cloud's, started by Ray's launcher; unpacked where the node is the same OS and architecture).
 
 The runtime is a venv of its own, ``ROOT/ray-<version>``, made from the host's own Python (3.10 or
 newer: the keeper and the workers run this package's code), so a Ray of the user's on the host is
@@ -26,6 +28,7 @@ Standard library only, and Python 3.8+: it runs on whatever Python a host has.
 """
 
 import fcntl
+import gzip
 import json
 import os
 import platform
@@ -37,6 +40,7 @@ import time
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 OLDEST = (3, 10)            # the package's own: what the keeper and the workers run on
 INSTALL_TIMEOUT_S = 1200
+UV_UNPACKED = "~/.gpugeek/bin/uv"     # where a packed uv is unpacked (where the ssh path puts it too)
 PROBE = ("import json, site, sys\n"
          "try:\n    from importlib import metadata\nexcept ImportError:\n    metadata = None\n"
          "def version(name):\n"
@@ -226,7 +230,30 @@ def _uv(order):
     for path in (order.get("uv"), shutil.which("uv"), os.path.expanduser("~/.local/bin/uv")):
         if path and os.access(os.path.expanduser(path), os.X_OK):
             return os.path.expanduser(path)
-    return None
+    return _unpacked(order.get("uv_packed"))
+
+
+def _unpacked(packed):
+    """The laptop's uv from its gzipped copy, where this host is the kind of machine it was built
+    for (an ARM node of an x86 laptop makes its runtime with pip); None where it is not, or the copy
+    is missing or broken."""
+    if not packed or packed.get("system") != platform.system() or packed.get("arch") != platform.machine():
+        return None
+    source, target = os.path.expanduser(packed["path"]), os.path.expanduser(UV_UNPACKED)
+    if os.access(target, os.X_OK):
+        return target
+    part = f"{target}.{os.getpid()}.part"
+    try:
+        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        with gzip.open(source, "rb") as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.chmod(part, 0o755)
+        os.replace(part, target)
+    except (OSError, EOFError):
+        if os.path.exists(part):
+            os.remove(part)
+        return None
+    return target
 
 
 def _run(cmd, order, what):

@@ -4,7 +4,9 @@ All hosts at once, a line per host as it goes; a host already ready costs one SS
 
 A rented box seldom has Ray, and never at the kernel's version: the runtime is made for it, in a
 venv of its own (so neither the user's Ray nor ours can break the other), with ``uv`` — sent from
-here when the host has none and is the same kind of machine — or else with ``venv`` and pip.
+here when the host has none and is the same kind of machine — or else with ``venv`` and pip. Nodes
+that Ray's launcher starts are not asked first: this machine's uv travels with their files, and
+each node takes it where it is the same kind of machine.
 """
 
 from __future__ import annotations
@@ -104,6 +106,19 @@ def _uv_for(host: dict) -> bytes | None:
         return None
     binary = _local_uv()
     return _packed(str(binary)) if binary is not None else None
+
+
+def uv_for_nodes() -> dict | None:
+    """The kind of machine this one's uv runs on, where it has one to ship to nodes not asked
+    first (Ray's launcher starts them): ``onhost/runtime.py`` unpacks it on a node of that kind."""
+    if platform.system() != "Linux" or _local_uv() is None:
+        return None
+    return {"system": platform.system(), "arch": platform.machine()}
+
+
+def packed_uv() -> bytes:
+    """This machine's uv, gzipped (``uv_for_nodes`` says there is one)."""
+    return _packed(str(_local_uv()))
 
 
 def _local_uv() -> Path | None:

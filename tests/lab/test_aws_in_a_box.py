@@ -10,15 +10,17 @@ namespace, dollars against each instance's lifetime as EC2 records it × the cat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cloudbox.box import lifetime
-from cloudbox.fabric import HOSTS_GONE_S
+from cloudbox.fabric import HOSTS_GONE_S, LOGIN
 from cluster_processes import wait_until
 from models import DDP_ACROSS_HOSTS
 from netlab import described
@@ -58,6 +60,12 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
         wait_until(lambda: all(_runs_raylet(box.host_of(w["InstanceId"])) for w in workers), 240,
                    "both workers' Ray started", every=2)
         joined = time.monotonic() - began
+        # each instance's runtime made with this machine's uv, which travelled with its files: Ray's
+        # launcher starts a cloud's nodes, none asked first as an ssh host is
+        made = [json.loads(path.read_text())["how"] for i in box.instances(**ours, **{"instance-state-name": "running"})
+                for path in (Path(box.host_of(i["InstanceId"]).disk) / "home" / LOGIN / ".gpugeek" / "runtime").glob(
+                    "ray-*/runtime.json")]
+        assert made == ["uv"] * 3, made
         equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
         first_cell = time.monotonic() - began
         assert equal, "gradients differ between the worker instances"

@@ -27,10 +27,6 @@ PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ig
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
-# the quickstart notebook, executed for the site's tutorial: in make test's second stream, beside the
-# main suite (the rest of tests/test_notebooks.py runs in it)
-TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
-PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 
 .PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean docs
 
@@ -95,16 +91,15 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once: the lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite, the
-# quickstart notebook and then the documentation site (make docs, strict, once the main suite has kept
-# the executed notebooks it renders), into artifacts/test-*.log (printed when they end), beside the
-# rest of the main suite and then the Slurm lab (tests/slurm: its hosts install from the lab's files,
-# made by then).
+# once, of about equal length here: the main suite (with the notebooks the site shows, the quickstart
+# among them); and beside it the lab's files (lab-files, below), the multi-host lab (tests/lab),
+# the browser suite, the Slurm lab (tests/slurm: its hosts install from the lab's files) and then the
+# documentation site (make docs, strict, once the main suite has kept the executed notebooks it
+# renders), into artifacts/test-*.log (printed when they end).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
-	@mkdir -p artifacts; rm -f artifacts/test-lab.log artifacts/test-browser.log artifacts/test-docs.log \
-	  artifacts/test-main.rc artifacts/test-docs.rc; \
+	@mkdir -p artifacts; rm -f artifacts/test-*.log artifacts/test-*.rc; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
 	  $(PYTEST_BROWSER); browser=$$?; lab=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
@@ -112,15 +107,16 @@ test: test-setup lint chromium sshd prometheus
 	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
 	    echo $$? > artifacts/test-lab.rc; \
 	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
-	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
-	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
-	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
-	  while [ ! -e artifacts/test-lab.rc ] && [ ! -e .cache/lab-image/bin/python3 ]; do sleep 5; done; \
-	  echo "== tests/slurm"; $(PYTEST_SLURM); slurm=$$?; wait; \
+	    { test -e .cache/lab-image/bin/python3 || $(MAKE) --no-print-directory lab-files; } > artifacts/test-slurm.log 2>&1; \
+	    $(PYTEST_SLURM) >> artifacts/test-slurm.log 2>&1; echo $$? > artifacts/test-slurm.rc; \
+	    { while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; } > artifacts/test-docs.log 2>&1; \
+	    echo $$? > artifacts/test-docs.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; echo $$main > artifacts/test-main.rc; wait; \
 	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
-	  echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
-	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); docs=$$(cat artifacts/test-docs.rc); \
+	  echo "== tests/slurm"; cat artifacts/test-slurm.log; echo "== make docs"; cat artifacts/test-docs.log; \
+	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); slurm=$$(cat artifacts/test-slurm.rc); \
+	  docs=$$(cat artifacts/test-docs.rc); \
 	fi; \
 	echo "make test: main suite exit $$main, slurm suite exit $$slurm, lab suite exit $$lab, browser suite exit $$browser, docs exit $$docs"; \
 	test $$main -eq 0 && test $$slurm -eq 0 && test $$lab -eq 0 && test $$browser -eq 0 && test $$docs -eq 0
@@ -193,11 +189,22 @@ slurm-lab: $(VENV)/.installed-test sshd lab-files
 	  "tests/slurm/test_slurm_cluster.py::test_two_clusters_on_the_same_nodes_do_not_collide_and_downing_one_leaves_the_other_running"
 
 # The laptop gone, five trials in a row (tests/browser/test_laptop_gone.py, about 3 minutes each;
-# `make test` runs one): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the
-# link cut; the head stops at the cap, and every reader shows the head's dollars afterwards.
+# .ci/run runs one, LAPTOP_GONE_TRIALS=1; `make test`'s lab takes the head's budget stop on a `ray up`
+# cluster): an ssh cluster on the lab, its kernel, watchdog and tunnel killed, the link cut; the
+# head stops at the cap, and every reader shows the head's dollars afterwards, and a minute later.
+LAPTOP_GONE_TRIALS ?= 5
 .PHONY: laptop-gone
 laptop-gone: $(VENV)/.installed-test chromium sshd lab-files
-	GPUGEEK_LAPTOP_GONE_TRIALS=5 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/browser/test_laptop_gone.py
+	GPUGEEK_LAPTOP_GONE_TRIALS=$(LAPTOP_GONE_TRIALS) $(PY) -m pytest -q -ra -s -p no:cacheprovider \
+	  tests/browser/test_laptop_gone.py
+
+# The hosts of a live ssh cluster deleted under it, as a provider's console ends them (tests/lab/
+# test_hosts_deleted.py, about two minutes, a lab of its own; .ci/run runs it): the record says when
+# it was last heard from, then unreachable, its dollars held; `down --forget` closes it, and nothing
+# here dials the deleted addresses afterwards.
+.PHONY: hosts-gone
+hosts-gone: $(VENV)/.installed-test sshd lab-files
+	GPUGEEK_HOSTS_GONE=1 $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/lab/test_hosts_deleted.py
 
 # The lid closed on a running job (tests/lab/test_lid.py, about five minutes): the kernel SIGSTOPped
 # and the link cut for 120 s; the job goes on on the hosts and the same cell picks up. Then the

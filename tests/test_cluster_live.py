@@ -195,7 +195,7 @@ time.sleep(600)
 def test_budget_cap_stops_the_cluster_after_its_kernel_is_killed(gpugeek_home):
     # $36,000/h is $10/s: a few seconds cost dollars
     settings(gpugeek_home, local_usd_per_hour=36000, meter_interval_s=0.5)
-    usd_per_s, budget, interval_s = 10.0, 300.0, 0.5
+    usd_per_s, budget, interval_s = 10.0, 150.0, 0.5
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(budget)], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "GPUGEEK_HOME": str(gpugeek_home)})
     try:

@@ -3,10 +3,12 @@ a cell running; then its kernel SIGKILLed, this machine's watchdog and tunnel ki
 cut. The head's own watchdog stops every host at the cap. With the link back (and no kernel), every
 reader — ``gpugeek clusters``, ``gpugeek cost``, the Lab sidebar in the browser, a new kernel's
 ``status`` — shows the head's dollars, stopped for the budget, within 30 s, and the same dollars a
-minute later (20 s in ``make test``); nothing of the cluster runs on any host.
+minute later; nothing of the cluster runs on any host.
 
-One trial in ``make test``; ``make laptop-gone`` runs five (``GPUGEEK_LAPTOP_GONE_TRIALS``). The
-first trial also asks while the link is still cut: the last word, with dollars that do not grow."""
+``make laptop-gone`` runs five trials (``GPUGEEK_LAPTOP_GONE_TRIALS``; ``.ci/run`` runs one, alone on
+the machine); ``make test`` runs none: its lab takes the head's budget stop with the laptop gone on
+a ``ray up`` cluster (``tests/lab/test_onprem.py``). The first trial also asks while the link is
+still cut: the last word, with dollars that do not grow."""
 
 from __future__ import annotations
 
@@ -26,23 +28,22 @@ from lab import open_notebook_in_lab, put_notebook, screenshot
 from laptop_gone import head_ledger, holds, row, spend, terminal
 from test_extension_in_lab import STATUS, dollars
 
+pytestmark = pytest.mark.skipif(
+    "GPUGEEK_LAPTOP_GONE_TRIALS" not in os.environ, reason="three hosts left to their head at a budget, each "
+    "reader asked twice a minute apart: `make laptop-gone` runs it (and .ci/run runs one trial)")
+
 TRIALS = int(os.environ.get("GPUGEEK_LAPTOP_GONE_TRIALS", "1"))
 RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
 AHEAD_S = 35.0        # the cap is set this far ahead of the spend when the laptop goes
 # how long a reader's $ must stay put while the cluster is not heard from, and how long after the
-# first time the readers are asked again: a minute each in `make laptop-gone`; in `make test` 12 s,
-# in which the 3 hosts' 30 cents a second would show $3.60 that should not be there, and every
-# reader (the sidebar polls each 5 s) has looked again at least twice
-TRIALS_RUN = "GPUGEEK_LAPTOP_GONE_TRIALS" in os.environ
-HELD_S = 60.0 if TRIALS_RUN else 12.0
-AGAIN_S = 60.0 if TRIALS_RUN else 12.0
+# first time the readers are asked again: a minute each, in which the 3 hosts' 30 cents a second
+# would show $18 that should not be there, and every reader (the sidebar polls each 5 s) has looked
+# again many times
+HELD_S = 60.0
+AGAIN_S = 60.0
 READ_WITHIN_S = 30.0  # every reader has the head's word this soon after the link is back
 READERS = ("clusters", "cost", "sidebar", "kernel")
-# `make laptop-gone` measures the stop against one interval; in `make test` the other suites share
-# this machine's two cores, and a stop on the lab's head (its Ray driver, the nodes leaving Ray's
-# table) has taken up to ~9 s longer than the head had timed it
-STOP_SLACK_S = 0.0 if TRIALS_RUN else 12.0
 KERNEL = """
 import sys, gpugeek_jupyter as gg
 gg.up({name!r}, backend='ssh', hosts={hosts!r}, ssh_key={key!r}, cpus_per_host=1, usd_per_hour={rate},
@@ -172,8 +173,7 @@ def test_the_laptop_gone_every_reader_shows_the_heads_word(trial, lab, page, hos
                   f"the head's ledger ${head_usd:.3f} against the ${budget:.3f} cap "
                   f"({(head_usd - budget) / interval_usd:+.2f} intervals of ${interval_usd:.3f})")
             assert len(head_nodes) == 3 and all(n["ended"] for n in head_nodes)
-            assert abs(head_usd - budget) <= interval_usd + burn * STOP_SLACK_S / 3600, \
-                f"the head did not stop within one interval of the cap (+ {STOP_SLACK_S:g} s under load)"
+            assert abs(head_usd - budget) <= interval_usd, "the head did not stop within one interval of the cap"
 
             if trial == 0:   # asked while the link is still cut: the last word, its $ held, the head's guard named
                 first = wait_until(lambda: (seen := row(terminal(home, "clusters"), name))["status"].startswith(

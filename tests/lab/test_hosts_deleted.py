@@ -23,7 +23,9 @@ from laptop_gone import row, terminal
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.meter import costs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.environ.get("GPUGEEK_HOSTS_GONE"), reason="a lab of its own whose hosts are deleted under a live "
+    "cluster, then waited on till unreachable: `make hosts-gone` runs it (and .ci/run runs make hosts-gone)")]
 
 RATE = 36.0                # $/h per host: a cent a second
 UNREACHABLE_AFTER_S = 40   # the setting (minutes in config.toml), short for the test; the $ is held from 30 s

@@ -14,6 +14,7 @@ import pytest
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.cluster.remote import Remote
+from gpugeek_jupyter.onhost import runtime as onhost_runtime
 from gpugeek_jupyter.remote import runtime
 
 MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -133,14 +134,17 @@ def test_a_runtime_that_lacks_only_an_extra_package_is_added_to_not_made_again(o
     assert answer["ready"] is True, "a runtime with more than a cluster needs was not taken"
 
 
-def test_a_node_not_asked_first_takes_the_laptops_uv_where_it_is_the_same_kind_of_machine(order, tmp_path):
+def test_a_node_not_asked_first_takes_the_laptops_uv_where_it_is_the_same_kind_of_machine(
+        order, tmp_path, monkeypatch):
     """Ray's launcher starts a cloud's nodes: the laptop's uv travels gzipped with their files
-    (``uv_packed``), and ``check`` unpacks it on a node of the kind it was built for, into the
-    place the ssh path uses; a node of another kind (an ARM one) makes its runtime with pip."""
+    (``uv_packed``). ``check`` (run as a host runs it) names it on a node of the kind it was built
+    for, and unpacks nothing; a node of another kind (an ARM one) makes its runtime with pip.
+    ``install`` unpacks it into the place the ssh path uses, and a broken copy leaves nothing."""
     if runtime.uv_for_nodes() is None:
         pytest.skip("no uv in this environment to ship")
     packed = tmp_path / "uv.gz"
     packed.write_bytes(runtime.packed_uv())
+    unpacked = tmp_path / ".gpugeek" / "bin" / "uv"
 
     def check(kind: dict) -> dict:
         done = subprocess.run(["/usr/bin/python3", "-", "check", json.dumps(
@@ -148,14 +152,17 @@ def test_a_node_not_asked_first_takes_the_laptops_uv_where_it_is_the_same_kind_o
             capture_output=True, text=True, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    other = {**runtime.uv_for_nodes(), "arch": "aarch64" if runtime.uv_for_nodes()["arch"] != "aarch64" else "x86_64"}
+    same = runtime.uv_for_nodes()
+    other = {**same, "arch": "aarch64" if same["arch"] != "aarch64" else "x86_64"}
     assert check(other)["uv"] is None
-    assert not (tmp_path / ".gpugeek" / "bin").exists(), "a uv of another kind of machine was unpacked"
-    answer = check(runtime.uv_for_nodes())
-    assert answer["uv"] == str(tmp_path / ".gpugeek" / "bin" / "uv"), answer
-    said = subprocess.run([answer["uv"], "--version"], capture_output=True, text=True, timeout=30)
+    assert check(same)["uv"] == str(unpacked)
+    assert not (tmp_path / ".gpugeek").exists(), "a check unpacked something"
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert onhost_runtime._unpacked(str(packed)) == str(unpacked)
+    said = subprocess.run([str(unpacked), "--version"], capture_output=True, text=True, timeout=30)
     assert said.returncode == 0 and said.stdout.startswith("uv "), said
-    packed.write_bytes(b"not gzip")           # a broken copy: pip, and nothing half-written left
-    (tmp_path / ".gpugeek" / "bin" / "uv").unlink()
-    assert check(runtime.uv_for_nodes())["uv"] is None
-    assert list((tmp_path / ".gpugeek" / "bin").iterdir()) == []
+    unpacked.unlink()
+    packed.write_bytes(b"not gzip")
+    assert onhost_runtime._unpacked(str(packed)) is None
+    assert list(unpacked.parent.iterdir()) == []

@@ -106,7 +106,7 @@ def install(order):
         base = _base(order)
         torch_said, torch_spec = _torch_plan(order, base)
         shutil.rmtree(folder, ignore_errors=True)        # a runtime.json missing: a make cut short
-        uv = _uv(order)
+        uv = _uv(order, unpack=True)
         python = os.path.join(folder, "bin", "python")
         if uv:
             _run([uv, "venv", "-q", "--python", base["executable"], folder], order, "uv venv")
@@ -144,7 +144,7 @@ def _serves(made, order):
 
 def _add(folder, made, order, began):
     """The extra packages ORDER names, added to a runtime that has the rest."""
-    uv, python = _uv(order), made["python"]
+    uv, python = _uv(order, unpack=True), made["python"]
     pip = [uv, "pip", "install", "-q", "--python", python] if uv else \
         [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run(pip + _index(order, pip) + list(order["extra"]), order, "installing " + ", ".join(order["extra"]))
@@ -226,26 +226,26 @@ def _has_driver():
     return os.path.exists("/proc/driver/nvidia/version")
 
 
-def _uv(order):
-    for path in (order.get("uv"), shutil.which("uv"), os.path.expanduser("~/.local/bin/uv")):
+def _uv(order, unpack=False):
+    """The uv to make the runtime with, if any: the host's, or the laptop's where it sent one (or
+    did before). A packed copy (``uv_packed``) is only named by ``check``, unpacked by ``install``."""
+    for path in (order.get("uv"), shutil.which("uv"), os.path.expanduser("~/.local/bin/uv"), UV_UNPACKED):
         if path and os.access(os.path.expanduser(path), os.X_OK):
             return os.path.expanduser(path)
-    return _unpacked(order.get("uv_packed"))
-
-
-def _unpacked(packed):
-    """The laptop's uv from its gzipped copy, where this host is the kind of machine it was built
-    for (an ARM node of an x86 laptop makes its runtime with pip); None where it is not, or the copy
-    is missing or broken."""
+    packed = order.get("uv_packed")
     if not packed or packed.get("system") != platform.system() or packed.get("arch") != platform.machine():
-        return None
-    source, target = os.path.expanduser(packed["path"]), os.path.expanduser(UV_UNPACKED)
-    if os.access(target, os.X_OK):
-        return target
+        return None        # none sent, or built for another kind of machine (an ARM node of an x86 laptop)
+    return _unpacked(packed["path"]) if unpack else os.path.expanduser(UV_UNPACKED)
+
+
+def _unpacked(source):
+    """The laptop's uv, from its gzipped copy at ``source``; None where the copy is missing or
+    broken (the runtime is then made with pip), with nothing half-written left."""
+    target = os.path.expanduser(UV_UNPACKED)
     part = f"{target}.{os.getpid()}.part"
     try:
         os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-        with gzip.open(source, "rb") as src, open(part, "wb") as dst:
+        with gzip.open(os.path.expanduser(source), "rb") as src, open(part, "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.chmod(part, 0o755)
         os.replace(part, target)

@@ -27,6 +27,10 @@ PYTEST_MAIN := $(PY) -m pytest -q -ra --durations=12 --ignore=tests/browser --ig
 PYTEST_BROWSER := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/browser
 PYTEST_LAB := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/lab
 PYTEST_SLURM := $(PY) -m pytest -q -ra --durations=6 -p no:cacheprovider tests/slurm
+# the quickstart notebook, executed for the site's tutorial: in make test's second stream, before the
+# site is built (the rest of tests/test_notebooks.py runs in the main suite)
+TUTORIAL_TEST := tests/test_notebooks.py::test_quickstart_notebook
+PYTEST_TUTORIAL := $(PY) -m pytest -q -ra --durations=3 -p no:cacheprovider $(TUTORIAL_TEST)
 
 .PHONY: lab labextension labextension-build lint test test-fast test-browser chromium sshd prometheus bench clean docs
 
@@ -91,11 +95,11 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once, of about equal length here: the main suite (with the notebooks the site shows, the quickstart
-# among them); and beside it the lab's files (lab-files, below), the multi-host lab (tests/lab),
-# the browser suite, the Slurm lab (tests/slurm: its hosts install from the lab's files) and then the
-# documentation site (make docs, strict, once the main suite has kept the executed notebooks it
-# renders), into artifacts/test-*.log (printed when they end).
+# once, of about equal length here: the main suite; and beside it the lab's files (lab-files, below),
+# the multi-host lab (tests/lab), the browser suite, the Slurm lab (tests/slurm: its hosts install
+# from the lab's files), the quickstart notebook and then the documentation site (make docs, strict,
+# once the main suite has kept the other executed notebooks it renders), into artifacts/test-*.log
+# (printed when they end).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
@@ -109,12 +113,12 @@ test: test-setup lint chromium sshd prometheus
 	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
 	    { test -e .cache/lab-image/bin/python3 || $(MAKE) --no-print-directory lab-files; } > artifacts/test-slurm.log 2>&1; \
 	    $(PYTEST_SLURM) >> artifacts/test-slurm.log 2>&1; echo $$? > artifacts/test-slurm.rc; \
-	    { while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
-	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; } > artifacts/test-docs.log 2>&1; \
-	    echo $$? > artifacts/test-docs.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab; main=$$?; echo $$main > artifacts/test-main.rc; wait; \
-	  echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
-	  echo "== tests/slurm"; cat artifacts/test-slurm.log; echo "== make docs"; cat artifacts/test-docs.log; \
+	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
+	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
+	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
+	  wait; echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
+	  echo "== tests/slurm"; cat artifacts/test-slurm.log; echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); slurm=$$(cat artifacts/test-slurm.rc); \
 	  docs=$$(cat artifacts/test-docs.rc); \
 	fi; \

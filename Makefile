@@ -88,10 +88,13 @@ lab: $(VENV)/.installed-test
 	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
 	  --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb $(LAB_ARGS)
 
-# The house checks, before any suite: ruff over the Python, and the TypeScript compiler's strict
-# check over the front end (tsconfig.json has "strict": true).
+# The house checks, before any suite: ruff over the Python; vermin, which refuses in the package
+# what is newer than the oldest Python it supports (requires-python; hosts run that code on their
+# own Python: tests/test_minors.py also imports it under each supported minor); and the TypeScript
+# compiler's strict check over the front end (tsconfig.json has "strict": true).
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/vermin --no-tips --violations -q --target=$$($(PY) tests/test_minors.py --oldest)- gpugeek_jupyter
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at

@@ -91,18 +91,25 @@ class Settings:
     pip_index_url: str | None = None
 
 
+def read_toml(text: str) -> dict:
+    """TOML's tables; a broken file raises ``ValueError`` (its ``TOMLDecodeError``). Python 3.10
+    reads it with ``tomli``, the same parser before it joined the standard library, imported only
+    when a file is read: a host's runtime, which has no ``tomli``, imports this module."""
+    if sys.version_info >= (3, 11):
+        import tomllib  # novermin - 3.11+ alone, as the line above says
+    else:  # pragma: no cover - 3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
 def settings() -> Settings:
     """Read ``config.toml``; a missing file means defaults, a broken one is one clear error."""
     path = Path(os.environ.get("GPUGEEK_HOME", "~/.gpugeek")).expanduser() / "config.toml"
     if not path.exists():
         return Settings()
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - 3.10 only; imported here, so a host's runtime (which has no tomli) imports us
-        import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = read_toml(path.read_text())
+    except (OSError, ValueError) as exc:
         raise GpugeekError(f"{path}: cannot read settings ({exc}) — fix or remove the file") from None
     catalog = data.get("catalog", {})
     if not isinstance(catalog, dict):

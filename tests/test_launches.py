@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import yaml
 
-from gpugeek_jupyter.clouds import AWS
+from gpugeek_jupyter.clouds.aws import AWS
 from gpugeek_jupyter.clouds.base import Instance
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec

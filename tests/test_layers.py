@@ -80,9 +80,22 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def by_name() -> dict[str, set[str]]:
+    """What the two registries import by name, when first asked (``import_module``): the clouds'
+    (``clouds.CLOUDS``, each provider's module) and the backends' (``backends.interface.BACKENDS``)."""
+    from gpugeek_jupyter.backends import interface
+    from gpugeek_jupyter.clouds import PROVIDERS
+
+    return {f"{ROOT}.clouds": {f"{ROOT}.clouds.{name}" for name in PROVIDERS},
+            f"{ROOT}.backends.interface": {f"{ROOT}.backends.{module}" for module, _ in interface._WHERE.values()}}
+
+
 def graph() -> dict[str, set[str]]:
     mods = modules()
-    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    edges = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    for name, loaded in by_name().items():
+        edges[name] |= loaded
+    return edges
 
 
 def unit(module: str) -> str:

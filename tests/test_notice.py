@@ -12,8 +12,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpugeek_jupyter.clouds import AWS, AZURE, GCP
 from gpugeek_jupyter.clouds import base as clouds_base
+from gpugeek_jupyter.clouds.aws import AWS
+from gpugeek_jupyter.clouds.azure import AZURE
+from gpugeek_jupyter.clouds.gcp import GCP
 from gpugeek_jupyter.workers import notice
 
 

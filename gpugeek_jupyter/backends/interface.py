@@ -22,16 +22,11 @@ module of ``clouds/`` (its launcher backend is made from it here).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from importlib import import_module
+
 from ..clouds import CLOUDS
-from .attach import AttachBackend
 from .base import CLIENT_SCHEME, READY_TIMEOUT_S, Backend, Feature, LaunchConfig, Started
-from .clouds import LauncherBackend
-from .hosts import SshBackend
-from .kuberay import KubeRayBackend
-from .local import LocalBackend
-from .onprem import OnPremBackend
-from .sim import SimBackend
-from .slurm import SlurmBackend
 
 __all__ = [
     "ATTACH",
@@ -50,20 +45,39 @@ __all__ = [
     "renting",
 ]
 
-BACKENDS: dict[str, Backend] = {
-    "local": LocalBackend(),
-    "sim": SimBackend(),
-    "ssh": SshBackend(),
-    **{name: LauncherBackend(provider) for name, provider in CLOUDS.items()},
-    "onprem": OnPremBackend(),
-    "kuberay": KubeRayBackend(),
-    "slurm": SlurmBackend(),
-    "attach": AttachBackend(),
-}
-DEFAULT = LocalBackend.name      # what `up` starts when no backend is named: this machine
-ATTACH = AttachBackend.name      # what `up --address` means: a cluster someone else runs
-REHEARSE = SimBackend.name       # offers rehearsed on this machine: simulated nodes, simulated $
-BY_SSH = SshBackend.name         # the way onto a machine rented anywhere: its address and a key
+# name → (its module here, its class); a cloud's is the launcher's backend made from it
+_WHERE = {"local": ("local", "LocalBackend"), "sim": ("sim", "SimBackend"), "ssh": ("hosts", "SshBackend"),
+          **{name: ("clouds", "LauncherBackend") for name in CLOUDS}, "onprem": ("onprem", "OnPremBackend"),
+          "kuberay": ("kuberay", "KubeRayBackend"), "slurm": ("slurm", "SlurmBackend"),
+          "attach": ("attach", "AttachBackend")}
+
+
+class Backends(Mapping[str, Backend]):
+    """Name → backend, each made (its module imported) when first asked for: a cluster's head
+    loads its own backend's code alone (an ssh head's watchdog never imports the clouds')."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Backend] = {}
+
+    def __getitem__(self, name: str) -> Backend:
+        if name not in self._made:
+            module, kind = _WHERE[name]
+            made = getattr(import_module(f".{module}", __package__), kind)
+            self._made[name] = made(CLOUDS[name]) if name in CLOUDS else made()
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_WHERE)
+
+    def __len__(self) -> int:
+        return len(_WHERE)
+
+
+BACKENDS = Backends()
+DEFAULT = "local"      # what `up` starts when no backend is named: this machine
+ATTACH = "attach"      # what `up --address` means: a cluster someone else runs
+REHEARSE = "sim"       # offers rehearsed on this machine: simulated nodes, simulated $
+BY_SSH = "ssh"         # the way onto a machine rented anywhere: its address and a key
 
 
 def capabilities() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from types import MappingProxyType
 
 from . import base
@@ -121,7 +121,7 @@ def _instance(described: dict) -> base.Instance:
     tags = {t["Key"]: t["Value"] for t in described.get("Tags", [])}
     state = described["State"]["Name"]
     when = _WHEN.search(described.get("StateTransitionReason") or "")
-    ended = datetime.fromisoformat(when.group(1)).replace(tzinfo=UTC).timestamp() \
+    ended = datetime.fromisoformat(when.group(1)).replace(tzinfo=timezone.utc).timestamp() \
         if when and state in NOT_BILLED else None
     return base.Instance(id=described["InstanceId"], node_type=tags.get(NODE_TYPE_TAG, ""),
                          launched=described["LaunchTime"].timestamp(), ended=ended, state=state,

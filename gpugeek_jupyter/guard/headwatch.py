@@ -34,20 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..backends.launcher import BOOTSTRAP
-from ..backends.rented import instances_of
-from ..clouds import CLOUDS
 from ..cluster import registry
 from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's task is pickled by value
-from ..cluster.spec import ClusterSpec
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import ONHOST
-from . import launches
-from .jobend import JobEnd
 from .keeping import Keeper
-from .launches import Launches
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
 
@@ -55,7 +48,6 @@ HEAD_STOP_ALLOWANCE_S = 10.0   # a stop from the head (a Ray driver, a task per 
 STOP_MARGIN_S = 0.6            # a stop beyond its rehearsal: the grace before SIGKILL, the nodes leaving Ray's table
 REHEARSE_NEAR_S = 60.0         # … timed again once the cap is this near at the burn: under the load of then
 NODES_GONE_S = 30.0            # how long the head waits for the other nodes to leave Ray's table
-AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
 
 # a grandchild in a session of its own: Ray ends a worker's children with it, and the stop ends
 # the raylet that started the worker; the script (onhost.py) comes on stdin
@@ -72,17 +64,23 @@ class HeadWatch(Watch):
         self.keeper = keeper
         self.gcs = order["gcs"]
         self.stop_allowance = HEAD_STOP_ALLOWANCE_S
-        # a cloud head (its order names the provider) stops its workers through Ray's launcher
-        self.stop = self._stop_cloud_workers if order.get("cloud") else self._stop_other_nodes
+        self.stop = self._stop_other_nodes
+        self.cloud = None
+        if order.get("cloud"):      # a cloud's head alone imports the clouds' code (an ssh or Slurm head need not)
+            from .cloudhead import CloudHead
+
+            self.cloud = CloudHead(cluster_id, order, temp_dir_of(order["temp_dirs"], order["ip"]))
+            self.stop = self._stop_cloud_workers
         self.report: dict | None = None
         self.guard_kind = "head"
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
         self.near: float | None = None                 # the cap a stop was timed again near
         # a Slurm job's end near (its walltime, a preemption): the nodes told, the job requeued
-        self.job_end = JobEnd(cluster_id, order["home"], self.gcs, interval) if order.get("scheduled") else None
-        # a cloud head's autoscaler: what it could not launch, read from its log (and the spot fallback)
-        self.launches = Launches(Path(temp_dir_of(order["temp_dirs"], order["ip"])) / AUTOSCALER_LOG,
-                                 Path(os.path.expanduser(BOOTSTRAP))) if order.get("cloud") else None
+        self.job_end = None
+        if order.get("scheduled"):      # a Slurm job's head alone imports what reads a job's end
+            from .jobend import JobEnd
+
+            self.job_end = JobEnd(cluster_id, order["home"], self.gcs, interval)
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a
@@ -97,9 +95,8 @@ class HeadWatch(Watch):
         reason = super().look()
         if exchanging and not reason and self.job_end is not None:
             self.job_end.look(record, self.cluster_jobs)
-        if exchanging and not reason and self.launches is not None:
-            spec = ClusterSpec.from_json(record.spec)
-            self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
+        if exchanging and not reason and self.cloud is not None:
+            self.cloud.look_at_launches(record)     # what its autoscaler could not launch
         if exchanging and not reason and self.blind is None:
             self._beat(record)
         return reason
@@ -124,7 +121,7 @@ class HeadWatch(Watch):
             kv_put(self.gcs, HEARTBEAT, {"at": now, "pid": os.getpid(), "every": self.interval,
                                          "spent": ledger.spend(self.cluster_id, now),
                                          "budget": registry.get(self.cluster_id).budget_usd,
-                                         "news": launches.news(self.cluster_id)})
+                                         "news": self.cloud.news() if self.cloud else []})
         except ClusterUnreachable:
             pass
 
@@ -170,25 +167,9 @@ class HeadWatch(Watch):
             time.sleep(LET_GO_S)    # a laptop still watching hears of the stop first, as its kernels do
 
     def _stop_cloud_workers(self, record, grace: float) -> None:
-        """A cloud's workers are instances: Ray's autoscaler here is ended first (it would launch
-        them again to its minimum: seen), then every instance of the cluster but this head is
-        terminated through the provider's API, with the head's own role; a provider whose API is
-        not spoken here, through Ray's launcher (``ray down --workers-only``). The head ends itself
-        after (``end_cloud_head``)."""
+        """A cloud's workers are instances, ended through its API (``CloudHead.stop_workers``)."""
         self._say_stopping()
-        spec = ClusterSpec.from_json(record.spec)
-        cloud = CLOUDS[spec.backend]
-        if not cloud.lists_instances:     # its API not spoken here: Ray's launcher, with the head's role
-            done = subprocess.run([sys.executable, "-c", "from ray.scripts.scripts import main; main()", "down",
-                                   "--workers-only", "-y", os.path.expanduser(BOOTSTRAP)],
-                                  capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise RuntimeError(f"ray down --workers-only failed: {done.stderr.strip()[-300:]}")
-            return
-        end_autoscaler(self.order["marker"])
-        workers = [i.id for i in instances_of(record) if not i.gone and not i.head]
-        if workers:
-            cloud.terminate(workers, spec.node_types[0].region)
+        self.cloud.stop_workers(record, lambda: end_autoscaler(self.order["marker"]))
 
     def _rehearse(self, record, nodes) -> None:
         """Time a stop's Ray part (a driver, a task on every other node) once the nodes are there,
@@ -335,22 +316,11 @@ def main(argv: list[str]) -> int:
         print(f"head watchdog: cluster {order['name']} stopped ({reason}); the job ends", flush=True)
         return 0
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
-    if order.get("cloud"):       # the head is a cloud's instance: it ends itself
-        end_cloud_head(cluster_id, order["cloud"])
+    if watch.cloud is not None:       # the head is a cloud's instance: it ends itself
+        watch.cloud.end_head()
     stop_detached(ONHOST.read_text(), order["marker"], 2.0,
                   temp_dir_of(order["temp_dirs"], order["ip"]))
     return 0
-
-
-def end_cloud_head(cluster_id: int, provider: str) -> None:
-    """Terminate this head the documented way, with the role Ray's launcher gave it; a failure is
-    in the ledger (the notebook's machine copies it), for the instance may still be billing."""
-    command = CLOUDS[provider].self_stop       # as each cloud documents it (``clouds/``)
-    ledger.event(cluster_id, "head-stop", f"ending the head instance: {command}")
-    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        ledger.event(cluster_id, "stop-failed", f"the head instance did not end itself ({done.stderr.strip()[-300:]})"
-                                                f" — it may still be running and billing; end it in the console")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import yaml
 
-from ..backends.launcher import worker_refusals
 from ..clouds.base import Cloud, Instance
 from ..cluster.spec import ClusterSpec
 from ..meter import ledger
@@ -53,6 +52,8 @@ class Launches:
     def look(self, cluster_id: int, spec: ClusterSpec, cloud: Cloud, instances: Callable[[], list[Instance]]) -> None:
         """Record what was refused since the last look, and fall back once where it is asked
         (``instances``: the cluster's, as the cloud lists them, asked only then)."""
+        from ..backends.launcher import worker_refusals  # a cloud head's: every other head imports this module
+
         for node_type, code, words in worker_refusals(self._new_text()):
             now = time.time()
             if now - self.said.get((node_type, code), 0.0) >= SAY_AGAIN_S:

@@ -190,11 +190,11 @@ def read_env_file(path: str) -> list[str]:
     if not file.is_file():
         raise GpugeekError(f"--env {path}: no such file — give a requirements.txt or a pyproject.toml")
     if file.suffix == ".toml":
-        import tomllib
+        from ..config import read_toml
 
         try:
-            project = tomllib.loads(file.read_text()).get("project", {})
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            project = read_toml(file.read_text()).get("project", {})
+        except ValueError as exc:       # TOML's error, or not UTF-8
             raise GpugeekError(f"--env {path}: not valid TOML ({exc})") from None
         wanted = project.get("dependencies")
         if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):

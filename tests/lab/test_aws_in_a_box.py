@@ -26,7 +26,7 @@ from models import DDP_ACROSS_HOSTS
 from netlab import described
 
 import gpugeek_jupyter as gg
-from gpugeek_jupyter.clouds import AWS
+from gpugeek_jupyter.clouds.aws import AWS
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings

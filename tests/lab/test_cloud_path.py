@@ -32,7 +32,7 @@ from netlab import described, left_on_hosts
 
 import gpugeek_jupyter as gg
 from gpugeek_jupyter.backends import launcher
-from gpugeek_jupyter.clouds import AWS
+from gpugeek_jupyter.clouds.aws import AWS
 from gpugeek_jupyter.clouds.base import Instance
 from gpugeek_jupyter.cluster import processes, registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec

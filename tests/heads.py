@@ -32,7 +32,7 @@ from gpugeek_jupyter.remote import headguard, ssh
 def onhost(command: str, *args: str, token: str | None = None, package: str | None = None,
            timeout: float = 200) -> dict:
     """``onhost.py COMMAND ARGS`` as SSH runs it on a host: the script on stdin (``python -``)."""
-    script = ssh.ONHOST.read_text()
+    script = ssh.host_script()
     if token is not None:
         script = f"TOKEN = {token!r}\n{script}"
     if package is not None:

@@ -20,7 +20,7 @@ from gpugeek_jupyter.clouds import CLOUDS
 from gpugeek_jupyter.clouds import base as clouds_base
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.onhost import script as onhost
-from gpugeek_jupyter.remote import runtime
+from gpugeek_jupyter.remote import runtime, ssh
 
 
 @pytest.mark.parametrize("backend, gpu, count, pricing", [
@@ -88,7 +88,8 @@ def test_launcher_yaml_starts_ray_as_the_ssh_backend_does(backend, gpu):
     folder = launcher.write_node_files(backend)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((folder / "auth_token").stat().st_mode) == 0o600
-    assert (folder / "onhost.py").read_text() == Path(onhost.__file__).read_text()
+    assert (folder / "onhost.py").read_text() == ssh.host_script()
+    assert Path(onhost.__file__).read_text() in ssh.host_script()
     assert (folder / "runtime.py").read_text() == Path(runtime.SCRIPT).read_text()
 
 
@@ -306,7 +307,7 @@ def _one_line(ipython, capsys, line):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, gcp, azure, onprem, kuberay"),
+    ("up --backend moon", "unknown backend 'moon' — use one of local, sim, ssh, aws, azure, gcp, onprem, kuberay"),
     ("up --backend sim --offer aws/p5.48xlarge/us-east-9",
      "no offer with id 'aws/p5.48xlarge/us-east-9' — did you mean"),
     ("up --backend sim --gpu A100 --count 8 --workers 0", "--workers 0 must be a whole number ≥ 1"),

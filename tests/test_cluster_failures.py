@@ -183,7 +183,7 @@ def test_a_head_that_misses_rays_own_startup_wait_is_started_once_more(gpugeek_h
     starts.clear()
     monkeypatch.setattr(processes, "start_detached", lambda cmd, env, log: slow_then_real(cmd, env, log, misses=3))
     with pytest.raises(gg.GpugeekError, match="timed out during startup") as failed:
-        head.start_head(head.new_temp_dir(), "test-marker")
+        head.start_head(head.new_temp_dir("test-marker"), "test-marker")
     assert len(starts) == head.START_TRIES == 3 and len(str(failed.value).splitlines()) == 1
 
 

@@ -188,7 +188,7 @@ def write_node_files(name: str, guard: dict | None = None) -> Path:
     folder = node_files(name)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    shutil.copyfile(ssh.ONHOST, folder / "onhost.py")
+    (folder / "onhost.py").write_text(ssh.host_script())
     shutil.copyfile(runtime.SCRIPT, folder / "runtime.py")
     if runtime.uv_for_nodes() is not None:
         (folder / UV_PACKED).write_bytes(runtime.packed_uv())

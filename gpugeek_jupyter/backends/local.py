@@ -9,7 +9,6 @@ token authentication on (``RAY_AUTH_MODE=token``): nobody without the token can 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from types import MappingProxyType
 from .. import ports
 from ..cluster import processes
 from ..errors import GpugeekError
+from ..onhost import marks
 from ..onhost.script import HEAD_START
 from ..raynodes import HEAD_ENV, use_token_auth
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
@@ -38,9 +38,12 @@ class Head:
     dashboard_url: str | None = None
 
 
-def new_temp_dir() -> str:
-    """Short on purpose: Ray puts unix sockets under it and those paths must stay < 108 bytes."""
-    return tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
+def new_temp_dir(marker: str) -> str:
+    """Short on purpose: Ray puts unix sockets under it and those paths must stay < 108 bytes. Marked
+    the cluster's (``onhost/marks.py``): its stop removes it by that mark, not by its name."""
+    folder = tempfile.mkdtemp(prefix="gg-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    marks.mark_folder(folder, marker)
+    return folder
 
 
 # Ray gives a new node's raylet 30 s to register with the GCS, and the raylet gives its dashboard
@@ -148,12 +151,12 @@ class LocalBackend(Backend):
         return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
 
     def start(self, record, spec):
-        temp_dir = new_temp_dir()
+        temp_dir = new_temp_dir(record.marker)
         started = start_head(temp_dir, record.marker, dashboard=spec.dashboard)
         return Started(started.address, started.session_id, started.pids, temp_dir, started.dashboard_url)
 
     def stop(self, record, grace=3.0):
         if record.session_id:
             processes.stop_session(record.session_id, record.created, record.marker, grace)
-        if record.temp_dir and Path(record.temp_dir).name.startswith("gg-"):
-            shutil.rmtree(record.temp_dir, ignore_errors=True)
+        if record.temp_dir:
+            marks.remove_ours(record.temp_dir, record.marker)

@@ -167,7 +167,7 @@ class SimBackend(LocalBackend):
                             f"{cpu_note(spec)}. Run without --dry-run to start it.", config)
 
     def start(self, record, spec):
-        temp_dir = local.new_temp_dir()
+        temp_dir = local.new_temp_dir(record.marker)
         config = config_path(temp_dir)
 
         def port_chosen(port: int) -> None:   # the autoscaler's config names the GCS address

@@ -134,7 +134,7 @@ def node_files(record: ClusterRecord, spec: ClusterSpec) -> bytes:
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
 
-        add("onhost.py", ssh.ONHOST.read_bytes())
+        add("onhost.py", ssh.host_script().encode())
         add("slurmjob.py", SLURMJOB.read_bytes())
         add("auth_token", token_text().encode())
         add("job.json", json.dumps(job_order(record, spec)).encode())

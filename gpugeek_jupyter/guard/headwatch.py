@@ -39,7 +39,7 @@ from ..cluster.processes import MARKER  # onhost.py's too; a str, as the stop's 
 from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
-from ..remote.ssh import ONHOST
+from ..remote.ssh import host_script
 from .keeping import Keeper
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
@@ -225,7 +225,7 @@ class HeadWatch(Watch):
         others = [n for n in read_nodes(self.gcs) if n.alive and not n.is_head]
         if not others:
             return
-        self._on_other_nodes(others, _stop_here, ONHOST.read_text(), self.order["marker"], grace,
+        self._on_other_nodes(others, _stop_here, host_script(), self.order["marker"], grace,
                              self.order["temp_dirs"])
         deadline = time.monotonic() + NODES_GONE_S
         while time.monotonic() < deadline:
@@ -318,7 +318,7 @@ def main(argv: list[str]) -> int:
     print(f"head watchdog: cluster {order['name']} stopped ({reason}); stopping this host", flush=True)
     if watch.cloud is not None:       # the head is a cloud's instance: it ends itself
         watch.cloud.end_head()
-    stop_detached(ONHOST.read_text(), order["marker"], 2.0,
+    stop_detached(host_script(), order["marker"], 2.0,
                   temp_dir_of(order["temp_dirs"], order["ip"]))
     return 0
 

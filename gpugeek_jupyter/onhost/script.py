@@ -11,7 +11,7 @@ left on them but Ray's own temp dir and the cluster's token file.
     node-ip                   the address Ray advertises on this node when ORDER names none
     ps MARKER                 our processes on this host: those in a session MARKER proves ours
     stop MARKER GRACE [DIR]   SIGTERM, then SIGKILL after GRACE seconds, every process of ours;
-                              then remove Ray's temp dir DIR
+                              then remove Ray's temp dir DIR, where its mark says it is the cluster's
     guard ORDER               the head's watchdog (``guard/headwatch.py``), marked like Ray: this
                               package comes in the script (``PACKAGE = …``, a base64 tar.gz) and
                               is unpacked beside the token, or the launcher copied it there
@@ -20,12 +20,12 @@ left on them but Ray's own temp dir and the cluster's token file.
 Ownership is checked here, by process, on the host itself, as on the laptop
 (``cluster/processes.py``): a process is ours when it is in a session we began, and a session is
 ours when a process in it carries the cluster's marker. Ray's word ("No nodes remaining") is never
-taken for it.
+taken for it; nor a folder's name: Ray's temp folder is removed where its mark is (``marks.py``).
 The token arrives in the script's text (``TOKEN = …`` prepended) over SSH, or in the token file
 itself where the cluster launcher copied it; never on a command line. Either way the file is made
 0600. The exit status is 1 when the answer says ``ok: false`` (``ray up`` reads it).
 
-Standard library only, and Python 3.8+: it must run on whatever Python a host has.
+Standard library only (any Python a host has), sent as one text after marks.py (``ssh.host_script``).
 """
 
 import json
@@ -49,6 +49,10 @@ START_TRIES = 3
 HEAD_START = ("import ray.scripts.scripts as cli\n"
               "cli.get_ray_client_dependency_error = lambda: 'the cluster is reached through its keeper'\n"
               "cli.main()")
+try:    # imported as the package's module; sent or copied as one text, marks.py's lines come first
+    from .marks import mark_folder, remove_ours
+except ImportError:
+    pass
 TOKEN = globals().get("TOKEN")      # prepended by the sender for `start`
 PACKAGE = globals().get("PACKAGE")  # prepended by the sender for `guard`
 
@@ -75,16 +79,11 @@ def facts():
 def _interfaces():
     """IPv4 address → interface name, from ``ip -o -4 addr`` (present on every Linux host)."""
     try:
-        text = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
-                              timeout=5).stdout
+        text = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    found = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4:
-            found[parts[3].split("/")[0]] = parts[1]
-    return found
+    return {parts[3].split("/")[0]: parts[1] for parts in (line.split() for line in text.splitlines())
+            if len(parts) >= 4}
 
 
 def _gpus():
@@ -171,6 +170,8 @@ def ray_command(spec, extra=()):
     token_path = os.path.expanduser(spec["token_path"])
     if not _token_at(token_path):
         return {"ok": False, "error": f"no token: none sent and none at {spec['token_path']}"}
+    if (refused := mark_folder(temp_dir, marker, os.environ.get("SLURM_JOB_ID"))) is not None:
+        return refused        # a folder of that name that is someone else's
     if spec.get("restart"):       # `ray up` on a running head starts it again: ours go first
         stop([marker, "5"])
     cmd = [sys.executable, "-c", HEAD_START if spec["role"] == "head" else RAY_START, "start",
@@ -288,8 +289,8 @@ def stop(args):
             time.sleep(0.1)
         if not pids:
             break
-    if not pids and len(args) > 2 and os.path.basename(args[2]).startswith("gg-"):
-        shutil.rmtree(args[2], ignore_errors=True)
+    if not pids and len(args) > 2:
+        remove_ours(args[2], marker)
     return {"ok": not pids, "left": pids}
 
 

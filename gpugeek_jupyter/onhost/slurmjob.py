@@ -10,7 +10,6 @@ Its answer, and where the head listens, go beside ORDER_FILE (``job-ID.json``) f
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,19 +26,22 @@ _steps = []         # of them, the srun steps on the other nodes: they end by Sl
 STEPS_S = 1.0       # … given this long more than this node's own end
 CHILDREN_END_S = 5.0   # when the head's Ray or its watchdog ended first: the rest's time to end (the keeper's too)
 _temp = []          # Ray's temp folder on this node, removed once its processes have ended
+_loaded = []        # the host script, once loaded
 # the job's notice (sbatch --signal=B:USR2@S), left for the head's watchdog in its folder (the
 # cluster's ``head``, beside this script): when it came (guard/jobend.py reads it)
 NOTICE_FILE = os.path.join(HERE, "head", "walltime-notice")
 
 
 def _host_script():
-    """The host script beside this one (``onhost/script.py`` in the package), loaded from its file."""
+    """The host script beside this one (``onhost/script.py`` and its folder marks, ``marks.py``, as
+    one file), loaded from its file once."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("onhost", os.path.join(HERE, "onhost.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if not _loaded:
+        spec = importlib.util.spec_from_file_location("onhost", os.path.join(HERE, "onhost.py"))
+        _loaded.append(importlib.util.module_from_spec(spec))
+        spec.loader.exec_module(_loaded[0])
+    return _loaded[0]
 
 
 def main(args):
@@ -121,6 +123,9 @@ def _watchdog(order, folder):
     with open(path, "w") as f:
         json.dump(order, f)
     with open(os.path.join(home, "guard.log"), "ab") as out:
+        # a requeued job's log goes on: until this run's guard answers, its last line is not the last run's answer
+        out.write(f"the head's watchdog starts (job {os.environ.get('SLURM_JOB_ID', '')})\n".encode())
+        out.flush()
         return _child(subprocess.Popen([sys.executable, os.path.join(HERE, "onhost.py"), "guard", f"@{path}"],
                                        stdout=out, stderr=out, stdin=subprocess.DEVNULL))
 
@@ -219,8 +224,9 @@ def _signal(proc, signum):
 
 def _sweep():
     """Ray's temp folders that jobs of ours left on this node (a step Slurm killed before it could
-    tidy), for jobs Slurm no longer lists: removed as this one starts. Only this user's, and only
-    ours (``gg-TAG-JOB``)."""
+    tidy), for jobs Slurm no longer lists: removed as this one starts, each said in the job's log.
+    Only what is provably ours: a folder whose mark (``marks.py``, the host script's) names the job
+    that made it — a name like ours proves nothing (a user's ``/tmp/gg-data-2024``)."""
     try:
         listed = set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
                                     timeout=30).stdout.split())
@@ -228,19 +234,20 @@ def _sweep():
         return
     if not listed:          # squeue said nothing (it lists this job at least): leave everything
         return
-    for name in os.listdir("/tmp"):
+    onhost = _host_script()
+    for name in sorted(os.listdir("/tmp")):
         path = os.path.join("/tmp", name)
-        job = name.rsplit("-", 1)[-1]
-        if (name.startswith("gg-") and name.count("-") == 2 and job.isdigit() and job not in listed
-                and os.path.isdir(path) and os.stat(path).st_uid == os.getuid()):
-            shutil.rmtree(path, ignore_errors=True)
+        job = (onhost.made_by(path) or {}).get("job")
+        if job and job not in listed and onhost.remove_ours(path, job=job):
+            print(f"removed {path}: Ray's temp folder of Slurm job {job}, which Slurm no longer lists", flush=True)
 
 
 def _tidy():
-    """Ray's temp folder of this job on this node gone (a node's /tmp is shared with other jobs)."""
-    for folder in _temp:
-        if os.path.basename(folder).startswith("gg-"):
-            shutil.rmtree(folder, ignore_errors=True)
+    """Ray's temp folder of this job on this node gone (a node's /tmp is shared with other jobs):
+    where its mark says this job made it."""
+    job = os.environ.get("SLURM_JOB_ID")
+    for folder in _temp if job else ():
+        _host_script().remove_ours(folder, job=job)
 
 
 def worker(args):

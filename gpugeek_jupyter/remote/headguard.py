@@ -38,7 +38,8 @@ HEAD_PACKAGE = ("__init__.py", "lean.py", "errors.py", "config.py", "units.py", 
                 "guard/__init__.py", "guard/health.py", "guard/lifecycle.py", "guard/watchdog.py",
                 "guard/clusterjobs.py", "guard/headwatch.py", "guard/jobend.py", "guard/keeping.py",
                 "guard/launches.py", "guard/cloudhead.py",
-                "cluster/", "remote/", "backends/", "clouds/", "onhost/__init__.py", "onhost/script.py")
+                "cluster/", "remote/", "backends/", "clouds/", "onhost/__init__.py", "onhost/script.py",
+                "onhost/marks.py")
 # What the keeper (keeper/serve.py, started by the head's watchdog) needs besides: the warm groups
 # and their driver (``group/``, as a local kernel drives them), the doctor's look at the nodes, the
 # line — nothing of a kernel's rooms (``cells/``, ``kernel/``). tests/test_headguard.py holds it to

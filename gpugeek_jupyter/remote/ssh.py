@@ -21,9 +21,17 @@ from ..errors import GpugeekError
 
 HOST = re.compile(r"(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.-]{0,252})"
                   r"(?::(?P<port>\d{1,5}))?")
-# the script that runs on a host (standard library only), read as text and sent, never imported
+# the script that runs on a host (standard library only), read as text and sent, never imported;
+# it travels as one text, its folder marks first (``host_script``)
 ONHOST = Path(__file__).resolve().parent.parent / "onhost" / "script.py"
+HOST_SCRIPT = (ONHOST.with_name("marks.py"), ONHOST)
 CONNECT_TIMEOUT_S = 10
+
+
+def host_script() -> str:
+    """The host script as it is sent over SSH, copied onto a cloud's nodes or into a Slurm job's
+    folder: its parts joined, each one idea of its own in the package (``onhost/``)."""
+    return "\n\n".join(part.read_text() for part in HOST_SCRIPT)
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ def on_host(target: Target, key: str | None, python: str, command: str, *args: s
 
     One line naming the host when SSH fails, the host has no such Python, or the script fails.
     """
-    script = ONHOST.read_text()
+    script = host_script()
     if token is not None:
         script = f"TOKEN = {token!r}\n{script}"
     if package is not None:     # base64 text: the head's watchdog (``guard``)

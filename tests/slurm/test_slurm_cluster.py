@@ -6,6 +6,7 @@ node's network namespace, the job's end by Slurm's own record of ended jobs (``j
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
 from gpugeek_jupyter.guard import board
 from gpugeek_jupyter.line import wire
+from gpugeek_jupyter.onhost import marks
 from gpugeek_jupyter.units import clock
 
 pytestmark = pytest.mark.slow
@@ -136,13 +138,23 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
     (Resources)" and starts once the first is downed. A third, interrupted (the stop button:
     SIGINT) while it waits, cancels its job: ``squeue`` lists none of it."""
     flags = ", ".join(f"{k}={v!r}" for k, v in cluster_user.items())
-    slurm.ssh("srun -N2 --ntasks-per-node=1 mkdir -p /tmp/gg-0badcafe-999999/session_x")   # a job long gone left it
+    # on each node's /tmp: the user's folders named like ours, and Ray's temp folder a job long gone
+    # left there, marked as the product marks it (onhost/marks.py)
+    (slurm.home / "gone-mark.json").write_text(json.dumps({"cluster": marks._cluster("long-gone"), "job": "999998"}))
+    slurm.ssh("srun -N2 --ntasks-per-node=1 sh -c 'mkdir -p /tmp/gg-data-2024 /tmp/gg-0badcafe-999999/session_x "
+              "/tmp/gg-0ldc1a55-999998/session_x && "
+              f"cp /root/gone-mark.json /tmp/gg-0ldc1a55-999998/{marks.MADE_MARK}'")
     gg.up("first", nodes=2, cpus_per_host=2, **cluster_user)     # every CPU of both nodes
-    # each node's Ray temp folders are the running job's alone: what ended jobs left is swept as it starts
+    # as the job starts, each node sweeps the marked folder of the job Slurm no longer lists, and says
+    # so in the job's log; the user's folders stay, whatever their names
     job = ClusterSpec.from_json(registry.live("first").spec).remote.job_id
     temps = slurm.ssh(f"srun --jobid={job} --overlap -N2 --ntasks-per-node=1 "
                       "sh -c 'echo $(hostname) $(ls -d /tmp/gg-*)' | sort")
-    assert [line.split()[1:] for line in temps.stdout.splitlines()] == [[f"/tmp/gg-{_tag(job)}"]] * 2, temps.stdout
+    assert [sorted(line.split()[1:]) for line in temps.stdout.splitlines()] == \
+        [sorted(["/tmp/gg-0badcafe-999999", "/tmp/gg-data-2024", f"/tmp/gg-{_tag(job)}"])] * 2, temps.stdout
+    logs = "".join(p.read_text() for p in slurm.home.rglob(f"job-{job}*.log"))
+    assert logs.count("removed /tmp/gg-0ldc1a55-999998: Ray's temp folder of Slurm job 999998, which Slurm "
+                      "no longer lists") == 2, logs[-3000:]
     second = _kernel(f"import gpugeek_jupyter as gg\ngg.up('second', nodes=1, {flags})\nprint('second is up')\n"
                      "import time\ntime.sleep(600)\n", gpugeek_home)
     third = None
@@ -175,6 +187,7 @@ def test_a_second_cluster_waits_for_the_first_and_an_interrupted_wait_cancels_it
             if registry.live(name) is not None:
                 gg.down(name)
     wait_until(lambda: _nothing_left(slurm), LEFT_WITHIN_S, "the queue empty and no process on any node")
+    slurm.ssh("srun -N2 --ntasks-per-node=1 rm -rf /tmp/gg-data-2024 /tmp/gg-0badcafe-999999", timeout=60)
 
 
 @pytest.mark.parametrize("flags, said", [

@@ -299,9 +299,11 @@ lab-files lab-image: $(VENV)/.installed-test
 	@if [ -n "$(OTHER_PYTHON)" ]; then $(PY) tests/lab_files.py kernel .cache/kernel-other $(OTHER_PYTHON); \
 	else echo "no Python 3.12 in pyenv: the lab's kernel on another Python skips" >&2; fi
 
-# A kernel newer than its hosts, on the lab (tests/lab/test_python_skew.py, about five minutes with
-# its files: two venvs of PyPI's CUDA torch, a minute and a half of CPU each to install and compile):
-# its files are made here only, so make test's streams do without that load; make test skips it.
+# A kernel newer than its hosts, on the lab (tests/lab/test_python_skew.py: `up`, a DDP cell across
+# both hosts, DataFrames both ways, a notebook function pushed, `down`; about a minute once its files
+# are made). Its files, two venvs of PyPI's CUDA torch (5.3 and 2.1 GB), take about a minute and a
+# quarter from uv's cache, minutes more to download: they are made here only, so make test's streams
+# do without that load; make test skips it, .ci/run runs it after.
 .PHONY: python-skew
 python-skew: $(VENV)/.installed-test sshd lab-files
 	@if [ -n "$(NEWER_PYTHON)" ] && [ -n "$(OLDER_PYTHON_HOME)" ]; then \

@@ -74,12 +74,24 @@ def load(blob: bytes, namespace: dict) -> dict:
 
 def define(name: str, source: str, filename: str):
     """What unpickling a notebook's function or class calls: its source run in the cell's
-    namespace (under ``filename``, so a traceback shows its lines), and the object it defined."""
+    namespace (under ``filename``, so a traceback shows its lines), and the object it defined; one
+    line naming it when this Python cannot define it (syntax of the notebook's newer Python)."""
     namespace = getattr(_loading, "namespace", None)
     if namespace is None:
         namespace = {"__name__": "__main__"}
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source, filename, "exec"), namespace)
+    try:
+        code = compile(source, filename, "exec")
+    except SyntaxError as exc:     # it compiled in the notebook: the notebook's Python is newer than this one
+        minor = ".".join(map(str, sys.version_info[:2]))
+        raise GpugeekError(f"{name}: the workers' Python {minor} cannot compile its source ({exc.msg}, line "
+                           f"{exc.lineno}: {(exc.text or '').strip()}) — the notebook's Python is newer: write it "
+                           f"in Python {minor}'s syntax") from None
+    try:
+        exec(code, namespace)
+    except Exception as exc:  # noqa: BLE001 - its definition's own error (a decorator or default it uses), one line
+        raise GpugeekError(f"{name}: defining it on the workers failed ({type(exc).__name__}: {exc}) — push "
+                           f"what its definition uses beside it, or define it in the cell") from None
     return namespace[name]
 
 

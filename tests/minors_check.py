@@ -8,8 +8,9 @@ Standard library only, as it runs on a bare interpreter (pyenv's 3.10 … 3.13).
 - imports every module of the part a head runs (HEAD_FOLDER: ``remote/headguard.py``'s archive,
   unpacked), with the packages a bare interpreter lacks (Ray, torch, yaml…) stood in for by empty
   modules: what is checked is this Python's own language and standard library;
-- starts the entry points a host runs: the host script (``onhost.py facts``) and the runtime's
-  (``runtime.py check``) for real, as subprocesses (they need nothing but the standard library);
+- starts the entry points a host runs: the host script (``onhost.py facts``), the runtime's
+  (``runtime.py check``) and the reader of a head's logs (``headlogs.py``) for real, as
+  subprocesses (they need nothing but the standard library);
   the head's watchdog and the keeper as far as reading their order (a missing file: their ``main``
   was reached); the Slurm job's script loaded.
 
@@ -137,7 +138,8 @@ def started(head, package, scratch):
     env = dict(os.environ, HOME=scratch)
     runs = {"onhost.py facts": [os.path.join(head, "gpugeek_jupyter", "onhost", "script.py"), "facts"],
             "runtime.py check": [os.path.join(onhost, "runtime.py"), "check",
-                                 json.dumps({"ray": "2.60.0", "torch": "2.13.0", "root": scratch})]}
+                                 json.dumps({"ray": "2.60.0", "torch": "2.13.0", "root": scratch})],
+            "headlogs.py": [os.path.join(onhost, "headlogs.py"), scratch]}
     for what, argv in runs.items():
         done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, env=env,
                               stdin=subprocess.DEVNULL)

@@ -16,7 +16,7 @@ from cluster_processes import wait_until
 
 from gpugeek_jupyter.errors import GpugeekError
 from gpugeek_jupyter.line import messages as m
-from gpugeek_jupyter.line.wire import MAGIC, NONCE, Line, LinkDown, Server, refusal
+from gpugeek_jupyter.line.wire import MAGIC, NONCE, Line, LinkDown, Server, TokenRefused, refusal
 
 TOKEN = "the-clusters-token"
 
@@ -212,3 +212,47 @@ def test_a_line_that_broke_is_dialled_again_and_a_silent_one_is_given_up_on_in_t
     assert time.monotonic() - began < 2.5 and not line.up
     with pytest.raises(LinkDown, match="does not answer"):
         Line(lambda: socket.create_connection(("127.0.0.1", 1), timeout=1), TOKEN, hello()).call(m.ListGroups(), 5)
+
+
+def _closing_listener(read: int):
+    """A listener that closes each connection after reading ``read`` bytes: 0, as an SSH tunnel whose
+    far end has nothing listening (it accepts here, then closes before a word)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                if read:
+                    conn.sendall(MAGIC + b"\1" * NONCE)
+                    conn.recv(read, socket.MSG_WAITALL)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def test_a_line_closed_before_a_word_is_no_keeper_there_not_a_refused_token():
+    listener = _closing_listener(read=0)
+    try:
+        with pytest.raises(LinkDown) as down:
+            Line(lambda: socket.create_connection(listener.getsockname(), timeout=5), TOKEN, hello()).open()
+    finally:
+        listener.close()
+    assert not isinstance(down.value, TokenRefused) and "token" not in str(down.value), down.value
+    assert "nothing answered behind the line" in str(down.value)
+
+
+def test_a_line_closed_on_the_kernels_proof_is_a_refused_token(keeper):
+    """The keeper reads the kernel's proof and closes without an answer: said as the token, at once."""
+    server, _ = keeper
+    with pytest.raises(TokenRefused, match="this kernel's token is not the cluster's"):
+        Line(dialler(server), "another-token", hello()).open()
+    listener = _closing_listener(read=64)     # one that opens like a keeper and closes on the proof
+    try:
+        with pytest.raises(TokenRefused):
+            Line(lambda: socket.create_connection(listener.getsockname(), timeout=5), TOKEN, hello()).open()
+    finally:
+        listener.close()

@@ -30,11 +30,11 @@ from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..group.link import StoppedElsewhere
 from ..line.messages import PROTOCOL, Hello, Ship
-from ..line.wire import Line, LinkDown
+from ..line.wire import Line, LinkDown, TokenRefused
 from ..raynodes import NODE_ENV, token_text, use_token_auth
 from ..remote import tunnel
 from ..versions import PACKAGE_VERSION, version_of
-from . import environment, raylines
+from . import environment, headlogs, raylines
 from .session import WATCHER, Connection, current, fine, trouble
 from .session import attach as session_attach
 
@@ -127,16 +127,18 @@ def _line(session, record: ClusterRecord) -> None:
     hello = Hello(protocol=PROTOCOL, package=PACKAGE_VERSION, python=platform.python_version(), ray=version_of("ray"),
                   kernel=this_kernel())
     line = Line(_dialer(record.id), token_text(), hello)
-    deadline = time.monotonic() + KEEPER_WAIT_S
+    waiting = headlogs.Waiting(record, KEEPER_WAIT_S)     # the head's logs say what will not clear by itself
     while True:
         try:
             line.open()
             break
+        except TokenRefused:
+            raise GpugeekError(f"cluster {record.name!r}'s keeper refused this kernel's token (it closed the line "
+                               f"on its proof): RAY_AUTH_TOKEN or Ray's token file here is not the one `up` used — "
+                               f"start the kernel with that token, or `%gpugeek down {record.name}` and `up` it "
+                               f"again") from None
         except LinkDown as exc:
-            if time.monotonic() > deadline:
-                raise GpugeekError(f"cluster {record.name!r}'s keeper does not answer on its head ({exc}) — its "
-                                   f"log is in the cluster's folder there (keeper.log); `%gpugeek up "
-                                   f"{record.name}` tries again") from None
+            waiting.failed(str(exc))
             time.sleep(1.0)
     session.line = line
     session.connection = Connection(record.address, store.path(), record.id, kind="line")

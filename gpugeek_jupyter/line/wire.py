@@ -44,6 +44,18 @@ class LinkDown(ConnectionError):
     """The line is down: it could not be dialled, it broke, or a request went unanswered in time."""
 
 
+class TokenRefused(LinkDown):
+    """The keeper closed the line on this kernel's proof of the token: dialling again cannot help."""
+
+
+class Closed(EOFError):
+    """The other end closed the line; ``received``: what had come of the read it ended."""
+
+    def __init__(self, received: int):
+        super().__init__("the other end closed the line")
+        self.received = received
+
+
 def _proof(token: bytes, side: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, side + nonce, hashlib.sha256).digest()
 
@@ -58,13 +70,13 @@ def _keepalive(sock: socket.socket) -> None:
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes, or ``EOFError`` when the other end closed first."""
+    """``n`` bytes, or ``Closed`` (an ``EOFError``) when the other end closed first."""
     view = memoryview(bytearray(n))
     got = 0
     while got < n:
         chunk = sock.recv_into(view[got:], n - got)
         if not chunk:
-            raise EOFError("the other end closed the line")
+            raise Closed(got)
         got += chunk
     return view.tobytes()
 
@@ -125,14 +137,25 @@ class Line:
         sock.settimeout(SHAKE_TIMEOUT_S)
         try:
             opening = _exactly(sock, len(MAGIC) + NONCE)
-            if not opening.startswith(MAGIC):
-                raise GpugeekError("what answers at the cluster's line is not its keeper (it did not open as one)")
-            mine = os.urandom(NONCE)
+        except Closed as exc:     # an SSH tunnel accepts here and closes when nothing listens behind it
+            raise LinkDown("the keeper closed the line during its opening" if exc.received else
+                           "nothing answered behind the line: it closed before a word (no keeper listens on "
+                           "the head)") from None
+        except OSError as exc:
+            raise LinkDown(f"no opening from the keeper within {SHAKE_TIMEOUT_S:.0f} s" if isinstance(exc, TimeoutError)
+                           else f"the line broke before the keeper's opening ({type(exc).__name__})") from None
+        if not opening.startswith(MAGIC):
+            raise GpugeekError("what answers at the cluster's line is not its keeper (it did not open as one)")
+        mine = os.urandom(NONCE)
+        try:
             sock.sendall(_proof(self._token, b"kernel", opening[len(MAGIC):]) + mine)
             theirs = _exactly(sock, DIGEST)
-        except (OSError, EOFError) as exc:
-            raise LinkDown(f"the keeper closed the line during its opening ({type(exc).__name__}) — "
-                           f"most likely this kernel's token is not the cluster's") from None
+        except (EOFError, ConnectionResetError):     # the keeper read the proof and closed: not its token
+            raise TokenRefused("the keeper closed the line on this kernel's proof of the token: this kernel's "
+                               "token is not the cluster's") from None
+        except OSError as exc:
+            raise LinkDown(f"the keeper did not answer this kernel's proof of the token "
+                           f"({type(exc).__name__})") from None
         if not hmac.compare_digest(theirs, _proof(self._token, b"keeper", mine)):
             raise GpugeekError("what answers at the cluster's line does not hold the cluster's token: not its keeper")
         try:

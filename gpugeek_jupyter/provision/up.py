@@ -19,8 +19,9 @@ from ..cluster.remote import StorageNeeds, learn
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError, LaunchRefused
 from ..guard.lifecycle import start_watchdog, sync_ledger
-from ..kernel import environment
+from ..kernel import environment, headlogs
 from ..kernel.environment import read_env_file, storage_packages, storage_url
+from ..kernel.headlogs import HeadFailed
 from ..kernel.session import current
 from ..meter import ledger
 from ..raynodes import ClusterUnreachable, read_nodes
@@ -149,6 +150,7 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
             start_watchdog(record)
         impl.wait_ready(record, spec)     # an ssh head's watchdog started with it; a cloud head's by itself
     except BaseException as exc:
+        exc = _heads_word(record, exc)
         _abandon(record, exc)
         if isinstance(exc, GpugeekError):      # the stop worked: say so, or the user checks by hand
             elsewhere = another_offer(spec) if isinstance(exc, LaunchRefused) and exc.no_capacity else None
@@ -160,11 +162,30 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
     registry.update(record.id, ready=time.time())
 
 
+def _heads_word(record: ClusterRecord, exc: BaseException) -> BaseException:
+    """A start that failed once the head's watchdog was started: what the head's logs say ended
+    there, where they show it (read before the stop takes the head away), else ``exc``."""
+    if not isinstance(exc, GpugeekError) or isinstance(exc, LaunchRefused | HeadFailed):
+        return exc
+    record = registry.get(record.id)
+    if not capable(record).tunnelled or not ClusterSpec.from_json(record.spec).remote.guard_home:
+        return exc
+    line = headlogs.ended(record)
+    return HeadFailed(f"cluster {record.name!r}: {line}") if line else exc
+
+
 def _connected(name: str) -> Cluster:
     """This kernel connected to the cluster that is up, and its commands meaning it from now on."""
     cluster = Cluster(name)
     try:
         cluster.connect()
+    except HeadFailed as exc:      # nothing on the head lets a kernel in: what `up` started goes
+        record = registry.live(name)
+        if record is not None:
+            _abandon(record, exc)
+        ended = instances_ended(record.id) if record is not None else None
+        raise GpugeekError(f"{exc} — what had started was stopped{f' ({ended})' if ended else ''}, nothing of "
+                           f"{name!r} runs") from None
     except Exception as exc:  # noqa: BLE001 - the cluster is up, registered and watched; only this kernel failed
         raise GpugeekError(f"cluster {name!r} is up but this kernel could not connect to it ({exc}) — "
                            f"`%gpugeek up {name}` retries, `%gpugeek down {name}` stops it") from None

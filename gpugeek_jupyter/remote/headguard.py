@@ -126,8 +126,9 @@ def start(record: ClusterRecord, spec: ClusterSpec, interval: float) -> Guarded:
                  temp_dirs=dict(zip(remote.ips, remote.temp_dirs, strict=True)), token_path=remote.token_path)
     answer = _on_head(remote, "guard", json.dumps(told), package=base64.b64encode(package_archive()).decode(),
                       timeout=60)
-    if not answer.get("ok"):
-        raise GpugeekError(f"{remote.head}: the head's watchdog did not start ({answer.get('error')})")
+    if not answer.get("ok"):      # its log's last lines: a traceback's last is what it ended on
+        said = str(answer.get("error")).split("; ")[-1]
+        raise GpugeekError(f"{remote.head}: {said} — its log: {remote.head}:{told['home']}/watchdog.log")
     return Guarded(guard_home=told["home"], guard_pid=answer["pid"])
 
 

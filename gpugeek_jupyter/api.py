@@ -27,6 +27,7 @@ from .meter import costs, ledger
 from .meter.telemetry import node_samples_frame
 from .provision.actions import Cluster, down, limits, preempt, scale
 from .provision.renting import RENT_THERE as RENT_THERE  # the picker's: an offer up cannot rent
+from .provision.renting import YOUR_IMAGE as YOUR_IMAGE  # … and one it can where you name a machine image
 from .provision.renting import mark
 from .provision.renting import way_in as way_in
 from .provision.status import ClusterStatus, clusters, status

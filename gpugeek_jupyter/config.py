@@ -49,6 +49,9 @@ KEYS: tuple[Key, ...] = (
         "terminated (10–3600 s)"),
     Key("hosts", "pip_index_url", None, "where your own hosts (up --backend ssh) install their runtime from: "
         "the URL of a package index"),
+    Key("cluster", "images", {}, 'your machine images, by cloud and region: {aws = {"ap-southeast-3" = "ami-…"}} '
+        "(an Ubuntu with NVIDIA's driver) — where Ray's launcher has no image of its own (`offers` marks those "
+        "regions), or to use yours"),
 )
 
 
@@ -89,6 +92,7 @@ class Settings:
     ssh_wait_s: float = DEFAULT_SSH_WAIT_S
     spot_rates: tuple[tuple[str, float], ...] = ()     # "provider[/GPU]" → preemptions per node-hour
     pip_index_url: str | None = None
+    images: tuple[tuple[str, str, str], ...] = ()      # (cloud, region, its machine image)
 
 
 def read_toml(text: str) -> dict:
@@ -143,6 +147,7 @@ def settings() -> Settings:
         raise GpugeekError(f"{path}: hosts.pip_index_url must be the URL of a package index")
     return Settings(
         pip_index_url=index_url,
+        images=_images(path, cluster.get("images", {})),
         spot_rates=_spot_rates(path, data.get("spot", {})),
         catalog_paths=tuple(Path(p).expanduser() for p in paths),
         reserved_discount=float(discount),
@@ -151,6 +156,17 @@ def settings() -> Settings:
         unreachable_after_s=float(unreachable) * 60,
         ssh_wait_s=float(ssh_wait),
     )
+
+
+def _images(path: Path, images: object) -> tuple[tuple[str, str, str], ...]:
+    def well_formed(regions: object) -> bool:
+        return isinstance(regions, dict) and all(isinstance(i, str) and i.strip() for i in regions.values())
+
+    if not isinstance(images, dict) or not all(well_formed(regions) for regions in images.values()):
+        raise GpugeekError(f"{path}: cluster.images must map a cloud to its regions' machine images: "
+                           f'{{aws = {{"ap-southeast-3" = "ami-…"}}}}')
+    return tuple(sorted((cloud, region, image.strip()) for cloud, regions in images.items()
+                        for region, image in regions.items()))
 
 
 def _spot_rates(path: Path, spot: object) -> tuple[tuple[str, float], ...]:

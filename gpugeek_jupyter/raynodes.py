@@ -12,8 +12,10 @@ the sim backend's preemption notices into the cluster's KV store.)
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import GpugeekError
 
@@ -318,6 +320,36 @@ def upload_folders(env: dict, scratch_dir: str) -> dict:
 
     env = upload_py_modules_if_needed(dict(env), include_gitignore=False, scratch_dir=scratch_dir)
     return upload_working_dir_if_needed(env, include_gitignore=False, scratch_dir=scratch_dir)
+
+
+EC2_IMAGES = ("autoscaler/_private/aws/config.py", "DEFAULT_AMI")    # in Ray's package: the file, the name
+
+
+@functools.lru_cache(maxsize=1)
+def ec2_default_images() -> dict[str, str] | None:
+    """Region → the machine image (AMI) Ray's cluster launcher gives an EC2 node whose config names
+    none; a region missing here needs one named (else ``ray up`` stops after making its IAM role,
+    key pair and security group: "no ImageId … and no default AMI is available for the region").
+    Read from Ray's source, not imported (that module imports boto3 and Ray's autoscaler: seconds,
+    for a table the offers are marked with); None where it is not found there."""
+    import ast
+    import importlib.util
+
+    found = importlib.util.find_spec("ray")
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(found.submodule_search_locations[0]) / EC2_IMAGES[0]
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == EC2_IMAGES[1] for t in node.targets):
+            try:
+                return dict(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
 
 
 def launcher_config(config: dict) -> dict:

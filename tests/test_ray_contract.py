@@ -128,6 +128,18 @@ def test_each_private_name_raynodes_uses_is_where_it_was(where, names):
     assert not moved, f"{where}: {moved} moved (raynodes.py uses them)"
 
 
+def test_the_machine_images_rays_launcher_gives_ec2_nodes_are_read_where_ray_keeps_them():
+    """``raynodes.ec2_default_images`` reads Ray's table from its source (``EC2_IMAGES``: importing
+    it costs seconds): what it reads is what Ray uses."""
+    from ray.autoscaler._private.aws import config
+
+    from gpugeek_jupyter import raynodes
+
+    read = raynodes.ec2_default_images()
+    assert read is not None, f"{raynodes.EC2_IMAGES} moved: no table of default images read from Ray's source"
+    assert read == config.DEFAULT_AMI and "us-east-1" in read
+
+
 def test_the_gcs_client_answers_what_raynodes_asks():
     """``GcsClient`` hands each call on to its ``InnerGcsClient`` (its ``__getattr__``)."""
     from ray._raylet import GcsClient, InnerGcsClient

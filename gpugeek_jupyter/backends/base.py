@@ -106,6 +106,11 @@ class Backend:
     def preflight(self, spec: ClusterSpec) -> None:
         """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
 
+    def cannot_start_in(self, region: str) -> str | None:
+        """Why it cannot start a machine in ``region`` as things stand (a cloud's launcher with no
+        machine image there), and what to do; None where it can."""
+        return None
+
     def start(self, record: ClusterRecord, spec: ClusterSpec) -> Started:
         raise NotImplementedError
 

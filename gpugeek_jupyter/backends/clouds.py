@@ -66,6 +66,9 @@ class LauncherBackend(Backend):
     def preflight(self, spec):
         self.cloud.check_credentials()
 
+    def cannot_start_in(self, region):
+        return self.cloud.cannot_start_in(region)
+
     def start(self, record, spec):
         config = self.config(record.name, spec, record.marker)
         path = launcher.write(record.name, config)

@@ -80,7 +80,8 @@ def rented_from(spec: ClusterSpec | None) -> Cloud | None:
 def _cloud(name: str, spec: ClusterSpec, provider: Cloud) -> dict:
     """A cloud's machines: instance types from the offers, the head a small CPU machine."""
     workers = {t.name: _worker(provider, t, spec.storage) for t in spec.node_types}
-    head_config = provider.head_config(provider.node_config(provider.head_instance, None, spot=False))
+    head_config = provider.head_config(provider.node_config(provider.head_instance, None, spot=False),
+                                       spec.node_types[0].region)
     return {"cluster_name": name, "max_workers": sum(t.max_workers for t in spec.node_types),
             "provider": {**provider.provider_section(spec.node_types[0], name),
                          **({"use_internal_ips": True} if spec.internal_ips else {})},

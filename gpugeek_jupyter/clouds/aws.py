@@ -61,12 +61,30 @@ class Aws(base.Cloud):
 
     def node_config(self, instance, node_type, *, spot):
         config: dict = {"InstanceType": instance}
+        image = self.image(node_type.region) if node_type is not None else None
+        if image:      # yours; else Ray's launcher fills in its own for the region
+            config["ImageId"] = image
         if spot:
             config["InstanceMarketOptions"] = {"MarketType": "spot"}
         return config
 
-    def head_config(self, config):
-        return {**config, "InstanceInitiatedShutdownBehavior": "terminate"}    # for self_stop
+    def cannot_start_in(self, region):
+        """Ray's launcher gives a node its own Deep Learning AMI, which it has for some regions only
+        (``raynodes.ec2_default_images``); elsewhere ``ray up`` would stop after making the IAM role,
+        key pair and security group."""
+        from ..raynodes import ec2_default_images
+
+        known = ec2_default_images()
+        if self.image(region) or known is None or region in known:
+            return None
+        return (f"Ray's launcher has no machine image of its own in {region} — name yours in config.toml, "
+                f'[cluster.images] aws = {{"{region}" = "ami-…"}} (an Ubuntu with NVIDIA\'s driver), or pick '
+                f"an offer in another region")
+
+    def head_config(self, config, region):
+        image = self.image(region)
+        return {**config, "InstanceInitiatedShutdownBehavior": "terminate",    # for self_stop
+                **({"ImageId": image} if image else {})}
 
     def worker_config(self, config, storage):
         """A worker's machine reaches S3 through its role: Ray's launcher gives one to the head

@@ -75,8 +75,8 @@ class Cloud:
         """One node type's ``node_config``; ``node_type`` None: the head."""
         raise NotImplementedError
 
-    def head_config(self, config: dict) -> dict:
-        """The head's node config, changed where its self-stop needs it."""
+    def head_config(self, config: dict, region: str) -> dict:
+        """The head's node config (in ``region``, the workers'), changed where its self-stop needs it."""
         return config
 
     def worker_config(self, config: dict, storage: str | None) -> dict:
@@ -112,6 +112,18 @@ class Cloud:
 
     def check_more(self) -> None:
         """What else ``ray up`` needs set for this provider."""
+
+    def image(self, region: str) -> str | None:
+        """Your machine image for a node in ``region`` (``[cluster] images`` in config.toml), or
+        None: Ray's launcher picks its own."""
+        from ..config import settings
+
+        return next((i for cloud, where, i in settings().images if (cloud, where) == (self.name, region)), None)
+
+    def cannot_start_in(self, region: str) -> str | None:
+        """Why Ray's launcher cannot start a node in ``region`` as things stand, and what to do;
+        None where it can. Asked before anything is made or called (``up``) and marked in the offers."""
+        return None
 
     def __repr__(self) -> str:
         return f"<cloud {self.name}>"

@@ -61,7 +61,7 @@ def offers(self: GpugeekMagics, line: str):
     )
     if frame.attrs.get("prices_as_of"):
         print(f"prices as of {frame.attrs['prices_as_of']}")
-    for key in ("note", "residency_note", "stale_warning", "renting_note"):
+    for key in ("note", "residency_note", "stale_warning", "renting_note", "image_note"):
         if frame.attrs.get(key):
             print(frame.attrs[key])
     if args.chart:

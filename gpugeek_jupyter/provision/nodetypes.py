@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -212,7 +213,7 @@ def _num(value) -> float | None:
     return None if pd.isna(value) else float(value)
 
 
-def another_offer(spec: ClusterSpec) -> str | None:
+def another_offer(spec: ClusterSpec, can_start: Callable[[str], bool] = lambda region: True) -> str | None:
     """The cheapest offer like ``spec``'s (the same provider, GPU, count and pricing) in another
     region: where to try when the cloud has none free where it was asked (a catalog's AWS zones
     are zone ids, which name no zone of the user's account, so another zone is no other place)."""
@@ -223,5 +224,5 @@ def another_offer(spec: ClusterSpec) -> str | None:
         offers = find_offers(gpu=node.gpu, count=node.gpu_count, provider=node.provider, pricing=node.pricing)
     except GpugeekError:
         return None
-    others = offers[offers["region"] != node.region]
+    others = offers[(offers["region"] != node.region) & offers["region"].map(can_start)]
     return None if others.empty else str(others.iloc[0]["id"])

@@ -10,21 +10,35 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..backends.interface import BY_SSH, renting
+from ..backends.interface import BY_SSH, capable, renting
 from ..vocab import Pricing
 
 RENT_THERE = f"rent, then {BY_SSH}"      # the offers table's word for an offer up cannot launch
+YOUR_IMAGE = ", with your image"         # … after the backend's, where it has no machine image of its own
 
 
 def mark(frame: pd.DataFrame) -> pd.DataFrame:
-    """The offers with an ``up_with`` column: the backend that launches each, or ``RENT_THERE``."""
+    """The offers with an ``up_with`` column: the backend that launches each (and whether it needs
+    your machine image in that region: ``YOUR_IMAGE``), or ``RENT_THERE``."""
     marked = frame.copy()
-    marked["up_with"] = [renting(p) or RENT_THERE for p in marked["provider"]]
+    marked["up_with"] = [_up_with(p, r) for p, r in zip(marked["provider"], marked["region"], strict=True)]
     marked.attrs.update(frame.attrs)
     if (marked["up_with"] == RENT_THERE).any():
         marked.attrs["renting_note"] = (f"up_with '{RENT_THERE}': rent the box on its provider's site, then "
                                         f"%gpugeek up NAME --backend {BY_SSH} --hosts USER@ADDRESS --offer ID")
+    imaged = marked["up_with"].str.endswith(YOUR_IMAGE)
+    if imaged.any():
+        first = marked[imaged].iloc[0]
+        marked.attrs["image_note"] = f"up_with '…{YOUR_IMAGE}': " + capable(renting(first["provider"])) \
+            .cannot_start_in(first["region"]).replace(first["region"], "REGION")
     return marked
+
+
+def _up_with(provider: str, region: str) -> str:
+    backend = renting(provider)
+    if backend is None:
+        return RENT_THERE
+    return backend + (YOUR_IMAGE if capable(backend).cannot_start_in(region) else "")
 
 
 def way_in(offer_id: str | None, provider: str, *, pricing: str = Pricing.ON_DEMAND, price: float | None = None,

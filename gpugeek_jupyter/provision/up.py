@@ -91,6 +91,7 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
     impl = BACKENDS[request.backend]
     if request.dry_run or (impl.confirm and not request.yes):
         return impl.show(request.name, spec)
+    _can_start_there(impl, spec)
     impl.preflight(spec)
     if not impl.launches:     # attach to what runs at --address: it must answer there
         _check_listening(request.address)
@@ -103,6 +104,17 @@ def start(request: UpRequest) -> Cluster | LaunchConfig:
                  f"{record.ready - record.created:.1f} s",
                  options={**request.options(), **({"offers": offers} if offers else {})})
     return _connected(record.name)
+
+
+def _can_start_there(impl, spec: ClusterSpec) -> None:
+    """Refused before anything is made or called: an offer in a region where the backend cannot
+    start a machine (a cloud's launcher with no machine image there), with the next that can."""
+    for node_type in spec.node_types:
+        why = impl.cannot_start_in(node_type.region)
+        if why:
+            elsewhere = another_offer(spec, lambda region: impl.cannot_start_in(region) is None)
+            hint = f"; the next offer that can start: --offer {elsewhere}" if elsewhere else ""
+            raise GpugeekError(f"offer {node_type.offer_id}: {why}{hint} — nothing was started")
 
 
 def _what(spec: ClusterSpec) -> str:

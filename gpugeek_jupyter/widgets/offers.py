@@ -130,7 +130,8 @@ class OfferPicker(w.VBox):
         self.table.value = shown.to_html(index=False, float_format=lambda x: f"{x:,.2f}",
                                          classes="gpugeek-offers")
         self.chart.show(price_performance(frame))
-        choices = [(f"{r.id} — ${r.price:,.2f}/h" + (f" — {r.up_with}" if r.up_with == api.RENT_THERE else ""),
+        said = (api.RENT_THERE, api.YOUR_IMAGE)      # what to know before choosing it
+        choices = [(f"{r.id} — ${r.price:,.2f}/h" + (f" — {r.up_with}" if r.up_with.endswith(said) else ""),
                     r.id) for r in frame.head(100).itertuples()]
         self.choice.options = choices
         self.choice.value = choices[0][1]        # the cheapest, whatever was chosen before
@@ -160,7 +161,7 @@ class OfferPicker(w.VBox):
                                      budget=self.budget.value or None, idle=self.idle.value or None))
             return None
         else:
-            backend = row["up_with"]
+            backend = row["up_with"].removesuffix(api.YOUR_IMAGE)     # up says what to do where it needs one
         if kind == "cloud":
             if not (self.budget.value or self.idle.value):
                 raise GpugeekError("a cloud cluster bills until stopped: set a budget or idle minutes first")

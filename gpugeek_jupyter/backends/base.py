@@ -106,6 +106,19 @@ class Backend:
     def preflight(self, spec: ClusterSpec) -> None:
         """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
 
+    def still_billing(self, record: ClusterRecord) -> str | None:
+        """What a stop leaves billing that only you can end, in words: your own hosts priced at a
+        provider's offer are boxes you rented there — a stop ends Ray on them, not the rental."""
+        spec = ClusterSpec.from_json(record.spec)
+        rented = [t for t in spec.node_types if t.provider and t.offer_id] if self.your_hosts else []
+        if not rented:
+            return None
+        hosts, offer = len(spec.remote.hosts), rented[0]
+        boxes = f"the {hosts} boxes are" if hosts > 1 else "the box is"
+        return (f"{boxes} still rented from {offer.provider} at ${offer.usd_per_hour * hosts:,.2f}/h (offer "
+                f"{offer.offer_id}): this stopped Ray on {'them' if hosts > 1 else 'it'}, not the rental — end "
+                f"it on {offer.provider}'s site; the ledger counts none of it from here")
+
     def cannot_start_in(self, region: str) -> str | None:
         """Why it cannot start a machine in ``region`` as things stand (a cloud's launcher with no
         machine image there), and what to do; None where it can."""

@@ -110,8 +110,8 @@ class Watch:
                 self._tell_head(record, idle)
             elif record.idle_minutes and idle.since is not None and now - idle.since >= record.idle_minutes * 60:
                 ledger.event(self.cluster_id, "idle-stop",
-                             f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down",
-                             options={"idle": record.idle_minutes})
+                             f"idle for {record.idle_minutes:g} min ({idle.why}) — shutting the cluster down"
+                             f"{_and_then(record)}", options={"idle": record.idle_minutes})
                 if shutdown(record, f"idle {record.idle_minutes:g} min", from_watchdog=True, stop=self.stop):
                     return "idle"
         return None
@@ -241,7 +241,8 @@ class Watch:
             spent = ledger.spend(self.cluster_id, time.time())
             ledger.event(self.cluster_id, "budget-stop",
                          f"budget ${budget:,.2f} reached (${spent:,.2f} spent, ${burn:,.2f}/h) — stopping "
-                         f"jobs and shutting the cluster down", options={"budget": budget, "burn_usd_per_hour": burn})
+                         f"jobs and shutting the cluster down{_and_then(record)}",
+                         options={"budget": budget, "burn_usd_per_hour": burn})
             if shutdown(record, "budget cap reached", from_watchdog=True, grace=BUDGET_STOP_GRACE_S, stop=self.stop):
                 return "budget"
         return None
@@ -379,6 +380,12 @@ def main(argv: list[str]) -> int:
     print(f"watchdog: cluster {argv[1]} " + ("unreachable: this watchdog stops dialing it" if reason == UNREACHABLE
                                              else f"stopped ({reason})"), flush=True)
     return 0
+
+
+def _and_then(record) -> str:
+    """What the stop leaves billing that only the user can end (a rented box), as the event's end."""
+    still = capable(record).still_billing(record)
+    return f"; {still}" if still else ""
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ def down(name: str | None = None, *, all: bool = False, forget: bool = False) ->
         done.append(record.name)
         if ended := instances_ended(record.id):
             print(f"{record.name}: {ended}", flush=True)
+        if still := capable(record).still_billing(record):
+            print(f"{record.name}: {still}", flush=True)
         if record.name == session.active:
             session.active = None
     return done

@@ -6,14 +6,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-# On a machine without an NVIDIA GPU, install the CPU build of torch: the "+cpu" local version
-# can only be satisfied by a CPU wheel, so the multi-GB CUDA build is never downloaded.
-HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
-ifeq ($(HAS_GPU),yes)
-TORCH_SPEC ?= torch
-else
-TORCH_SPEC ?= torch==2.13.0+cpu
-endif
+# Which torch: tests/torch_choice.py picks the build for this machine and says which, and from
+# where — on a machine without an NVIDIA GPU the CPU build (from the wheels pip is configured with,
+# else PyTorch's CPU index), else the public index's; TORCH_SPEC=… installs what you name instead.
+TORCH_SPEC ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 LAB_PORT ?= 8888
 LAB_ARGS ?=
@@ -49,14 +46,25 @@ LABEXT_SOURCES := $(shell find labextension/src labextension/style labextension/
 # bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile
 # every module it imports (torch's, Ray's) again, every time.
 UV := $(VENV)/bin/uv
-$(VENV)/.installed-test: pyproject.toml $(LABEXT_SOURCES)
+$(VENV)/.installed: pyproject.toml $(LABEXT_SOURCES)
 	cd labextension && $(NPM) ci --no-audit --no-fund --loglevel=error > .npm-ci.log 2>&1 & npm=$$!; \
-	  { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && $(PIP) install -qq --upgrade pip uv && \
-	  $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
-	    "$(TORCH_SPEC)" "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables; \
+	  { test -x $(PY) || { $(PYTHON) tests/test_minors.py --fits && $(PYTHON) -m venv $(VENV); }; } && \
+	  $(PIP) install -qq --upgrade pip uv && \
+	  sources=$$($(PY) tests/uv_sources.py) && \
+	  torch=$$($(PY) tests/torch_choice.py --record --spec "$(TORCH_SPEC)" --cpu-index "$(TORCH_CPU_INDEX)" $$sources) && \
+	  eval "set -- $$torch" && \
+	  $(UV) pip install -q --compile-bytecode --python $(PY) $$sources "$$@" \
+	    "jupyterlab>=4.6,<5" "hatchling>=1.21" "hatch-jupyter-builder>=0.9" editables; \
 	  venv=$$?; wait $$npm; npm_rc=$$?; cat labextension/.npm-ci.log; rm -f labextension/.npm-ci.log; \
 	  test $$venv -eq 0 && test $$npm_rc -eq 0
 	$(MAKE) --no-print-directory labextension-build
+	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
+	  --no-build-isolation -e .
+	@$(PY) tests/torch_choice.py --installed
+	touch $@
+
+# the tests' and the docs' packages besides (make test, make docs)
+$(VENV)/.installed-test: $(VENV)/.installed
 	SKIP_JUPYTER_BUILDER=1 $(UV) pip install -q --compile-bytecode --python $(PY) $$($(PY) tests/uv_sources.py) \
 	  --no-build-isolation -e ".[test,docs]"
 	touch $@
@@ -83,9 +91,10 @@ docs: $(VENV)/.installed-test
 	mv build/site site
 	GPUGEEK_DOCS_NOTEBOOKS=$(DOCS_NOTEBOOKS) $(PY) -m pytest -q -p no:cacheprovider tests/docs
 
-# opens on the quickstart notebook (the URL it prints goes there)
-lab: $(VENV)/.installed-test
-	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
+# JupyterLab on the quickstart notebook, opened in your browser (where this machine has none, open
+# the URL it prints); ^C stops it
+lab: $(VENV)/.installed
+	$(VENV)/bin/jupyter lab --port=$(LAB_PORT) $(if $(filter 0,$(shell id -u)),--allow-root) \
 	  --LabApp.default_url=/lab/tree/notebooks/quickstart.ipynb $(LAB_ARGS)
 
 # The house checks, before any suite: ruff over the Python; vermin, which refuses in the package

@@ -9,6 +9,7 @@ the packages it lacks stood in for) and starts the host's entry points (``tests/
 ``make lint`` runs vermin over the package at the oldest minor: the same rule, read from the source.
 
     python tests/test_minors.py --oldest        the oldest supported minor, as vermin's target
+    python tests/test_minors.py --fits          whether this Python is a supported one (make's venv)
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--oldest"]:
         print(supported()[0])
         sys.exit(0)
+    if sys.argv[1:] == ["--fits"]:        # make's venv: this Python, or one line saying which to use
+        mine, minors = f"{sys.version_info.major}.{sys.version_info.minor}", supported()
+        if mine not in minors:
+            print(f"make: this package runs on Python {minors[0]}–{minors[-1]}, and {sys.executable} is {mine} — "
+                  f"name one of those: make lab PYTHON=python{minors[-1]}", file=sys.stderr)
+        sys.exit(0 if mine in minors else 1)
 
 
 import pytest  # noqa: E402 - the --oldest call above runs without the test environment

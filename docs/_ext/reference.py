@@ -162,9 +162,34 @@ class ApiDirective(_Generated):
         return out
 
 
+class InCellDirective(_Generated):
+    """What a cell calls on ``gg`` on the workers (``workers.helper.IN_CELL``), each from its
+    docstring, named as a cell writes it (``gg.prepare``)."""
+
+    section = False
+
+    def lines(self) -> list[str]:
+        import inspect
+
+        from gpugeek_jupyter.workers.helper import IN_CELL, Helper
+
+        out: list[str] = []
+        for name in IN_CELL:
+            member = inspect.getattr_static(Helper, name)
+            if isinstance(member, property):
+                kind, shown, doc = "attribute", f"gg.{name}", inspect.getdoc(member.fget)
+            else:
+                signature = str(inspect.signature(member)).replace("(self, ", "(").replace("(self)", "()")
+                kind, shown, doc = "function", f"gg.{name}{signature}", inspect.getdoc(member)
+            out += [f".. py:{kind}:: {shown}", "   :no-index:", ""]
+            out += [f"   {line}" if line else "" for line in (doc or "").splitlines()] + [""]
+        return out
+
+
 def setup(app):
     directives.register_directive("gpugeek-magics", MagicsDirective)
     directives.register_directive("gpugeek-cli", CliDirective)
     directives.register_directive("gpugeek-config", ConfigDirective)
     directives.register_directive("gpugeek-api", ApiDirective)
+    directives.register_directive("gpugeek-in-cell", InCellDirective)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

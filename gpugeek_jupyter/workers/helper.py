@@ -28,6 +28,10 @@ from .device import gpu_utilisation, memory_bytes
 from .options import RunOptions
 from .saves import Saves
 
+# what a cell calls on ``gg`` (the reference page is made from these names and their docstrings;
+# ``begin``, ``seen`` and ``flush`` are the framework reporters' and the worker's)
+IN_CELL = ("prepare", "steps", "autocast", "backward", "log", "save_checkpoint", "load_checkpoint",
+           "latest_checkpoint", "resume_from", "saves")
 REPORT_EVERY_S = 1.0
 LOGGED_MAX = 2000        # values of one metric a report carries by step, at most (the rest: its latest)
 
@@ -73,7 +77,13 @@ class Helper:
     # -- prepare --------------------------------------------------------------------------------
 
     def prepare(self, *objects):
-        """Return ``objects`` in order, each made ready for this worker and the group."""
+        """Return ``objects`` in order, each made ready for this worker and the group: a model moved
+        to this worker's device and wrapped (DDP, or FSDP2 with ``--strategy fsdp``; its repeated
+        blocks checkpointed with ``--grad-ckpt``), an optimizer for it, a ``DataLoader`` given a
+        ``DistributedSampler`` so that each rank sees its share::
+
+            model, optimizer, loader = gg.prepare(model, optimizer, loader)
+        """
         out = []
         for obj in objects:
             if isinstance(obj, nn.Module):
@@ -169,13 +179,22 @@ class Helper:
     # -- the step -------------------------------------------------------------------------------
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward pass in ``--amp``'s precision (``torch.autocast`` in bf16 or fp16; nothing
+        with ``--amp off``)::
+
+            with gg.autocast():
+                loss = model(batch).loss
+        """
         if self.options.amp == "off":
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.options.amp == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
     def backward(self, loss: torch.Tensor) -> bool:
-        """Backward for one micro-batch; on the K-th, clip and step. True when a step was taken."""
+        """Backward for one micro-batch; on the K-th (``--accumulate K``) the gradients are
+        all-reduced, clipped (``--clip``), the optimizer steps and they are zeroed (fp16's loss
+        scaling included). True when a step was taken; every ``--checkpoint-every`` steps it
+        checkpoints."""
         k = self.options.accumulate
         self.micro += 1
         last = self.micro >= k
@@ -229,7 +248,13 @@ class Helper:
 
     def steps(self, loader, epochs: int = 1, max_steps: int | None = None) -> Iterator:
         """Batches for ``epochs`` (or up to ``max_steps`` optimizer steps), resuming after the
-        last checkpoint: batches of steps already taken are skipped, not trained twice."""
+        last checkpoint: batches of steps already taken are skipped, not trained twice. The job
+        monitor's progress bar counts them; where the job keeps checkpoints, a preemption notice
+        checkpoints and ends the cell between two steps::
+
+            for batch in gg.steps(loader, epochs=2):
+                ...
+        """
         resumed = self.load_checkpoint()
         skip = (resumed or 0) * self.options.accumulate     # batches of steps a checkpoint holds
         # the bar counts this loop's steps; after a resume it starts where the checkpoint was
@@ -270,7 +295,9 @@ class Helper:
             self._maybe_report()
 
     def log(self, **metrics) -> None:
-        """Record metrics (loss=…); reported at most once a second, with every value since by step."""
+        """Record metrics (``gg.log(loss=loss.item())``): the job monitor draws them, the ledger
+        keeps them; reported at most once a second, with every value since by step. (In the
+        notebook, ``gg.log`` is the clusters' event log: another function.)"""
         values = {k: float(v) for k, v in metrics.items()}
         self._metrics.update(values)
         done, logged = len(self._logged.get("step", ())), self._logged
@@ -344,6 +371,7 @@ class Helper:
         return checkpoints.save(self)
 
     def latest_checkpoint(self) -> str | None:
+        """Where the newest complete checkpoint of this job is, or None."""
         return checkpoints.latest(self)
 
     def load_checkpoint(self) -> int | None:

@@ -14,9 +14,9 @@ from .lean import leave_out_slow_optional_imports
 
 leave_out_slow_optional_imports()       # before anything imports Ray: seconds of CPU no kernel needs
 
-API = ("Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
-       "attach", "backend_features", "clusters", "cost", "doctor", "down", "fetch", "jobs", "limits", "log", "offers",
-       "plan", "preempt",
+API = ("Advice", "Check", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
+       "attach", "backend_features", "check", "clusters", "cost", "doctor", "down", "fetch", "jobs", "limits", "log",
+       "offers", "plan", "preempt",
        "price_performance", "reset", "run", "scale", "status", "torchrun", "up", "update_catalog")
 WIDGETS = ("ClusterPanel", "CostDashboard", "JobMonitor", "OfferPicker")
 

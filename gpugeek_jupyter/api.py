@@ -12,8 +12,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from . import display
+from .backends import readiness
 from .backends.interface import BACKENDS, Feature, LaunchConfig
 from .backends.interface import REHEARSE as REHEARSE  # the picker's: an offer rehearsed here
+from .backends.readiness import Check
 from .catalog import fresh
 from .catalog.fresh import UpdateResult
 from .catalog.offers import find_offers
@@ -41,9 +43,9 @@ from .views.utilisation import idle_dollars, utilisation_heatmap
 from .vocab import CostGrouping
 
 __all__ = [
-    "Advice", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
-    "attach", "backend_features", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers", "plan",
-    "preempt",
+    "Advice", "Check", "Cluster", "ClusterStatus", "CostReport", "DoctorReport", "LaunchConfig", "Plan", "advise",
+    "attach", "backend_features", "check", "clusters", "cost", "doctor", "down", "jobs", "limits", "log", "offers",
+    "plan", "preempt",
     "price_performance",
     "reset", "run", "scale", "status", "up", "update_catalog",
 ]
@@ -60,6 +62,14 @@ def backend_features() -> pd.DataFrame:
     return pd.DataFrame.from_dict(
         {name: {feature.value: impl.cannot.get(feature, "yes") for feature in Feature}
          for name, impl in BACKENDS.items()}, orient="index").rename_axis("backend")
+
+
+def check(ways: str | list[str] | None = None, *, region: str | None = None, login: str | None = None,
+          ssh_key: str | None = None, hosts: str | None = None) -> Check:
+    """Whether each way to get machines is ready (``Check``: a line each, ``.ready``), found without
+    launching anything: ``ways`` the backends to look at (default: each with something to look at);
+    ``region`` a cloud's, ``login`` a Slurm login node, ``hosts`` your machines, ``ssh_key`` their key."""
+    return readiness.check(BACKENDS, ways, region=region, login=login, ssh_key=ssh_key, hosts=hosts)
 
 
 @functools.wraps(_provision)

@@ -12,8 +12,10 @@ a fraction of a second (``benchmarks/bench_cli.py``).
     gpugeek cost [NAME] [--json]
     gpugeek down NAME [--forget] | --all [--yes]
     gpugeek log [NAME] [--since 2h] [--json]
+    gpugeek check [WAY …] [--region R] [--login USER@HOST] [--hosts …] [--ssh-key KEY]
 
-A bad argument gets one line and exit status 2; a stop that fails, 1. ``up`` becomes a process
+A bad argument gets one line and exit status 2; a stop that fails, 1; a ``check`` that finds a
+way not ready, 1. ``up`` becomes a process
 of its own (``magics/terminal.py``) that parses with ``%gpugeek up``'s own declaration and calls
 the API as a kernel does: the cluster it starts outlives it, as one started from a notebook
 outlives its kernel.
@@ -75,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     log.add_argument("name", metavar="NAME", nargs="?", help="one cluster's events (default: every cluster's)")
     log.add_argument("--since", metavar="SPAN", help="only the last SPAN: 90s, 30m, 2h, 7d")
     log.add_argument("--json", action="store_true", help="print JSON")
+    ready = commands.add_parser("check", help="whether each way to get machines is ready (launches nothing)")
+    ready.add_argument("ways", metavar="WAY", nargs="*",
+                       help="the backends to look at: aws, slurm, … (default: every one with something to look at)")
+    ready.add_argument("--region", help="aws: the region to look in (default: AWS_DEFAULT_REGION or your profile's)")
+    ready.add_argument("--login", help="slurm: the login node to look at, [USER@]HOST[:PORT]")
+    ready.add_argument("--hosts", help="ssh: your machines to look at, comma-separated [USER@]HOST[:PORT]")
+    ready.add_argument("--ssh-key", help="the private key for --login and --hosts")
     return top
 
 
@@ -83,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "up":
         return _up(args.flags)
+    if args.command == "check":
+        return _check(args)
     from .guard import board
     from .meter import ledger
 
@@ -112,6 +123,20 @@ def _up(argv: list[str]) -> int:
     (``magics/terminal.py``): this command reaches no kernel's connection, and loads nothing of it."""
     os.execv(sys.executable, [sys.executable, "-m", "gpugeek_jupyter.magics.terminal", *argv])
     return 1      # (execv returns only by raising)
+
+
+def _check(args) -> int:
+    """One line a way; 0 when every one looked at is ready. Loads the backends' registry and the
+    SDKs it asks, never a kernel's rooms or Ray."""
+    from .backends.interface import BACKENDS
+    from .backends.readiness import check
+
+    try:
+        found = check(BACKENDS, args.ways, region=args.region, login=args.login, ssh_key=args.ssh_key, hosts=args.hosts)
+    except GpugeekError as exc:
+        return _fail(2, str(exc))
+    print(found)
+    return 0 if found.ready else 1
 
 
 def _guard(cluster: dict) -> str:

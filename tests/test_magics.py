@@ -98,7 +98,7 @@ def test_help_lists_subcommands(ipython, capsys):
     ("%%gpugeek run --amp fp8\nx = 1", "--amp 'fp8': use one of bf16, fp16, off"),
     ("%%gpugeek run --accumulate two\nx = 1", "--accumulate 'two' is not a whole number"),
     ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
-    ("%%gpugeek run --gpus-per-worker 0\nx = 1", "--gpus-per-worker 0.0 must be a number > 0"),
+    ("%%gpugeek run --gpus-per-worker -1\nx = 1", "--gpus-per-worker -1.0 must be a number ≥ 0 (0: CPUs)"),
     ("%%gpugeek run --gpus-per-worker 2\nx = 1", "for more GPUs use more --workers"),
     ("%%gpugeek run --collective-timeout 1\nx = 1", "--collective-timeout 1.0 must be a number ≥ 5 (seconds)"),
     ("%gpugeek run", "run is used as %%gpugeek run at the top of a cell"),

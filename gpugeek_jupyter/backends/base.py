@@ -15,7 +15,7 @@ from ..cluster.remote import Fact
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..meter.allocation import JobRecord
-from ..raynodes import RayNode, read_nodes
+from ..raynodes import ClusterUnreachable, RayNode, read_nodes
 
 READY_TIMEOUT_S = 180
 CLIENT_SCHEME = "ray://"     # --address ray://HOST:PORT: a Ray Client server someone else runs
@@ -67,6 +67,33 @@ class LaunchConfig:
         return f"```{lang}\n{self.text.rstrip()}\n```\n\n{where}{self.next_step}"
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What ``check`` was given to look at (None: not given): a cloud's region, a Slurm login node
+    and its key, your hosts; ``ways``, the backends named (none named: every one that can tell)."""
+
+    region: str | None = None
+    login: str | None = None
+    ssh_key: str | None = None
+    hosts: str | None = None
+    ways: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """One backend's line in ``check``: ready, or what is missing and what to do."""
+
+    way: str
+    ready: bool
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.way:<8} {'ready' if self.ready else 'NOT READY'}: {self.line}"
+
+
+_DECLARED: dict[tuple[int, str], float] = {}     # (cluster, address) → its nodes' GPUs, as Ray declared them
+
+
 class Backend:
     """One kind of cluster: how its machines appear and disappear, and what it can do. Each
     capability is declared here without a value, so every backend says each one."""
@@ -106,6 +133,11 @@ class Backend:
     def preflight(self, spec: ClusterSpec) -> None:
         """Refuse early, in one line, what would fail half-way (credentials, CLIs)."""
 
+    def readiness(self, asked: Asked) -> Readiness | None:
+        """Whether ``up`` could get its machines, found without launching anything (``check``);
+        None where there is nothing of its own to look at, or nothing was given to look at."""
+        return None
+
     def still_billing(self, record: ClusterRecord) -> str | None:
         """What a stop leaves billing that only you can end, in words: your own hosts priced at a
         provider's offer are boxes you rented there — a stop ends Ray on them, not the rental."""
@@ -118,6 +150,22 @@ class Backend:
         return (f"{boxes} still rented from {offer.provider} at ${offer.usd_per_hour * hosts:,.2f}/h (offer "
                 f"{offer.offer_id}): this stopped Ray on {'them' if hosts > 1 else 'it'}, not the rental — end "
                 f"it on {offer.provider}'s site; the ledger counts none of it from here")
+
+    def worker_gpus(self, record: ClusterRecord) -> float:
+        """The GPUs of each machine a cell's workers run on: what the cluster is made of (your
+        hosts as ``up`` found them, the offer's node type), else what Ray's nodes declare now (this
+        machine, a cluster attached to). A cell's workers take one each where there are any."""
+        spec = ClusterSpec.from_json(record.spec)
+        made = spec.remote.gpus_per_host or (spec.workers.gpu_count if spec.workers else 0)
+        if made or not record.address or self.tunnelled or "://" in record.address:
+            return float(made)
+        key = (record.id, record.address)      # a machine's GPUs do not change: asked once, not every cell
+        if key not in _DECLARED:
+            try:
+                _DECLARED[key] = max((n.gpus for n in read_nodes(record.address, timeout=2.0) if n.alive), default=0.0)
+            except ClusterUnreachable:
+                return 0.0
+        return _DECLARED[key]
 
     def cannot_start_in(self, region: str) -> str | None:
         """Why it cannot start a machine in ``region`` as things stand (a cloud's launcher with no

@@ -20,7 +20,7 @@ from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import LaunchRefused
 from ..remote import ssh, tunnel
-from . import hosts, launcher
+from . import hosts, launcher, readiness
 from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .rented import terminate_all
 
@@ -65,6 +65,9 @@ class LauncherBackend(Backend):
 
     def preflight(self, spec):
         self.cloud.check_credentials()
+
+    def readiness(self, asked):
+        return readiness.cloud(self.name, self.cloud, asked.region)
 
     def cannot_start_in(self, region):
         return self.cloud.cannot_start_in(region)

@@ -24,6 +24,7 @@ from ..errors import GpugeekError
 from ..meter import ledger
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, token_text
 from ..remote import headguard, runtime, ssh, tunnel
+from . import readiness
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 GCS_PORT = 6379
@@ -201,6 +202,9 @@ class SshBackend(Backend):
     def preflight(self, spec):
         """Every host answers over SSH and is ready to run Ray, before anything is recorded or started."""
         prepare(spec)
+
+    def readiness(self, asked):
+        return readiness.your_hosts(self.name, asked)
 
     def start(self, record, spec):
         return start(record, spec)

@@ -19,6 +19,7 @@ from ..cluster.spec import ClusterSpec, NodeType
 from ..config import home
 from ..errors import GpugeekError
 from ..raynodes import NODE_ENV
+from . import readiness
 from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .launcher import kubectl_available
 
@@ -118,6 +119,9 @@ class KubeRayBackend(Backend):
     def preflight(self, spec):
         if not kubectl_available():
             raise GpugeekError("kubectl is not on PATH — install it and point KUBECONFIG at your cluster")
+
+    def readiness(self, asked):
+        return readiness.kubernetes(self.name)
 
     def start(self, record, spec):
         shown = self.show(record.name, spec)

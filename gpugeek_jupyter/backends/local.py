@@ -23,6 +23,7 @@ from ..errors import GpugeekError
 from ..onhost import marks
 from ..onhost.script import HEAD_START
 from ..raynodes import HEAD_ENV, use_token_auth
+from . import readiness
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 
 HOST = "127.0.0.1"
@@ -149,6 +150,9 @@ class LocalBackend(Backend):
         text = ("ray start --head --node-ip-address=127.0.0.1 --port=<free port> "
                 "--include-dashboard=false --temp-dir=/tmp/gg-<random>")
         return LaunchConfig(self.name, text, None, "run without --dry-run to start it", {})
+
+    def readiness(self, asked):
+        return readiness.here(self.name)
 
     def start(self, record, spec):
         temp_dir = new_temp_dir(record.marker)

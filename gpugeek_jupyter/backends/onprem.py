@@ -12,7 +12,7 @@ from ..cluster.remote import Found, Guarded, LaidOut, LineOpened, learn
 from ..cluster.spec import ClusterSpec
 from ..errors import GpugeekError
 from ..remote import ssh, tunnel
-from . import hosts, launcher
+from . import hosts, launcher, readiness
 from .base import READY_TIMEOUT_S, REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .clouds import LauncherBackend
 
@@ -82,6 +82,10 @@ class OnPremBackend(LauncherBackend):
         config = self.config(name, spec)
         return LaunchConfig(self.name, yaml.safe_dump(config, sort_keys=False), launcher.write(name, config),
                             "Ray validated this config. Run without --dry-run to `ray up` it on your hosts.", config)
+
+    def readiness(self, asked):
+        """Your hosts, as ``ssh`` looks at them (Ray's launcher reaches them over SSH too)."""
+        return readiness.your_hosts(self.name, asked)
 
     def preflight(self, spec):
         check_onprem(spec)

@@ -161,6 +161,10 @@ class SimBackend(LocalBackend):
     scheduler = None
     cannot = MappingProxyType({})
 
+    def readiness(self, asked):
+        """This machine, as ``local`` says: nothing of its own to look at."""
+        return None
+
     def show(self, name, spec):
         config = autoscaler_config(name, spec, "127.0.0.1:<port>")
         return LaunchConfig(self.name, json.dumps(config, indent=1), None,

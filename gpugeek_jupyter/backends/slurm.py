@@ -38,6 +38,7 @@ from ..errors import GpugeekError
 from ..meter import allocation, ledger
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, read_nodes, token_text
 from ..remote import headguard, runtime, ssh, tunnel
+from . import readiness
 from .base import REHEARSAL_ONLY, Backend, Feature, LaunchConfig, Started
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
@@ -361,8 +362,14 @@ class SlurmBackend(Backend):
         return LaunchConfig(self.name, batch_script(name, SHOWN_DIR, spec), None,
                             f"run without --dry-run to submit it from {spec.slurm.login}", {})
 
+    def worker_gpus(self, record):
+        return float(ClusterSpec.from_json(record.spec).slurm.gpus_per_node)      # each node's GRES
+
     def preflight(self, spec):
         prepare(spec)
+
+    def readiness(self, asked):
+        return readiness.login_node(self.name, asked)
 
     def start(self, record, spec):
         job = submit(record, spec)

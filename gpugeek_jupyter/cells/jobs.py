@@ -19,7 +19,6 @@ from ..backends.interface import capable
 from ..cluster import registry
 from ..cluster.processes import kernel_gone, this_kernel
 from ..cluster.registry import ClusterRecord
-from ..cluster.spec import ClusterSpec
 from ..config import home
 from ..errors import GpugeekError
 from ..group import placement
@@ -109,12 +108,9 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
     (one GPU each where the hosts have GPUs); on a cloud's nodes, one per GPU of the N nodes."""
     if connection.line() is None:
         return      # a Ray driver builds its group with its first cell
-    spec = ClusterSpec.from_json(record.spec)
-    if capable(record).your_hosts:
-        opts = options(workers=workers, gpus_per_worker=1 if spec.remote.gpus_per_host else None)
-    else:
-        gpus = spec.workers.gpu_count if spec.workers else 0
-        opts = options(workers=workers * max(1, gpus), gpus_per_worker=1 if gpus else None)
+    gpus = int(capable(record).worker_gpus(record))
+    each = 1 if capable(record).your_hosts else max(1, gpus)      # a cloud's N nodes: a worker per GPU
+    opts = options(workers=workers * each, gpus_per_worker=1 if gpus else 0)
     session = current()
     if session.group is not None:
         session.group.stop()
@@ -126,9 +122,21 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
         return
     session.group = group
     leave_with_this_kernel()
-    gpus = " --gpus-per-worker 1" if opts.gpus_per_worker else ""
     print(f"the worker group starts on the head while you go on: the first `%%gpugeek run --workers "
-          f"{opts.workers}{gpus}` cell runs on it", flush=True)
+          f"{opts.workers}` cell runs on it (a GPU each)" if gpus else f"the worker group starts on the head "
+          f"while you go on: the first `%%gpugeek run --workers {opts.workers}` cell runs on it", flush=True)
+
+
+def on_its_gpus(opts: RunOptions, record: ClusterRecord, asked: float | None) -> RunOptions:
+    """A cell's workers take one GPU each where the cluster's machines have GPUs and CPUs where they
+    have none, unless ``--gpus-per-worker`` says; CPUs asked for on a GPU cluster are said once."""
+    gpus = capable(record).worker_gpus(record)
+    if asked is None:
+        return replace(opts, gpus_per_worker=1.0 if gpus else 0.0)
+    if not opts.gpus_per_worker and gpus:
+        print(f"note: the workers run on CPUs (--gpus-per-worker 0), though the cluster's machines have "
+              f"{gpus:g} GPU{'s' if gpus != 1 else ''} each", flush=True)
+    return opts
 
 
 def _refound(group: Group, record: ClusterRecord) -> bool:
@@ -231,6 +239,7 @@ def run(source: str, *, push: dict | None = None, pull: list[str] | None = None,
               f"gradient_accumulation_steps=…)", flush=True)
     began = time.time()
     record = _cluster()
+    opts = on_its_gpus(opts, record, asked=flags.get("gpus_per_worker"))
     opts = _checkpoints(opts, record, name or "cell-" + hashlib.sha1(source.encode()).hexdigest()[:10])
     # where the job runs: the notebook's folder on this machine, as torchrun runs a script in its
     # caller's; in the copy of --working-dir on nodes that are not the notebook's, where what it

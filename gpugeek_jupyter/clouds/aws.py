@@ -7,6 +7,7 @@ import re
 from datetime import datetime, timezone
 from types import MappingProxyType
 
+from ..errors import GpugeekError
 from . import base
 
 IMDS = "http://169.254.169.254"
@@ -21,6 +22,14 @@ SPOT_INTERRUPTED = ("Server.SpotInstanceTermination", "Server.SpotInstanceShutdo
 # role may use S3: workers that checkpoint there are launched with it too
 RAY_PROFILE = "ray-autoscaler-v1"
 _WHEN = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
+# what Ray's launcher does in EC2, each asked with DryRun=True: EC2 answers DryRunOperation where the
+# identity may, UnauthorizedOperation where it may not, and does nothing either way
+DRY_RUNS = ("DescribeInstances", "DescribeSubnets", "CreateSecurityGroup", "RunInstances", "CreateTags",
+            "TerminateInstances")
+REFUSED = ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException")
+PLACEHOLDER_ID = "i-0123456789abcdef0"    # an instance id for the dry runs that name one (none is touched)
+# Service Quotas' vCPU quotas of the GPU instance families (on-demand)
+GPU_QUOTAS = (("G and VT", "L-DB2E81BA"), ("P", "L-417A185B"))
 
 
 class Aws(base.Cloud):
@@ -116,6 +125,26 @@ class Aws(base.Cloud):
         except (BotoCoreError, ClientError) as exc:
             raise base.CloudUnanswered(f"EC2 did not terminate {', '.join(instance_ids)}: {exc}") from None
 
+    def readiness(self, region=None):
+        """Who the credentials are (STS), whether they may do what Ray's launcher does (EC2's dry
+        runs) and the GPU families' vCPU quotas where the account lets them be read."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        session, region = _session(region)
+        try:
+            me = _client(region, "sts", session).get_caller_identity()
+        except ClientError as exc:
+            raise GpugeekError(f"AWS did not accept your credentials ({_code(exc)}) — check them with "
+                               f"`aws sts get-caller-identity`, or use another profile (AWS_PROFILE)") from None
+        except BotoCoreError as exc:
+            raise GpugeekError(f"AWS did not answer ({exc}) — check your network, or the endpoint you set") from None
+        refused = [f"ec2:{action}" for action in DRY_RUNS if _refused(_client(region, "ec2", session), action, region)]
+        who = f"account {me['Account']} as {me['Arn']}, in {region}"
+        if refused:
+            raise GpugeekError(f"{who}: may not {', '.join(refused)} — give it those permissions (an IAM policy), "
+                               f"or use a profile that has them (AWS_PROFILE)")
+        return f"{who}; may launch (dry runs of ec2:{', '.join(DRY_RUNS)}); {_quotas(session, region)}"
+
     def read_notice(self, node_id=""):
         """``spot/instance-action`` answers 404 until there is a notice, then {"action":
         "terminate"|"stop", "time": "2026-11-23T08:22:00Z"} (IMDSv2: a session token first)."""
@@ -127,12 +156,78 @@ class Aws(base.Cloud):
         return datetime.fromisoformat(json.loads(action)["time"].replace("Z", "+00:00")).timestamp()
 
 
-def _client(region: str):
+def _client(region: str, service: str = "ec2", session=None):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("ec2", region_name=region, config=Config(
+    return (session or boto3).client(service, region_name=region, config=Config(
         connect_timeout=base.API_TIMEOUT_S, read_timeout=base.API_TIMEOUT_S, retries={"max_attempts": 2}))
+
+
+def _session(region: str | None):
+    """The SDK's session, its credentials found and its region known (``--region``, else
+    AWS_DEFAULT_REGION or the profile's): each missing one is one line saying what to do."""
+    if not base.importable("boto3"):
+        raise GpugeekError("the AWS SDK is not installed — pip install boto3")
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = boto3.Session(region_name=region)
+        found = session.get_credentials()
+    except BotoCoreError as exc:     # a profile named that does not exist, a broken config file
+        raise GpugeekError(f"AWS credentials could not be read: {exc} — run `aws configure`") from None
+    if found is None:
+        raise GpugeekError(AWS.no_credentials)
+    if not session.region_name:
+        raise GpugeekError("no AWS region — set AWS_DEFAULT_REGION, name one in your profile (`aws configure`), "
+                           "or give --region")
+    return session, session.region_name
+
+
+def _code(exc) -> str:
+    return exc.response.get("Error", {}).get("Code", "") if hasattr(exc, "response") else type(exc).__name__
+
+
+def _refused(ec2, action: str, region: str) -> bool:
+    """One dry run: True where EC2 refuses the identity ``action``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ..raynodes import ec2_default_images
+
+    image = (AWS.image(region) or (ec2_default_images() or {}).get(region) or "ami-0123456789abcdef0")
+    asked = {"DescribeInstances": lambda: ec2.describe_instances(DryRun=True, MaxResults=5),
+             "DescribeSubnets": lambda: ec2.describe_subnets(DryRun=True),
+             "CreateSecurityGroup": lambda: ec2.create_security_group(
+                 DryRun=True, GroupName="gpugeek-check", Description="gpugeek check (a dry run)"),
+             "RunInstances": lambda: ec2.run_instances(DryRun=True, ImageId=image, InstanceType=AWS.head_instance,
+                                                       MinCount=1, MaxCount=1),
+             "CreateTags": lambda: ec2.create_tags(DryRun=True, Resources=[PLACEHOLDER_ID],
+                                                   Tags=[{"Key": CLUSTER_TAG, "Value": "gpugeek-check"}]),
+             "TerminateInstances": lambda: ec2.terminate_instances(DryRun=True, InstanceIds=[PLACEHOLDER_ID])}
+    try:
+        asked[action]()
+    except ClientError as exc:
+        if _code(exc) == "AuthFailure":
+            raise GpugeekError("AWS did not accept your credentials (AuthFailure) — check them with "
+                               "`aws sts get-caller-identity`") from None
+        return _code(exc) in REFUSED
+    except BotoCoreError as exc:
+        raise GpugeekError(f"EC2 in {region} did not answer ({exc}) — check your network") from None
+    return False
+
+
+def _quotas(session, region: str) -> str:
+    """The GPU families' on-demand vCPU quotas, or "not readable" (they need servicequotas:GetServiceQuota)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        quotas = _client(region, "service-quotas", session)
+        found = [f"{family} {quotas.get_service_quota(ServiceCode='ec2', QuotaCode=code)['Quota']['Value']:g}"
+                 for family, code in GPU_QUOTAS]
+    except (BotoCoreError, ClientError, KeyError):
+        return "GPU vCPU quotas not readable (servicequotas:GetServiceQuota)"
+    return "GPU vCPU quotas: " + ", ".join(found)
 
 
 def _instance(described: dict) -> base.Instance:

@@ -113,6 +113,12 @@ class Cloud:
     def check_more(self) -> None:
         """What else ``ray up`` needs set for this provider."""
 
+    def readiness(self, region: str | None = None) -> str:
+        """``check``'s line: whether ``up`` could rent machines here, found without launching or
+        paying for anything. Raises ``GpugeekError`` with what is missing and what to do."""
+        self.check_credentials()
+        return f"the SDK ({self.sdk[1]}) and credentials found (not tried: nothing is launched)"
+
     def image(self, region: str) -> str | None:
         """Your machine image for a node in ``region`` (``[cluster] images`` in config.toml), or
         None: Ray's launcher picks its own."""

@@ -1,4 +1,5 @@
-"""``%gpugeek advise`` and ``%gpugeek catalog``: advice from what a job measured, and fresh prices.
+"""``%gpugeek advise``, ``%gpugeek catalog`` and ``%gpugeek check``: advice from what a job
+measured, fresh prices, and whether each way to get machines is ready before ``up``.
 
 Registered by importing this module (``magics/__init__.py`` does); each is a thin parser over
 the API function of the same name.
@@ -42,3 +43,18 @@ def catalog(self, line: str):
     if args.action != "update":
         raise UsageError(f"unknown action {args.action!r} — `%gpugeek catalog update [--source URL|DIR]`")
     return api.update_catalog(source=args.source, providers=args.provider)
+
+
+@subcommand
+@magic_arguments()
+@argument("ways", nargs="*", metavar="WAY", help="the backends to look at: aws, slurm, … (default: every one "
+                                                  "with something to look at)")
+@argument("--region", help="aws: the region to look in (default: AWS_DEFAULT_REGION or your profile's)")
+@argument("--login", help="slurm: the login node to look at, [USER@]HOST[:PORT]")
+@argument("--hosts", help="ssh: your machines to look at, comma-separated [USER@]HOST[:PORT]")
+@argument("--ssh-key", help="the private key for --login and --hosts")
+def check(self, line: str):
+    """Whether each way to get machines is ready — credentials, permissions, login node, hosts —
+    found without launching anything or spending a cent."""
+    args = parse_argstring(check, line)
+    print(api.check(args.ways, region=args.region, login=args.login, ssh_key=args.ssh_key, hosts=args.hosts))

@@ -124,7 +124,9 @@ slurm_flags = flags(
 job_flags = flags(
     argument("--workers", type=number("--workers", int), default=2,
              help="workers, one rank each (torchrun's --nproc-per-node × --nnodes)"),
-    argument("--gpus-per-worker", type=number("--gpus-per-worker"), help="GPUs per worker (0.5 shares one)"),
+    argument("--gpus-per-worker", type=number("--gpus-per-worker"),
+             help="GPUs per worker: by default one where the cluster's machines have GPUs, none (CPUs) "
+                  "where they have none; 0 asks for CPUs, 0.5 shares one"),
     argument("--amp", default="off", type=choice(Amp, "--amp"), metavar="|".join(Amp.values()),
              help="mixed precision for gg.autocast()"),
     argument("--grad-ckpt", nargs="?", const=True, default=False, metavar="CLASS",

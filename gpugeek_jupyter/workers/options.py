@@ -51,7 +51,7 @@ def options(*, workers: int = 2, gpus_per_worker: float | None = None, amp: str 
             script_dir: str | None = None) -> RunOptions:
     """Check the flags in one place, one line per mistake."""
     workers = number(workers, "--workers", whole=True, least=1)
-    gpus_per_worker = number(gpus_per_worker, "--gpus-per-worker", above=0)
+    gpus_per_worker = number(gpus_per_worker, "--gpus-per-worker", least=0, hint=" (0: CPUs)")
     if gpus_per_worker is not None and gpus_per_worker > 1:
         raise GpugeekError(f"--gpus-per-worker {gpus_per_worker!r}: a worker is one rank on at most one GPU "
                            f"(a fraction shares one) — for more GPUs use more --workers")

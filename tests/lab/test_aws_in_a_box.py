@@ -30,6 +30,7 @@ from gpugeek_jupyter.clouds.aws import AWS
 from gpugeek_jupyter.cluster import registry
 from gpugeek_jupyter.cluster.spec import ClusterSpec
 from gpugeek_jupyter.config import settings
+from gpugeek_jupyter.kernel.session import current
 from gpugeek_jupyter.meter import ledger
 
 pytestmark = pytest.mark.slow
@@ -66,10 +67,13 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
                 for path in (Path(box.host_of(i["InstanceId"]).disk) / "home" / LOGIN / ".gpugeek" / "runtime").glob(
                     "ray-*/runtime.json")]
         assert made == ["uv"] * 3, made
-        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, gpus_per_worker=1, monitor=False).shown()
+        warmed = current().group          # `up --workers 2` started it on the head
+        # no --gpus-per-worker: on a cluster of GPU machines a cell's workers take one GPU each
+        equal, ips = gg.run(DDP_ACROSS_HOSTS, workers=2, monitor=False).shown()
         first_cell = time.monotonic() - began
         assert equal, "gradients differ between the worker instances"
-        assert ips == sorted(w["PrivateIpAddress"] for w in workers), f"ranks ran on {ips}"
+        assert ips == sorted(w["PrivateIpAddress"] for w in workers), f"ranks ran on {ips}"   # EC2's own list
+        assert warmed is not None and current().group is warmed, "the cell did not find the warm group"
         # as on ssh: the doctor examines every instance's node — and finds that the box's g4dn.xlarge
         # machines have none of the T4 their type declares (a lab host has no GPU), on each worker
         # and nowhere else; the head's keeper lists the job

@@ -64,9 +64,11 @@ def _uninterrupted() -> list:
 @pytest.mark.parametrize("backend", ["local", "sim"])
 def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend):
     up = f"gg.up('held', backend={backend!r}" + (", gpu='A100', count=1)" if backend == "sim" else ")")
+    # on CPUs: a one-GPU rehearsal node holds one GPU worker, and attaching is the same story
     kernel = subprocess.Popen(
         [sys.executable, "-c", f"import gpugeek_jupyter as gg\n{up}\nprint('up-done', flush=True)\n"
-                               f"gg.run({CELL.replace('PAUSE', '1.0')!r}, workers=2, pull=['final'], name='held')\n"],
+                               f"gg.run({CELL.replace('PAUSE', '1.0')!r}, workers=2, pull=['final'], name='held', "
+                               f"gpus_per_worker=0)\n"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         said = []
@@ -100,7 +102,7 @@ def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, bac
             "print('pulled', r.pulled['final'])\n"
             "print('curve', sorted(s['rank'] for s in seen for _ in s.get('logged', {}).get('loss', [])))\n"
             # the adopted group runs this kernel's next cell: the dead kernel's variables are there
-            "print('kept', gg.run('(step, w.tolist())', workers=2).shown())\n"
+            "print('kept', gg.run('(step, w.tolist())', workers=2, gpus_per_worker=0).shown())\n"
             "print(gg.jobs('held').to_json(orient='records'))", gpugeek_home)
         assert attached.returncode == 0, attached.stderr[-3000:]
         out = attached.stdout.splitlines()

@@ -73,3 +73,12 @@ def test_a_malformed_images_table_is_one_line(gpugeek_home, text):
     (gpugeek_home / "config.toml").write_text(text)
     with pytest.raises(gg.GpugeekError, match=r"cluster.images must map a cloud to its regions' machine images"):
         gg.offers(provider="aws", count=1)
+
+
+def test_every_backend_answers_where_it_can_start(gpugeek_home):
+    """``up`` asks each backend before anything starts: none may fail to answer (your own machines
+    and the rehearsals need no image; each cloud says for itself)."""
+    from gpugeek_jupyter.backends.interface import BACKENDS
+
+    answers = {name: backend.cannot_start_in(WITHOUT) for name, backend in BACKENDS.items()}
+    assert {name for name, why in answers.items() if why} == {"aws"}, answers

@@ -179,7 +179,8 @@ class InCellDirective(_Generated):
             if isinstance(member, property):
                 kind, shown, doc = "attribute", f"gg.{name}", inspect.getdoc(member.fget)
             else:
-                signature = str(inspect.signature(member)).replace("(self, ", "(").replace("(self)", "()")
+                signature = str(inspect.signature(member)).replace("(self, ", "(").replace("(self)", "()") \
+                    .replace("'", "")       # the annotations as written, not as the strings they are here
                 kind, shown, doc = "function", f"gg.{name}{signature}", inspect.getdoc(member)
             out += [f".. py:{kind}:: {shown}", "   :no-index:", ""]
             out += [f"   {line}" if line else "" for line in (doc or "").splitlines()] + [""]

@@ -87,6 +87,9 @@ class OnPremBackend(LauncherBackend):
         """Your hosts, as ``ssh`` looks at them (Ray's launcher reaches them over SSH too)."""
         return readiness.your_hosts(self.name, asked)
 
+    def cannot_start_in(self, region):
+        return None         # your own machines: no cloud's machine image to find
+
     def preflight(self, spec):
         check_onprem(spec)
         ips = onprem_ips(spec)      # as Ray's provider will look them up; ``onhost.py`` (ps, stop) needs

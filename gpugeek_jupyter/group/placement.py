@@ -116,7 +116,7 @@ def never_fits(n: int, gpus_per_worker: float, grows: bool) -> None:
         what = f"{need:g} GPU" if resource == "GPU" else f"{need:g} CPU"
         raise GpugeekError(f"{n} workers × {what} do not fit the cluster (it has {total:g} {resource}s on "
                            f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, and does not grow by itself) — "
-                           "use fewer --workers, or `%gpugeek scale` the cluster")
+                           f"use fewer --workers, or `%gpugeek scale` the cluster{_on_cpus(gpus_per_worker)}")
 
 
 def growing(n: int, gpus_per_worker: float) -> str:
@@ -144,4 +144,9 @@ def no_room(n: int, gpus_per_worker: float, have: dict, held: list[Held], holder
     return GpugeekError(
         f"{n} workers × {what} do not fit the cluster (it has {have.get('GPU', 0):g} GPUs, "
         f"{have.get('CPU', 0):g} CPUs" + "".join(f"; {h}" for h in holders) + ") — "
-        "use fewer --workers, or `%gpugeek scale` the cluster")
+        f"use fewer --workers, or `%gpugeek scale` the cluster{_on_cpus(gpus_per_worker)}")
+
+
+def _on_cpus(gpus_per_worker: float) -> str:
+    """The way out a GPU group has besides: its workers on CPUs (a GPU each is the default)."""
+    return ", or `--gpus-per-worker 0` to run them on CPUs" if gpus_per_worker else ""

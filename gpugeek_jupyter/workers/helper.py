@@ -381,7 +381,7 @@ class Helper:
     @property
     def resume_from(self) -> str | None:
         """The job's newest checkpoint as its framework wrote it, on this host, or None — for
-        ``trainer.train(resume_from_checkpoint=gg.resume_from)`` and the like (``saves.py``)."""
+        ``trainer.train(resume_from_checkpoint=gg.resume_from)`` and the like."""
         return self.saves.resume_from()
 
     @property

@@ -214,7 +214,9 @@ def test_cloud_path_up_run_down_on_lab_hosts(lab, gpugeek_home, monkeypatch):
         assert registry.get(record.id).session_id == record.session_id, "the re-attach opened another tunnel"
 
         print(f"  re-attached in a new process: {time.monotonic() - began:.1f} s")
-        result = gg.run(DDP_ACROSS_HOSTS, workers=3)
+        # on CPUs: the stand-in machines have none of the GPUs the offer's type declares (the GPU
+        # instances a cell takes by default: tests/lab/test_aws_in_a_box.py)
+        result = gg.run(DDP_ACROSS_HOSTS, workers=3, gpus_per_worker=0)
         equal, ips = result.shown()
         assert equal, "gradients differ between ranks"
         assert ips == sorted(h.address for h in lab.hosts), f"ranks ran on {ips}"

@@ -10,10 +10,8 @@ import base64
 import io
 import json
 import os
-import socket
 import sys
 import tarfile
-import threading
 import time
 
 import heads
@@ -51,17 +49,9 @@ def _broken_archive() -> str:
 @pytest.fixture
 def no_keeper_behind():
     """The tunnel's end here: it accepts, and closes at once (nothing listens on the head)."""
-    listener = socket.create_server(("127.0.0.1", 0))
+    from test_wire import _closing_listener
 
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    listener = _closing_listener(read=0)
     yield f"127.0.0.1:{listener.getsockname()[1]}"
     listener.close()
 

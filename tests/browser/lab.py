@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from gpugeek_jupyter.ports import free_port
 
@@ -257,6 +258,7 @@ _KERNEL_IDLE_JS = """(panel) => {
     && state.getAttribute('data-status') === 'idle';
 }"""
 
+RUN_STARTS_WITHIN_MS = 30_000     # from Run All to the first cell queued, on a busy machine
 _PROMPTS_JS = """(panel) => [...document.querySelectorAll(panel + ' .jp-CodeCell .jp-InputPrompt')]
   .map(e => e.textContent.trim())"""
 
@@ -315,21 +317,34 @@ def start_run_all(page) -> None:
     once; `wait_run_done` waits for the end. In between, a test can watch outputs appear."""
     page.evaluate(_WATCH_JS, PANEL)
     page.evaluate("() => { window.__ggRunStartedAt = performance.now(); }")
-    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
-    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+    for attempt in range(2):     # a click Lab took before its kernel's session was ready queues nothing (seen)
+        page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+        page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+        if not _has_code(page):
+            return
+        try:
+            page.wait_for_function("() => window.__ggRunStarted", timeout=RUN_STARTS_WITHIN_MS)
+            return
+        except PlaywrightTimeout:
+            if attempt:
+                raise AssertionError(f"Run All Cells queued no cell within {RUN_STARTS_WITHIN_MS / 1000:.0f} s, "
+                                     f"twice") from None
 
 
 def wait_run_done(page, timeout: float = 120, path: str = "") -> NotebookRun:
     """Wait until the run `start_run_all` began is over: no cell queued or running ("[*]") and the
     kernel idle, still so 300 ms later (widgets go on talking to the kernel after a cell ends)."""
-    code = page.evaluate(f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')]
-        .some(c => (c.querySelector('.cm-content')?.textContent || '').trim() !== '')""")
-    if code:  # Lab does not run empty cells: with no code, no "[*]" would ever show
+    if _has_code(page):  # Lab does not run empty cells: with no code, no "[*]" would ever show
         page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
         page.wait_for_timeout(300)
         page.wait_for_function(_DONE_JS, arg=PANEL, timeout=timeout * 1000)
     seconds = page.evaluate("() => (performance.now() - window.__ggRunStartedAt) / 1000")
     return NotebookRun(path, page.evaluate(_PROMPTS_JS, PANEL), seconds)
+
+
+def _has_code(page) -> bool:
+    return page.evaluate(f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')]
+        .some(c => (c.querySelector('.cm-content')?.textContent || '').trim() !== '')""")
 
 
 def run_notebook_in_lab(page, base_url: str, token: str, path: str,

@@ -289,3 +289,19 @@ def test_the_heads_heartbeat_follows_only_a_look_that_saw_the_cluster(gpugeek_ho
     assert health.failing(cluster_id) is None, "the failing state outlived a good look"
     registry.mark_stopped(cluster_id, "test over")
     assert run(cluster_id, watch=watch) == "test over"
+
+
+def test_every_heads_heartbeat_carries_its_news_a_slurm_heads_walltime_too(gpugeek_home, monkeypatch):
+    """The news a head's heartbeat carries to the notebook's machine (``launches.news``): a cloud
+    head's launch refusals, and a Slurm head's walltime, preemption and requeue — any head's."""
+    from gpugeek_jupyter.guard import headwatch, launches
+
+    now = time.time()
+    order = {"name": "wall", "backend": "slurm", "spec": ClusterSpec("slurm").to_json(), "gcs": "127.0.0.1:1",
+             "created": now, "marker": "m", "temp_dirs": {}, "ip": "127.0.0.1", "interval": 0.05}
+    cluster_id = headwatch.open_record(order)
+    ledger.event(cluster_id, launches.WALLTIME, "Slurm job 7 reaches its walltime", options={"end": now + 60})
+    beats = []
+    monkeypatch.setattr(headwatch, "kv_put", lambda gcs, key, value, **k: beats.append(value))
+    headwatch.HeadWatch(cluster_id, 0.05, order)._beat(registry.get(cluster_id))
+    assert [n["kind"] for n in beats[0]["news"]] == [launches.WALLTIME], beats

@@ -20,7 +20,6 @@ from ..backends.rented import instances_of
 from ..clouds import CLOUDS
 from ..cluster.spec import ClusterSpec
 from ..meter import ledger
-from . import launches
 from .launches import Launches
 
 AUTOSCALER_LOG = "session_latest/logs/monitor.log"   # under the head's Ray temp dir
@@ -39,9 +38,6 @@ class CloudHead:
     def look_at_launches(self, record) -> None:
         spec = ClusterSpec.from_json(record.spec)
         self.launches.look(self.cluster_id, spec, CLOUDS[spec.backend], lambda: instances_of(record))
-
-    def news(self) -> list[dict]:
-        return launches.news(self.cluster_id)
 
     def stop_workers(self, record, end_autoscaler: Callable[[], object]) -> None:
         """A cloud's workers are instances: Ray's autoscaler here is ended first (it would launch

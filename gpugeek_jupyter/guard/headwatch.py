@@ -40,6 +40,7 @@ from ..meter import activity, ledger
 from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import host_script
+from . import launches
 from .keeping import Keeper
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
@@ -121,7 +122,7 @@ class HeadWatch(Watch):
             kv_put(self.gcs, HEARTBEAT, {"at": now, "pid": os.getpid(), "every": self.interval,
                                          "spent": ledger.spend(self.cluster_id, now),
                                          "budget": registry.get(self.cluster_id).budget_usd,
-                                         "news": self.cloud.news() if self.cloud else []})
+                                         "news": launches.news(self.cluster_id)})
         except ClusterUnreachable:
             pass
 

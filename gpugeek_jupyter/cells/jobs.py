@@ -123,8 +123,7 @@ def warm_start(record: ClusterRecord, workers: int) -> None:
     session.group = group
     leave_with_this_kernel()
     print(f"the worker group starts on the head while you go on: the first `%%gpugeek run --workers "
-          f"{opts.workers}` cell runs on it (a GPU each)" if gpus else f"the worker group starts on the head "
-          f"while you go on: the first `%%gpugeek run --workers {opts.workers}` cell runs on it", flush=True)
+          f"{opts.workers}` cell runs on it{' (a GPU each)' if gpus else ''}", flush=True)
 
 
 def on_its_gpus(opts: RunOptions, record: ClusterRecord, asked: float | None) -> RunOptions:

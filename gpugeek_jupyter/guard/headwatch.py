@@ -41,6 +41,7 @@ from ..raynodes import ClusterUnreachable, kv_get, kv_put, read_nodes
 from ..remote.headguard import ACTIVITY, HEARTBEAT, LIMITS, fresh
 from ..remote.ssh import host_script
 from . import launches
+from .jobend import JobEnd
 from .keeping import Keeper
 from .lifecycle import LET_GO_S
 from .watchdog import UNREACHABLE_LIMIT, Watch, run
@@ -77,11 +78,7 @@ class HeadWatch(Watch):
         self.rehearsed: frozenset[str] = frozenset()   # the nodes a stop was last timed on
         self.near: float | None = None                 # the cap a stop was timed again near
         # a Slurm job's end near (its walltime, a preemption): the nodes told, the job requeued
-        self.job_end = None
-        if order.get("scheduled"):      # a Slurm job's head alone imports what reads a job's end
-            from .jobend import JobEnd
-
-            self.job_end = JobEnd(cluster_id, order["home"], self.gcs, interval)
+        self.job_end = JobEnd(cluster_id, order["home"], self.gcs, interval) if order.get("scheduled") else None
 
     def look(self) -> str | None:
         """The laptop's report and limits read, the look, then the heartbeat: it follows only a

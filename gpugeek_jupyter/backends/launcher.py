@@ -35,6 +35,7 @@ from ..config import home, settings
 from ..errors import GpugeekError, LaunchRefused
 from ..raynodes import HEAD_ENV, LINK_CONFIG, NODE_ENV, SSH_WAIT_ENV, token_text
 from ..remote import headguard, runtime, ssh
+from . import launchlog
 from .hosts import GCS_PORT, KEEPER_PORT, START_TIMEOUT_S
 
 NODE_IDLE_MINUTES = 5
@@ -323,6 +324,8 @@ def _run(cmd: list[str], args, log: Path, timeout: float | None = None, env: dic
                                "firewall or security group may not let this machine in on port 22 (with "
                                "--internal-ips: is this machine inside its network?), or its image runs no sshd "
                                f"(Ray's log: {log})")
+        # neither: the launcher's own reason, in its words (launchlog), and what to do where known
+        failed = launchlog.failure(f"`ray {' '.join(args[:2])}`", text, log, done.returncode)
         raise GpugeekError(failed)
     return done.stdout.decode(errors="replace")
 

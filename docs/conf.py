@@ -29,7 +29,7 @@ extensions = [
     "errors",                   # the troubleshooting page, from the raise sites
 ]
 
-# ARCHITECTURE.md stays where tests/test_layers.py reads it; explanation/architecture.md includes it
+# ARCHITECTURE.md stays where tests/test_layers.py reads it; development/architecture.md includes it
 exclude_patterns = ["_build", "_ext", "**.ipynb_checkpoints", "ARCHITECTURE.md"]
 root_doc = "index"
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}

@@ -117,34 +117,37 @@ def settings() -> Settings:
         raise GpugeekError(f"{path}: cannot read settings ({exc}) — fix or remove the file") from None
     catalog = data.get("catalog", {})
     if not isinstance(catalog, dict):
-        raise GpugeekError(f"{path}: [catalog] must be a table")
+        raise GpugeekError(f"{path}: [catalog] must be a table — write it as a [catalog] section")
     paths = catalog.get("paths", [])
     if isinstance(paths, str):
         paths = [paths]
     if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        raise GpugeekError(f"{path}: catalog.paths must be a list of file paths")
+        raise GpugeekError(f"{path}: catalog.paths must be a list of file paths — write paths = [\"a.csv\", …]")
     discount = catalog.get("reserved_discount", DEFAULT_RESERVED_DISCOUNT)
     if not isinstance(discount, (int, float)) or not 0 <= discount < 1:
-        raise GpugeekError(f"{path}: catalog.reserved_discount must be a fraction in [0, 1)")
+        raise GpugeekError(f"{path}: catalog.reserved_discount must be a fraction in [0, 1) — set it like 0.3 for 30 %")
     cluster = data.get("cluster", {})
     if not isinstance(cluster, dict):
-        raise GpugeekError(f"{path}: [cluster] must be a table")
+        raise GpugeekError(f"{path}: [cluster] must be a table — write it as a [cluster] section")
     local = cluster.get("local_usd_per_hour", default("cluster", "local_usd_per_hour"))
     interval = cluster.get("meter_interval_s", DEFAULT_METER_INTERVAL_S)
     if isinstance(local, bool) or not isinstance(local, (int, float)) or local < 0:
-        raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0")
+        raise GpugeekError(f"{path}: cluster.local_usd_per_hour must be a number ≥ 0 — set it to what this machine "
+                           "costs, $/h")
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.1 <= interval <= 600:
-        raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds")
+        raise GpugeekError(f"{path}: cluster.meter_interval_s must be between 0.1 and 600 seconds — correct it in "
+                           "that file")
     unreachable = cluster.get("unreachable_after_min", DEFAULT_UNREACHABLE_AFTER_MIN)
     if isinstance(unreachable, bool) or not isinstance(unreachable, (int, float)) or not 0.1 <= unreachable <= 1440:
-        raise GpugeekError(f"{path}: cluster.unreachable_after_min must be between 0.1 and 1440 minutes")
+        raise GpugeekError(f"{path}: cluster.unreachable_after_min must be between 0.1 and 1440 minutes — correct it "
+                           "in that file")
     ssh_wait = cluster.get("ssh_wait_s", DEFAULT_SSH_WAIT_S)
     if isinstance(ssh_wait, bool) or not isinstance(ssh_wait, (int, float)) or not 10 <= ssh_wait <= 3600:
-        raise GpugeekError(f"{path}: cluster.ssh_wait_s must be between 10 and 3600 seconds")
+        raise GpugeekError(f"{path}: cluster.ssh_wait_s must be between 10 and 3600 seconds — correct it in that file")
     hosts = data.get("hosts", {})
     index_url = hosts.get("pip_index_url") if isinstance(hosts, dict) else None
     if not isinstance(hosts, dict) or not (index_url is None or (isinstance(index_url, str) and "://" in index_url)):
-        raise GpugeekError(f"{path}: hosts.pip_index_url must be the URL of a package index")
+        raise GpugeekError(f"{path}: hosts.pip_index_url must be the URL of a package index — set it like https://pypi.example.com/simple")
     return Settings(
         pip_index_url=index_url,
         images=_images(path, cluster.get("images", {})),
@@ -163,7 +166,7 @@ def _images(path: Path, images: object) -> tuple[tuple[str, str, str], ...]:
         return isinstance(regions, dict) and all(isinstance(i, str) and i.strip() for i in regions.values())
 
     if not isinstance(images, dict) or not all(well_formed(regions) for regions in images.values()):
-        raise GpugeekError(f"{path}: cluster.images must map a cloud to its regions' machine images: "
+        raise GpugeekError(f"{path}: cluster.images must map a cloud to its regions' machine images — write it as "
                            f'{{aws = {{"ap-southeast-3" = "ami-…"}}}}')
     return tuple(sorted((cloud, region, image.strip()) for cloud, regions in images.items()
                         for region, image in regions.items()))
@@ -174,6 +177,6 @@ def _spot_rates(path: Path, spot: object) -> tuple[tuple[str, float], ...]:
     if not isinstance(rates, dict) or not all(
             isinstance(k, str) and k.strip() and not isinstance(v, bool) and isinstance(v, (int, float))
             and 0 <= v < float("inf") for k, v in rates.items()):
-        raise GpugeekError(f'{path}: spot.preemptions_per_hour must map "provider" or "provider/GPU" '
-                           "to a number ≥ 0 (preemptions per node-hour)")
+        raise GpugeekError(f'{path}: spot.preemptions_per_hour must map "provider" or "provider/GPU" to a number ≥ 0 '
+                           "(preemptions per node-hour) — correct it in that file")
     return tuple(sorted((k.strip(), float(v)) for k, v in rates.items()))

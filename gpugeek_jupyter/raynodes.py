@@ -153,12 +153,14 @@ def _answering(address: str, timeout: float):
     host, _, port = address.rpartition(":")
     closed = why_closed(host.strip("[]"), int(port), timeout) if port.isdigit() else None
     if closed:
-        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({closed})")
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({closed}) — check that it runs and "
+                                 "this machine reaches it")
     use_token_auth()
     try:
         yield
     except (RpcError, ConnectionError, TimeoutError) as exc:
-        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__})") from None
+        raise ClusterUnreachable(f"the Ray cluster at {address} does not answer ({type(exc).__name__}) — check that "
+                                 "it runs and this machine reaches it") from None
 
 
 def read_nodes(address: str, timeout: float = 5.0) -> list[RayNode]:

@@ -23,7 +23,7 @@ def parse_count(text: str | float | int, what: str = "number") -> float:
             )
         value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
     if not math.isfinite(value) or value <= 0:
-        raise GpugeekError(f"{what} {text!r} must be a positive number")
+        raise GpugeekError(f"{what} {text!r} must be a positive number — give one")
     return value
 
 
@@ -51,10 +51,10 @@ def number(value: object, flag: str, *, whole: bool = False, least: float | None
         if whole and not parsed.is_integer():
             raise ValueError
     except (TypeError, ValueError):
-        raise GpugeekError(f"{flag} {value!r} is not a {noun}{hint}") from None
+        raise GpugeekError(f"{flag} {value!r} is not a {noun}{hint} — give one") from None
     if not (math.isfinite(parsed) and (least is None or parsed >= least) and (above is None or parsed > above)):
         bound = f" ≥ {least:g}" if least is not None else f" > {above:g}" if above is not None else ""
-        raise GpugeekError(f"{flag} {value!r} must be a{' finite' if not bound else ''} {noun}{bound}{hint}")
+        raise GpugeekError(f"{flag} {value!r} must be a{' finite' if not bound else ''} {noun}{bound}{hint} — give one")
     return int(parsed) if whole else parsed
 
 

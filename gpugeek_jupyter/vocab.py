@@ -33,7 +33,7 @@ class Choice(str, Enum):
         try:
             return cls(value)
         except ValueError:
-            raise GpugeekError(f"{flag} {value!r}: use one of {', '.join(cls.values())}") from None
+            raise GpugeekError(f"{flag} {value!r} is not known — use one of {', '.join(cls.values())}") from None
 
 
 class Pricing(Choice):

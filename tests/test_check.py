@@ -75,7 +75,7 @@ def test_the_cli_exits_0_when_ready_1_when_not_2_on_bad_input(no_credentials, ca
     assert main(["check", "nowhere"]) == 2
     assert capsys.readouterr().err.startswith("gpugeek: check: no way to get machines called 'nowhere'")
     assert main(["check", "slurm", "--login", "bad host!"]) == 1
-    assert "--login 'bad host!': write the login node as [USER@]HOST[:PORT]" in capsys.readouterr().out
+    assert "--login 'bad host!' is not a host — write the login node as [USER@]HOST[:PORT]" in capsys.readouterr().out
     assert main(["check", "slurm"]) == 1
     assert "--login USER@HOST" in capsys.readouterr().out
 

@@ -63,7 +63,7 @@ def _error_lines(ipython, line, capsys):
     ("offers --gpu H100 --count 3", "no offers match --gpu H100 --count 3"),
     ("plan --params 7Q", "--params '7Q' is not a number"),
     ("plan --model nothing_here", "no variable 'nothing_here'"),
-    ("plan --model not_a_module", "expected a torch.nn.Module, got str"),
+    ("plan --model not_a_module", "--model names a str, not a torch.nn.Module"),
     ("plan --params 7B --gpus 0", "--gpus '0' must be a whole number ≥ 1"),
     ("frobnicate", "unknown subcommand 'frobnicate'"),
     ("doctor nosuch", "no cluster named 'nosuch'"),
@@ -95,14 +95,14 @@ def test_help_lists_subcommands(ipython, capsys):
 
 @pytest.mark.parametrize("cell, expected", [
     ("%%gpugeek run --workers 0\nx = 1", "--workers 0 must be a whole number ≥ 1"),
-    ("%%gpugeek run --amp fp8\nx = 1", "--amp 'fp8': use one of bf16, fp16, off"),
+    ("%%gpugeek run --amp fp8\nx = 1", "--amp 'fp8' is not known — use one of bf16, fp16, off"),
     ("%%gpugeek run --accumulate two\nx = 1", "--accumulate 'two' is not a whole number"),
     ("%%gpugeek run --push nothing_here\nx = 1", "no variable 'nothing_here'"),
     ("%%gpugeek run --gpus-per-worker -1\nx = 1", "--gpus-per-worker -1.0 must be a number ≥ 0 (0: CPUs)"),
     ("%%gpugeek run --gpus-per-worker 2\nx = 1", "for more GPUs use more --workers"),
     ("%%gpugeek run --collective-timeout 1\nx = 1", "--collective-timeout 1.0 must be a number ≥ 5 (seconds)"),
-    ("%gpugeek run", "run is used as %%gpugeek run at the top of a cell"),
-    ("%%gpugeek status\nx = 1", "status is used as %gpugeek status"),
+    ("%gpugeek run", "run is not used this way — write it as %%gpugeek run at the top of a cell"),
+    ("%%gpugeek status\nx = 1", "status is not used this way — write it as %gpugeek status"),
 ])
 def test_bad_run_input_is_one_line(ipython, capsys, cell, expected):
     result = ipython.run_cell(cell)

@@ -118,11 +118,11 @@ def test_model_without_sequence_and_with_example():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"params": "7Q"}, "--params '7Q' is not a number"),
-    ({"model": [1, 2]}, "expected a torch.nn.Module, got list"),
+    ({"model": [1, 2]}, "--model names a list, not a torch.nn.Module"),
     ({"params": "7B", "model": MLP()}, "exactly one of --params"),
     ({}, "exactly one of --params"),
     ({"params": "7B", "strategy": "fsdp", "gpus": 1}, "fsdp needs more than one GPU"),
-    ({"params": "7B", "precision": "fp8"}, "--precision 'fp8': use one of bf16, fp16, fp32"),
+    ({"params": "7B", "precision": "fp8"}, "--precision 'fp8' is not known — use one of bf16, fp16, fp32"),
     ({"params": "7B", "tokens": "1T", "hours": 3}, "--tokens or --hours"),
     ({"params": "-1"}, "is not a number"),
 ])

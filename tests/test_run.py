@@ -264,7 +264,7 @@ def test_interrupt_stops_every_worker_and_keeps_the_group(ipython, stop_button):
     pids = gg.run("os.getpid()", workers=2).shown()
     threading.Timer(1.0, stop_button).start()
     start = time.monotonic()
-    with pytest.raises(Interrupted, match="interrupted on all 2 workers; the group is ready"):
+    with pytest.raises(Interrupted, match="interrupted on all 2 workers — the group is ready"):
         gg.run("for _ in range(600):\n    time.sleep(0.05)\n", workers=2)
     assert time.monotonic() - start < 1.0 + 2.0
     # the same workers, their variables with them

@@ -100,10 +100,12 @@ def test_the_order_is_the_kernels_versions():
 
 
 @pytest.mark.parametrize("flags, said", [
-    ({"python": "/opt/py/bin/python"}, "--python: only for --backend ssh or onprem (your own machines)"),
-    ({"install": False}, "--no-install: only for --backend ssh or onprem (your own machines)"),
+    ({"python": "/opt/py/bin/python"},
+     "--python: only for --backend ssh or onprem (your own machines) — drop it, or use that backend"),
+    ({"install": False},
+     "--no-install: only for --backend ssh or onprem (your own machines) — drop it, or use that backend"),
     ({"backend": "ssh", "hosts": "10.0.0.5", "usd_per_hour": 0, "pip_index_url": "mirror"},
-     "--pip-index-url 'mirror': give the URL of a package index, like https://pypi.example.com/simple"),
+     "--pip-index-url 'mirror' is not a URL — give a package index's, like https://pypi.example.com/simple"),
 ])
 def test_runtime_flags_are_checked_before_anything_starts(gpugeek_home, flags, said):
     with pytest.raises(gg.GpugeekError) as failed:

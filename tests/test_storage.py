@@ -81,12 +81,12 @@ def test_up_storage_takes_object_storage_urls_and_shared_paths_only():
     assert environment.storage_packages("s3://bucket/x")[0].startswith("s3fs")
     assert environment.storage_packages("/mnt/shared") == []
     for wrong, said in (("ftp://host/x", "give s3://BUCKET/PREFIX"), ("s3://", "give s3://BUCKET/PREFIX"),
-                        ("runs/here", "a path must be absolute")):
+                        ("runs/here", "is not an absolute path")):
         with pytest.raises(GpugeekError, match=said):
             environment.storage_url(wrong)
 
 
 def test_up_storage_that_is_wrong_starts_nothing(gpugeek_home):
-    with pytest.raises(GpugeekError, match="--storage ftp://x/y: give s3://"):
+    with pytest.raises(GpugeekError, match="--storage ftp://x/y is not a place to keep files — give s3://"):
         gg.up("stored", storage="ftp://x/y")
     assert gg.clusters().empty

@@ -18,8 +18,8 @@ class AttachBackend(Backend):
     cannot = MappingProxyType({
         Feature.LIMITS: "they stop a cluster, and an attached cluster is not ours to stop — start one with "
                         "--backend local/sim/aws/… instead",
-        Feature.DASHBOARD: "an attached cluster's dashboard is whatever its owner started",
-        Feature.SCALE: "an attached cluster is its owner's to size",
+        Feature.DASHBOARD: "an attached cluster's dashboard is whatever its owner started — ask its owner where it is",
+        Feature.SCALE: "an attached cluster is its owner's to size — ask its owner, or `up` a cluster of your own",
         Feature.PREEMPT: REHEARSAL_ONLY,
     })
 

@@ -32,7 +32,7 @@ class Feature(str, Enum):
     PREEMPT = "preempt"
 
 
-REHEARSAL_ONLY = "rehearses losing a spot node, on a sim cluster only (`up --backend sim`)"
+REHEARSAL_ONLY = "rehearses losing a spot node, on a sim cluster only — rehearse it on one: `up --backend sim`"
 
 
 @dataclass
@@ -207,7 +207,8 @@ class Backend:
 
     def wait_moved(self, record: ClusterRecord, say=print) -> ClusterRecord:
         """Until the cluster's head has moved (``follow``) and its nodes are back: the record then."""
-        raise GpugeekError(f"a {self.name} cluster's head does not move")
+        raise GpugeekError(f"a {self.name} cluster's head does not move — a node to preempt is one of its workers "
+                           "(`%gpugeek status` lists them)")
 
     def scale(self, record: ClusterRecord, spec: ClusterSpec, workers: int) -> ClusterSpec:
         self.check(Feature.SCALE)

@@ -35,8 +35,8 @@ class LauncherBackend(Backend):
     scheduler = None
     kernel_joins = "line"
     cannot = MappingProxyType({
-        Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "
-                           "writes the config)",
+        Feature.DASHBOARD: "the head's dashboard is not opened from here — open it with `ray dashboard <its config>` "
+                           "(`up --dry-run` writes the config)",
         Feature.PREEMPT: "a cloud preempts its spot nodes for real; `preempt` " + REHEARSAL_ONLY,
     })
 

@@ -114,7 +114,8 @@ def _ray_start(record: ClusterRecord, spec: ClusterSpec, i: int, role: str, toke
     answer = ssh.on_host(hosts[i], remote.ssh_key, remote.pythons[i], "start", json.dumps(order),
                          token=token, timeout=START_TIMEOUT_S + 30)
     if not answer.get("ok"):
-        raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')})")
+        raise GpugeekError(f"{hosts[i]}: Ray did not start ({answer.get('error')}) — check Ray and Python on that "
+                           "host; `up` again once it does")
     return answer
 
 
@@ -186,7 +187,7 @@ class SshBackend(Backend):
     notices = provider = scheduler = None
     cannot = MappingProxyType({
         Feature.DASHBOARD: "an ssh cluster's head starts no dashboard: your hosts open no port the cluster does "
-                           "not need",
+                           "not need — `%gpugeek status` and `%gpugeek doctor` show its nodes",
         Feature.PREEMPT: "your own machines are not spot nodes; `preempt` " + REHEARSAL_ONLY,
     })
 

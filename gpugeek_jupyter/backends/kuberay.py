@@ -141,4 +141,5 @@ class KubeRayBackend(Backend):
         done = subprocess.run(["kubectl", *args], capture_output=True, text=True)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise GpugeekError(f"kubectl {args[0]} failed: {last}")
+            raise GpugeekError(f"kubectl {args[0]} failed: {last} — check kubectl's context and access (`kubectl get "
+                               "rayclusters`)")

@@ -35,8 +35,8 @@ def check_onprem(spec: ClusterSpec) -> None:
         raise GpugeekError("--backend onprem: Ray's on-premise provider logs in to every host as one user on "
                            "port 22 — write --hosts as USER@HOST for one USER, or use --backend ssh")
     if not spec.remote.ssh_key:
-        raise GpugeekError("--backend onprem: give --ssh-key: Ray copies it to the head, whose autoscaler "
-                           "logs in to the other hosts with it")
+        raise GpugeekError("--backend onprem needs --ssh-key: Ray copies it to the head, whose autoscaler logs in to "
+                           "the other hosts with it — give --ssh-key PATH")
     if shutil.which("rsync") is None:
         raise GpugeekError("`ray up` copies files with rsync, which is not on PATH — install rsync "
                            "(apt install rsync, brew install rsync)")
@@ -70,8 +70,8 @@ class OnPremBackend(LauncherBackend):
     kernel_joins = "line"
     notices = provider = scheduler = None
     cannot = MappingProxyType({
-        Feature.DASHBOARD: "the head's dashboard is reached with `ray dashboard <its config>` (`up --dry-run` "
-                           "writes the config)",
+        Feature.DASHBOARD: "the head's dashboard is not opened from here — open it with `ray dashboard <its config>` "
+                           "(`up --dry-run` writes the config)",
         Feature.PREEMPT: "your own machines are not spot nodes; `preempt` " + REHEARSAL_ONLY,
     })
 

@@ -95,7 +95,8 @@ def login_node(way: str, asked: Asked) -> Readiness | None:
     try:
         target = ssh.parse_hosts([asked.login])[0]
     except GpugeekError:
-        raise GpugeekError(f"--login {asked.login!r}: write the login node as [USER@]HOST[:PORT]") from None
+        raise GpugeekError(f"--login {asked.login!r} is not a host — write the login node as "
+                           "[USER@]HOST[:PORT]") from None
     done = ssh.run(target, asked.ssh_key, "bash -lc 'command -v sbatch'", timeout=30)
     found = done.stdout.strip().splitlines()
     if done.returncode != 0 or not found:

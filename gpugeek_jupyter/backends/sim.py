@@ -112,7 +112,8 @@ def preempt(cluster_id: int, name: str, spec: ClusterSpec, address: str, session
     raylets = [p for p in processes.session_processes(session_id, since, marker)
                if f"--raylet_socket_name={target.raylet_socket}" in " ".join(_cmdline(p))]
     if not raylets:
-        raise GpugeekError(f"node {target.node_id[-6:]} is not a process of this cluster")
+        raise GpugeekError(f"node {target.node_id[-6:]} is not a process of this cluster — `%gpugeek status` lists "
+                           "its nodes")
     # the ledger and the autoscaler hear of it first, so neither Ray's later health-check verdict
     # nor a relaunch of the lost spot type gets ahead of us
     at = time.time()
@@ -137,7 +138,7 @@ def scale(name: str, spec: ClusterSpec, address: str, temp_dir: str, workers: in
     """A fixed size of ``workers`` nodes of the cluster's node type; extra stand-ins go idle."""
     primary = spec.workers
     if primary is None:
-        raise GpugeekError("this cluster has no worker node type to scale")
+        raise GpugeekError("this cluster has no worker node type to scale — `up` one with --workers or --max-workers")
     primary.min_workers = primary.max_workers = workers
     for t in spec.node_types:
         if t.replaces_preempted:

@@ -166,7 +166,9 @@ def submit(record: ClusterRecord, spec: ClusterSpec) -> str:
     err = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
     if done.returncode != 0 or not re.fullmatch(r"\d+(;\S+)?", said.splitlines()[-1] if said else ""):
         words = [line.removeprefix("sbatch: error: ").strip() for line in err.splitlines() if "error" in line]
-        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'}"
+        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'} — fix "
+                           "what it names "
+                           f"(--partition, --account, --time, --nodes) and `up` again"
                            + (_accounts(spec) if "Invalid account" in err else ""))
     return said.splitlines()[-1].split(";")[0]
 
@@ -193,7 +195,8 @@ def wait_running(record: ClusterRecord, spec: ClusterSpec, job: str, say=print) 
     while True:
         state = queue_state(spec, job)
         if state is None:
-            raise GpugeekError(f"Slurm job {job} ended before Ray started: {_log_tail(record, spec, job)}")
+            raise GpugeekError(f"Slurm job {job} ended before Ray started: {_log_tail(record, spec, job)} — `sacct -j "
+                               f"{job}` says why")
         if state["state"] == "RUNNING":
             return
         if state["state"] == "PENDING":
@@ -205,7 +208,7 @@ def wait_running(record: ClusterRecord, spec: ClusterSpec, job: str, say=print) 
                 last = line
         elif state["state"] not in ("CONFIGURING", "COMPLETING"):
             raise GpugeekError(f"Slurm job {job} is {state['state']} ({state['reason']}): "
-                               f"{_log_tail(record, spec, job)}")
+                               f"{_log_tail(record, spec, job)} — `sacct -j {job}` says why; `up` again")
         time.sleep(POLL_S)
 
 
@@ -227,7 +230,8 @@ def head_of(record: ClusterRecord, spec: ClusterSpec, job: str, within: float = 
                                    f"{node_dir(record)}/job-{job}.log on the login node")
             return answer
         if queue_state(spec, job) is None or time.monotonic() > deadline:
-            raise GpugeekError(f"Slurm job {job}: Ray's head did not start ({_log_tail(record, spec, job)})")
+            raise GpugeekError(f"Slurm job {job}: Ray's head did not start ({_log_tail(record, spec, job)}) — read "
+                               "the job's log, then `up` again")
         time.sleep(1.0)
 
 
@@ -242,11 +246,13 @@ def cancel(record: ClusterRecord, spec: ClusterSpec, within: float = STOPPED_WIT
     job = spec.remote.job_id
     done = on_login(spec, f"scancel {job}")
     if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        raise GpugeekError(f"scancel {job} failed on {login(spec)}: {done.stderr.strip()[-300:]}")
+        raise GpugeekError(f"scancel {job} failed on {login(spec)}: {done.stderr.strip()[-300:]} — run `scancel "
+                           f"{job}` there yourself")
     deadline = time.monotonic() + within
     while (state := queue_state(spec, job)) is not None:
         if time.monotonic() > deadline:
-            raise GpugeekError(f"Slurm job {job} is still {state['state']} {within:.0f} s after scancel")
+            raise GpugeekError(f"Slurm job {job} is still {state['state']} {within:.0f} s after scancel — look with "
+                               f"`squeue -j {job}`; `down` again")
         time.sleep(1.0)
 
 
@@ -308,10 +314,11 @@ def wait_requeued(record: ClusterRecord, say=print) -> ClusterRecord:
             return moved
         if not fresh.live:
             raise GpugeekError(f"cluster {record.name!r} was stopped while its job waited to run again "
-                               f"({fresh.stop_reason})")
+                               f"({fresh.stop_reason}) — `up` a new one to go on")
         state = queue_state(spec, job)
         if state is None:
-            raise GpugeekError(f"Slurm job {job} ended instead of running again: {_log_tail(record, spec, job)}")
+            raise GpugeekError(f"Slurm job {job} ended instead of running again: {_log_tail(record, spec, job)} — "
+                               "`up` a new cluster to go on")
         if state["state"] == "PENDING":
             line = _pending(job, state)
         elif last is not None:        # pending before: it runs again, Ray's head starting
@@ -353,9 +360,10 @@ class SlurmBackend(Backend):
     provider = None
     cannot = MappingProxyType({
         Feature.DASHBOARD: "a Slurm cluster's head starts no dashboard: its nodes are shared, and nothing of "
-                           "ours listens there but behind the cluster's token",
+                           "ours listens there but behind the cluster's token — `%gpugeek status` and "
+                           "`%gpugeek doctor` show its nodes",
         Feature.PREEMPT: "the scheduler preempts a Slurm job for real; `preempt` " + REHEARSAL_ONLY,
-        Feature.SCALE: "a Slurm cluster is one allocation of --nodes: `down`, then `up` with other --nodes",
+        Feature.SCALE: "a Slurm cluster is one allocation of --nodes — `down` it, then `up` with other --nodes",
     })
 
     def show(self, name, spec):

@@ -124,11 +124,12 @@ def source_of(source: str | None) -> tuple[str, bool]:
             if not urllib.parse.urlsplit(text).hostname:
                 raise ValueError("no host")
         except ValueError as exc:
-            raise GpugeekError(f"catalog source {source!r} is not a valid URL ({exc})") from None
+            raise GpugeekError(f"catalog source {source!r} is not a valid URL ({exc}) — give an http(s) URL or "
+                               "a folder") from None
         return text.rstrip("/"), False
     if text.startswith("file://"):
         text = urllib.request.url2pathname(urllib.parse.urlsplit(text).path)
     folder = Path(text).expanduser()
     if not folder.is_dir():
-        raise GpugeekError(f"catalog source {source!r} is neither an http(s) URL nor a folder")
+        raise GpugeekError(f"catalog source {source!r} is neither an http(s) URL nor a folder — give one of the two")
     return str(folder.resolve()), True

@@ -149,7 +149,7 @@ def _providers(providers: str | list[str] | None) -> list[str] | None:
     names = [str(n).strip().lower() for n in names if n and str(n).strip()]
     for name in names:
         if name not in skypilot.PROVIDERS:
-            raise GpugeekError(f"unknown provider {name!r} — known: {', '.join(skypilot.PROVIDERS)}")
+            raise GpugeekError(f"unknown provider {name!r} — name one of {', '.join(skypilot.PROVIDERS)}")
     if not names:
         raise GpugeekError(f"no provider given — name one or more of {', '.join(skypilot.PROVIDERS)}")
     return list(dict.fromkeys(names))

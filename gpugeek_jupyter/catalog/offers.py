@@ -111,7 +111,7 @@ def load_catalog(
         keyed.append((str(path.resolve()), path.stat().st_mtime))
     discount = settings.reserved_discount if reserved_discount is None else reserved_discount
     if not 0 <= discount < 1:
-        raise GpugeekError(f"reserved discount {discount} must be a fraction in [0, 1)")
+        raise GpugeekError(f"reserved discount {discount} is not a fraction in [0, 1) — give one, like 0.3 for 30 %")
     base = fresh.current()      # the newest updated catalog, else the bundled one
     return base.stamp(_load(base.key(), tuple(keyed), float(discount)))
 
@@ -153,7 +153,7 @@ def gpu_mask(catalog: pd.DataFrame, names: str | Iterable[str] | None) -> pd.Ser
             mask |= catalog["gpu_name"].str.upper() == key
         else:
             near = gpus.suggest(name, sorted(set(catalog["gpu"]) | set(catalog["gpu_name"])))
-            hint = f" — did you mean {', '.join(near)}?" if near else ""
+            hint = f" — did you mean {', '.join(near)}?" if near else " — `%gpugeek offers` lists the GPUs"
             raise GpugeekError(f"unknown GPU {name!r}{hint}")
     return mask
 
@@ -170,9 +170,9 @@ def parse_count_filter(count: int | str | None) -> tuple[int, bool] | None:
             raise ValueError
         value = int(digits)
     except ValueError:
-        raise GpugeekError(f"--count {text!r} is not a whole number (8, or 8+ for at least 8)") from None
+        raise GpugeekError(f"--count {text!r} is not a whole number — give 8, or 8+ for at least 8") from None
     if value < 1:
-        raise GpugeekError(f"--count {text!r} must be a whole number ≥ 1 (8, or 8+ for at least 8)")
+        raise GpugeekError(f"--count {text!r} is below 1 — give 8, or 8+ for at least 8")
     return value, at_least
 
 
@@ -273,7 +273,7 @@ def provider_mask(catalog: pd.DataFrame, provider: str | Iterable[str] | None) -
     for name in names:
         if name not in known:
             near = gpus.suggest(name, known)
-            hint = f" — did you mean {', '.join(near)}?" if near else f" — known: {', '.join(known)}"
+            hint = f" — did you mean {', '.join(near)}?" if near else f" — name one of {', '.join(known)}"
             raise GpugeekError(f"unknown provider {name!r}{hint}")
     return catalog["provider"].isin(names)
 
@@ -351,6 +351,6 @@ def _no_match(
         if not on_demand.empty and on_demand["spot_price"].isna().all():
             hints.append(f"{len(on_demand)} on-demand offer(s) match but none has a spot price")
     message = f"no offers match {_describe(locals_for_message)}"
-    if hints:
-        message += " — " + "; ".join(hints)
+    message += " — " + ("; ".join(hints) if hints else "loosen the filters: `%gpugeek offers` with fewer of them "
+                                                       "lists more")
     return NoMatchingOffers(message, hints)

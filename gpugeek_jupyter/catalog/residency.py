@@ -88,14 +88,17 @@ def region_table() -> dict[tuple[str, str], str]:
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         if tuple(reader.fieldnames or ()) != TABLE_COLUMNS:
-            raise GpugeekError(f"{path}:1: columns must be {', '.join(TABLE_COLUMNS)}")
+            raise GpugeekError(f"{path}:1: the columns are not the table's — make its first line "
+                               f"{','.join(TABLE_COLUMNS)}")
         for row in reader:
             key = (row["provider"].strip().lower(), row["region"].strip().lower())
             country = row["country"].strip()
             if country not in ISO_COUNTRIES:
-                raise GpugeekError(f"{path}:{reader.line_num}: {country!r} is not an ISO country code")
+                raise GpugeekError(f"{path}:{reader.line_num}: {country!r} is not an ISO country code — write its two "
+                                   "letters, like DE")
             if key in table:
-                raise GpugeekError(f"{path}:{reader.line_num}: {key[0]}/{key[1]} is listed twice")
+                raise GpugeekError(f"{path}:{reader.line_num}: {key[0]}/{key[1]} is listed twice — keep one of its "
+                                   "lines")
             table[key] = country
     return table
 

@@ -20,7 +20,8 @@ def read_rows(path: Path, bundled: bool) -> list[dict]:
     try:
         handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as exc:
-        raise GpugeekError(f"cannot read catalog {path}: {exc.strerror}") from None
+        raise GpugeekError(f"cannot read catalog {path}: {exc.strerror} — check the path in [catalog] paths of "
+                           "config.toml") from None
     with handle:
         try:
             return parse_rows(csv.DictReader(handle), path, bundled)
@@ -49,11 +50,13 @@ def parse_row(row: dict, path: Path, line: int, bundled: bool) -> dict:
             value = int(text) if integer else float(text)
         except ValueError:
             kind = "a whole number" if integer else "a number"
-            raise GpugeekError(f"{path}:{line}: {column} {text!r} is not {kind}") from None
+            raise GpugeekError(f"{path}:{line}: {column} {text!r} is not {kind} — correct that cell of the "
+                               "file") from None
         if not math.isfinite(value) or value < 0 or (value == 0 and column != "spot_price_hour"
                                                      and column.endswith("_hour")) or (
                 integer and value == 0):
-            raise GpugeekError(f"{path}:{line}: {column} {text!r} must be a positive number")
+            raise GpugeekError(f"{path}:{line}: {column} {text!r} is not a positive number — correct that cell of the "
+                               "file")
         return value
 
     for column in ("provider", "instance_type", "gpu", "region"):

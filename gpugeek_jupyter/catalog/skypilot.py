@@ -44,7 +44,7 @@ def convert(provider: str, text: str, source_file: str = "", source_commit: str 
     Bad input — not CSV, missing columns, a file cut short — raises :class:`GpugeekError`.
     """
     if provider not in PROVIDERS:
-        raise GpugeekError(f"unknown provider {provider!r} — known: {', '.join(PROVIDERS)}")
+        raise GpugeekError(f"unknown provider {provider!r} — name one of {', '.join(PROVIDERS)}")
     rows = _read(provider, text)
     extra = {"source_file": source_file, "source_commit": source_commit}
     if provider == "gcp":
@@ -61,7 +61,7 @@ def _read(provider: str, text: str) -> list[tuple[int, dict[str, str]]]:
     """The data rows with their line numbers; a file that is not a whole v7 vms.csv is one error."""
     text = text.lstrip("\ufeff")
     if not text.strip():
-        raise GpugeekError(f"{provider}: the catalog file is empty")
+        raise GpugeekError(f"{provider}: the catalog file is empty — `%gpugeek catalog --refresh` fetches it again")
     if not text.endswith(("\n", "\r")):
         raise GpugeekError(f"{provider}: the catalog file ends in the middle of a row — it was cut short")
     reader = csv.reader(io.StringIO(text, newline=""))
@@ -79,7 +79,8 @@ def _read(provider: str, text: str) -> list[tuple[int, dict[str, str]]]:
                                    f"header has {len(header)} — the file is cut short or not a SkyPilot vms.csv")
             rows.append((reader.line_num, dict(zip(header, (f.strip() for f in fields), strict=True))))
     except csv.Error as exc:
-        raise GpugeekError(f"{provider}: not valid CSV (line {reader.line_num}: {exc})") from None
+        raise GpugeekError(f"{provider}: not valid CSV (line {reader.line_num}: {exc}) — `%gpugeek catalog --refresh` "
+                           "fetches it again") from None
     return rows
 
 
@@ -90,9 +91,11 @@ def _number(provider: str, line: int, row: dict, column: str) -> Decimal | None:
     try:
         value = Decimal(text)
     except InvalidOperation:
-        raise GpugeekError(f"{provider}: line {line}: {column} {text!r} is not a number") from None
+        raise GpugeekError(f"{provider}: line {line}: {column} {text!r} is not a number — `%gpugeek catalog "
+                           "--refresh` fetches the file again") from None
     if not value.is_finite() or value < 0:
-        raise GpugeekError(f"{provider}: line {line}: {column} {text!r} is not a price or size")
+        raise GpugeekError(f"{provider}: line {line}: {column} {text!r} is not a price or size — `%gpugeek catalog "
+                           "--refresh` fetches the file again")
     return value
 
 

@@ -66,7 +66,7 @@ def attach(job: str, name: str | None = None, *, watch=None, adopt: bool = False
     except KeyboardInterrupt:
         status = "interrupted"
         cluster.interrupt_job(group_id, job["cell"])
-        raise Interrupted(f"job {job_id!r} interrupted on every worker") from None
+        raise Interrupted(f"job {job_id!r} interrupted on every worker — run a cell to go on") from None
     except RemoteError:
         if adopt:
             _adopt(group_id, job_id)
@@ -117,7 +117,8 @@ def _follow(cluster, record, group_id: str, job: dict, on_samples) -> Result:
                 cluster = driver()
             continue
         if drained is None:
-            raise GpugeekError(f"job {job['id']!r}'s journal is no longer kept on the cluster")
+            raise GpugeekError(f"job {job['id']!r}'s output is no longer kept on the cluster — `%gpugeek fetch` gets "
+                               "the files it wrote")
         if drained["dropped"]:
             print(f"[{drained['dropped']} earlier drains were dropped: the journal keeps the latest output]")
         printer.show_ranks(drained["ranks"], on_samples)
@@ -135,5 +136,6 @@ def _result(outcome: dict, printer: Printer, on_samples, seconds: float) -> Resu
     if failed is not None:
         raise RemoteError(failed, results[failed]["error"], memory=results[failed].get("memory"))
     if outcome.get("dead") is not None:
-        raise GpugeekError(f"the job's rank {outcome['dead']} died before it ended")
+        raise GpugeekError(f"the job's rank {outcome['dead']} died before it ended — `%gpugeek doctor` checks its "
+                           "node; run the cell again")
     return Result.of(results.get(0, {}), seconds)

@@ -96,7 +96,7 @@ def ride_out(group, cell_id: int, printer, on_samples, rejoin: Callable[[], None
             if group.connected() and group.workers:
                 for worker in group.workers:
                     worker.interrupt.remote(cell_id)
-            raise Interrupted(f"interrupted on all {len(group.workers)} workers") from None
+            raise Interrupted(f"interrupted on all {len(group.workers)} workers — run the next cell") from None
         except (WorkerDied, StoppedElsewhere):
             raise
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - out of reach: the tunnel, the client, the head

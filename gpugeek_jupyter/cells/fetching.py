@@ -41,7 +41,7 @@ def fetch(path: str, *, rank: int | None = None, all_ranks: bool = False, to: st
     from rank 0's node, rank ``rank``'s, or every rank's (into ``rank-N/``) to ``to`` — by
     default its own name in the notebook's folder. Returns where each landed."""
     if not str(path).strip():
-        raise GpugeekError("fetch: give the path of a file or folder the job wrote (`%gpugeek fetch checkpoints`)")
+        raise GpugeekError("fetch: no path given — name a file or folder the job wrote (`%gpugeek fetch checkpoints`)")
     session = current()
     group = session.group
     if session.active is None or (record := registry.live(session.active)) is None:
@@ -59,11 +59,11 @@ def fetch(path: str, *, rank: int | None = None, all_ranks: bool = False, to: st
                            f"a fetch reads from the job's nodes: run a cell (any) first, then fetch")
     workers = len(group.info)
     if all_ranks and rank is not None:
-        raise GpugeekError("fetch: --rank N or --all-ranks, not both")
+        raise GpugeekError("fetch: --rank and --all-ranks given together — give one of the two")
     if rank is not None:
         rank = number(rank, "--rank", whole=True, least=0)
         if rank >= workers:
-            raise GpugeekError(f"--rank {rank}: the worker group has ranks 0…{workers - 1}")
+            raise GpugeekError(f"--rank {rank}: the worker group has no such rank — give one of 0…{workers - 1}")
     ranks = list(range(workers)) if all_ranks else [rank or 0]
     name = Path(str(path).rstrip("/")).name or "fetched"
     base = Path(to).expanduser() if to else Path.cwd() / name

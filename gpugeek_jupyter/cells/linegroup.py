@@ -201,7 +201,7 @@ class LineGroup:
         self.broken = self.broken or bool(broken)
         workers = len(self.info) or self.options.workers
         raise Interrupted(f"interrupted on all {workers} workers"
-                          + ("; the group is ready for the next cell" if not broken
+                          + (" — the group is ready: run the next cell" if not broken
                              else "; a rank was stuck, so the group was stopped — its variables are gone, "
                                   "the next cell starts a new one")) from None
 

@@ -114,7 +114,8 @@ class Aws(base.Cloud):
                 Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster_name]}])
             found = [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
         except (BotoCoreError, ClientError) as exc:
-            raise base.CloudUnanswered(f"EC2 did not list the cluster's instances: {exc}") from None
+            raise base.CloudUnanswered(f"EC2 did not list the cluster's instances: {exc} — check your AWS "
+                                       "credentials; the cluster's cost stays as last known") from None
         return [instance for instance in map(_instance, found) if instance.launched >= since]
 
     def terminate(self, instance_ids, region):
@@ -123,7 +124,8 @@ class Aws(base.Cloud):
         try:
             _client(region).terminate_instances(InstanceIds=list(instance_ids))
         except (BotoCoreError, ClientError) as exc:
-            raise base.CloudUnanswered(f"EC2 did not terminate {', '.join(instance_ids)}: {exc}") from None
+            raise base.CloudUnanswered(f"EC2 did not terminate {', '.join(instance_ids)}: {exc} — terminate them in "
+                                       "the EC2 console; they bill until then") from None
 
     def readiness(self, region=None):
         """Who the credentials are (STS), whether they may do what Ray's launcher does (EC2's dry

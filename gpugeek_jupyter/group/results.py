@@ -121,7 +121,7 @@ def _pulled(name: str, blob: bytes):
     try:
         return pickle.loads(blob)
     except GpugeekError as exc:    # a pandas object whose dtype cannot cross to this pandas (``values.plain``)
-        raise GpugeekError(f"--pull {name}: {exc}; it is still on the workers") from None
+        raise GpugeekError(f"--pull {name}: {exc} — it is still on the workers: pull what it holds instead") from None
     except Exception as exc:  # noqa: BLE001 - said in one line; the variable stays on the workers
         raise GpugeekError(f"--pull {name}: this kernel cannot load it ({type(exc).__name__}: {exc}) — a type "
                            f"defined in a cell, or a module this kernel lacks; it is still on the workers: "

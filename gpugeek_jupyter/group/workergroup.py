@@ -120,7 +120,8 @@ class WorkerGroup:
             cause = getattr(exc, "cause", None) or exc     # a worker's own error, not Ray's wrapping
             said = in_words(cause) if type(cause).__module__.split(".")[0] == "ray" else \
                 f"{type(cause).__name__}: {_first_and_last(cause)}"
-            raise GpugeekError(f"the worker group did not start ({said})") from None
+            raise GpugeekError(f"the worker group did not start ({said}) — `%gpugeek doctor` checks the nodes; run "
+                               "the cell again") from None
 
     def _start_actors(self, n: int, gpus: float) -> None:
         import ray
@@ -307,7 +308,7 @@ class WorkerGroup:
             self.cancel(cell)
             cancelled = True               # here: the finally must not cancel it again (nothing is pending)
             raise Interrupted(f"interrupted on all {len(self.workers)} workers"
-                              + ("; the group is ready for the next cell" if not self.broken
+                              + (" — the group is ready: run the next cell" if not self.broken
                                  else "; a rank was stuck, so the group was stopped — its variables are gone, "
                                       "the next cell starts a new one")) from None
         finally:

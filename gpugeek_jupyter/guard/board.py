@@ -168,7 +168,8 @@ def stop(name: str, by: str = "JupyterLab") -> dict:
         past = _find(name)
         spent = _money([past.id], time.time()).get(past.id, {}).get("spent_usd", 0.0)
         raise AlreadyStopped(f"cluster {name!r} already stopped ({past.stop_reason}); it cost "
-                             f"${spent:,.2f}{' (simulated)' if past.simulated else ''}")
+                             f"${spent:,.2f}{' (simulated)' if past.simulated else ''} — nothing to stop; `%gpugeek "
+                             "up` starts a new one")
     if lifecycle.starting(record):
         # `up` is still at work (`ray up` on a cloud, a head starting here): a stop now would race
         # it and could leave half a cluster running that the ledger calls stopped
@@ -198,7 +199,8 @@ def forget(name: str, by: str = "JupyterLab") -> dict:
     if record is None:
         raise AlreadyStopped(f"cluster {name!r} is not live — nothing to forget")
     if not capable(record).tunnelled:
-        raise GpugeekError(f"cluster {name!r} runs here ({record.backend}): `down {name}` stops it")
+        raise GpugeekError(f"cluster {name!r} runs here ({record.backend}), there is nothing to forget — `down "
+                           f"{name}` stops it")
     at = lifecycle.forget(record, by)
     spent = _money([record.id], at).get(record.id, {}).get("spent_usd", 0.0)
     return {"name": name, "stopped": True, "reason": registry.get(record.id).stop_reason, "spent_usd": spent,
@@ -218,7 +220,7 @@ def _find(name: str, cluster_id: int | None = None) -> ClusterRecord:
         except KeyError:
             record = None
         if record is None or record.name != name:
-            raise NotFound(f"no cluster named {name!r} with id {cluster_id}")
+            raise NotFound(f"no cluster named {name!r} with id {cluster_id} — `gpugeek clusters` lists them")
         return record
     record = registry.live(name) or registry.latest(name)
     if record is None:

@@ -253,7 +253,8 @@ def sync_ledger(record: ClusterRecord) -> None:
         return
     try:
         if capable(record).tunnelled and not tunnel.forwards(record.address):
-            raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
+            raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address} — `%gpugeek doctor` "
+                                     "checks the cluster; `down` stops it")
         nodes = read_nodes(record.address, timeout=3)
     except ClusterUnreachable:
         if headguard.guarded(record):

@@ -150,7 +150,8 @@ class Watch:
         record = self._follow(record) or self._reopen_tunnel(record) or record
         try:
             if capable(record).tunnelled and not tunnel.forwards(record.address):
-                raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address}")
+                raise ClusterUnreachable(f"nothing answers through the tunnel at {record.address} — `%gpugeek doctor` "
+                                         "checks the cluster; `down` stops it")
             nodes = read_nodes(record.address, timeout=max(1.0, self.interval))
             self.misses, self.unreached_since = 0, None
             return nodes

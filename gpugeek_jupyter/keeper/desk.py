@@ -69,7 +69,8 @@ class Desk:
         if answer is None:
             answer = getattr(self, re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower(), None)
             if answer is None:
-                raise GpugeekError(f"the keeper does not answer {kind.__name__}")
+                raise GpugeekError("the cluster's gpugeek-jupyter does not know this request — run the kernel with "
+                                   "the gpugeek-jupyter version that started the cluster")
             self._answers[kind] = answer
         return answer(request, caller)
 
@@ -145,7 +146,7 @@ class Desk:
             if request.group_id in self.unwanted:      # stopped while it started
                 self.unwanted.discard(request.group_id)
                 group.stop()
-                raise GpugeekError("the worker group was stopped while it started")
+                raise GpugeekError("the worker group was stopped while it started — run the cell again")
             self.groups[request.group_id] = group
             if request.background:
                 print(f"keeper: the warm group {request.group_id} of {group.options.workers} workers is ready",
@@ -206,7 +207,7 @@ class Desk:
             sent = self.cells.get(request.uid)
             if sent is None:
                 if request.uid in self.interrupted:
-                    raise GpugeekError("the cell was interrupted before it reached the workers")
+                    raise GpugeekError("the cell was interrupted before it reached the workers — run it again")
                 sent = self._send(request)
                 self.cells[request.uid] = self.numbered[sent.group_id, sent.number] = sent
                 self._forget_old_cells()
@@ -273,7 +274,7 @@ class Desk:
                     "ranks": {}, "nodes": [], "next": cursor, "dropped": 0, "running": False, "step": None}
                 drained["outcome"] = outcome
         if drained is None:
-            raise GpugeekError("rank 0 no longer keeps this cell's journal (its group was stopped, or a newer "
+            raise GpugeekError("this cell's output is no longer kept on the cluster (its group was stopped, or a newer "
                                "group took its place) — `%gpugeek jobs` lists what the cluster keeps")
         return self._ended(group, sent, drained) if drained.get("outcome") is not None else \
             m.CellNews(number=sent.number, news=drained)

@@ -133,8 +133,8 @@ def _line(session, record: ClusterRecord) -> None:
             line.open()
             break
         except TokenRefused:
-            raise GpugeekError(f"cluster {record.name!r}'s keeper refused this kernel's token (it closed the line "
-                               f"on its proof): RAY_AUTH_TOKEN or Ray's token file here is not the one `up` used — "
+            raise GpugeekError(f"cluster {record.name!r} refused this kernel's token: RAY_AUTH_TOKEN or Ray's token "
+                               "file here is not the one `up` used — "
                                f"start the kernel with that token, or `%gpugeek down {record.name}` and `up` it "
                                f"again") from None
         except LinkDown as exc:

@@ -195,10 +195,11 @@ def read_env_file(path: str) -> list[str]:
         try:
             project = read_toml(file.read_text()).get("project", {})
         except ValueError as exc:       # TOML's error, or not UTF-8
-            raise GpugeekError(f"--env {path}: not valid TOML ({exc})") from None
+            raise GpugeekError(f"--env {path}: not valid TOML ({exc}) — correct the file") from None
         wanted = project.get("dependencies")
         if not isinstance(wanted, list) or not all(isinstance(w, str) for w in wanted):
-            raise GpugeekError(f"--env {path}: no [project] dependencies list to install")
+            raise GpugeekError(f"--env {path}: no [project] dependencies list to install — add one, or give a "
+                               "requirements.txt")
         return list(wanted)
     try:
         lines = [line.split(" #")[0].strip() for line in file.read_text().splitlines()]
@@ -256,12 +257,13 @@ def storage_url(where: str) -> str:
     scheme, sep, rest = where.partition("://")
     if sep:
         if scheme not in STORAGE_PACKAGES or not rest.strip("/"):
-            raise GpugeekError(f"--storage {where}: give s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX "
+            raise GpugeekError(f"--storage {where} is not a place to keep files — give s3://BUCKET/PREFIX, "
+                               "gs://BUCKET/PREFIX, az://CONTAINER/PREFIX "
                                f"or a path every host shares")
         return where.rstrip("/")
     if not where.startswith("/"):
-        raise GpugeekError(f"--storage {where}: a path must be absolute, and the same on every host (a shared "
-                           f"filesystem's mount point)")
+        raise GpugeekError(f"--storage {where} is not an absolute path — give one that is the same on every host (a "
+                           f"shared filesystem's mount point)")
     return where.rstrip("/") or "/"
 
 

@@ -145,7 +145,8 @@ class Line:
             raise LinkDown(f"no opening from the keeper within {SHAKE_TIMEOUT_S:.0f} s" if isinstance(exc, TimeoutError)
                            else f"the line broke before the keeper's opening ({type(exc).__name__})") from None
         if not opening.startswith(MAGIC):
-            raise GpugeekError("what answers at the cluster's line is not its keeper (it did not open as one)")
+            raise GpugeekError("what answers at the cluster's address is not this cluster — `%gpugeek down` it and "
+                               "`up` it again")
         mine = os.urandom(NONCE)
         try:
             sock.sendall(_proof(self._token, b"kernel", opening[len(MAGIC):]) + mine)
@@ -157,7 +158,8 @@ class Line:
             raise LinkDown(f"the keeper did not answer this kernel's proof of the token "
                            f"({type(exc).__name__})") from None
         if not hmac.compare_digest(theirs, _proof(self._token, b"keeper", mine)):
-            raise GpugeekError("what answers at the cluster's line does not hold the cluster's token: not its keeper")
+            raise GpugeekError("what answers at the cluster's address does not hold the cluster's token, so it is not "
+                               "this cluster — `%gpugeek down` it and `up` it again")
         try:
             send_frame(sock, encode(0, self._hello))
             _, answer = decode(read_frame(sock))
@@ -168,7 +170,8 @@ class Line:
         if isinstance(answer, Refused):
             raise GpugeekError(answer.why)
         if not isinstance(answer, Welcome):
-            raise GpugeekError(f"the keeper answered hello with {type(answer).__name__}")
+            raise GpugeekError("the cluster did not let this kernel in — run the kernel with the gpugeek-jupyter "
+                               "version that started the cluster")
         return answer
 
     def call(self, request, timeout: float, said: Callable[[str], None] | None = None,
@@ -210,8 +213,9 @@ class Line:
                 if isinstance(answer, Failed):
                     raise GpugeekError(answer.why)
                 if not reply_fits(request, answer):
-                    raise GpugeekError(f"the cluster's keeper answered {type(request).__name__} with "
-                                       f"{type(answer).__name__}, which line protocol {PROTOCOL} does not declare")
+                    raise GpugeekError("the cluster answered in a way this kernel does not know — run the kernel with "
+                                       "the gpugeek-jupyter "
+                                       "version that started the cluster")
                 return answer
         finally:
             self._pending.pop(number, None)
@@ -314,7 +318,8 @@ class Server:
             sock.sendall(_proof(self._token, b"keeper", answer[DIGEST:]))
             number, hello = decode(read_frame(sock))
             if not isinstance(hello, Hello):
-                send_frame(sock, encode(number, Refused(why=f"a line opens with Hello, not {type(hello).__name__}")))
+                send_frame(sock, encode(number, Refused(why="this is not a kernel of this cluster's gpugeek-jupyter — "
+                                                            "connect with the version that started it")))
                 return None
             told = self.welcome(hello)
             send_frame(sock, encode(number, told))
@@ -343,11 +348,11 @@ class Server:
             import traceback
 
             self.log(f"line: {type(request).__name__} from {hello.kernel} failed:\n{traceback.format_exc()}")
-            reply = Failed(why=f"the cluster's keeper failed at {type(request).__name__} ({type(exc).__name__}: "
-                               f"{exc})", ours=True)
+            reply = Failed(why=f"the cluster's keeper failed ({type(exc).__name__}: {exc}) — run the cell again; if it "
+                               f"fails again, send the head's keeper log with a bug report", ours=True)
         if not isinstance(reply, Failed) and not reply_fits(request, reply):     # ours: said, and logged
             self.log(f"line: {type(request).__name__} answered {type(reply).__name__}, which it does not declare")
-            reply = Failed(why=f"the cluster's keeper answered {type(request).__name__} with {type(reply).__name__}",
+            reply = Failed(why="the cluster's keeper answered wrongly — send the head's keeper log with a bug report",
                            ours=True)
         try:
             send(number, reply)
@@ -360,7 +365,8 @@ def refusal(hello: Hello, package: str, python: str) -> Refused | None:
     None when it speaks this one."""
     if hello.protocol == PROTOCOL:
         return None
-    return Refused(why=f"the cluster's keeper speaks line protocol {PROTOCOL} (gpugeek-jupyter {package}, Python "
-                   f"{python}); this kernel speaks protocol {hello.protocol} (gpugeek-jupyter {hello.package}) — "
-                   f"run it with gpugeek-jupyter {package}, or `%gpugeek down` the cluster and `up` it from "
+    return Refused(why=f"the cluster runs gpugeek-jupyter {package} (Python {python}) and this kernel "
+                   f"gpugeek-jupyter {hello.package}, which cannot talk (link version {PROTOCOL} there, "
+                   f"{hello.protocol} here) — run the kernel with gpugeek-jupyter {package}, or `%gpugeek down` the "
+                   "cluster and `up` it from "
                    f"this kernel")

@@ -206,7 +206,7 @@ def down(self: GpugeekMagics, line: str):
     """Stop a cluster: its jobs, its nodes, its processes — only those we started."""
     args = parse_argstring(down, line)
     if args.all and args.name:
-        raise UsageError("give a name or --all, not both")
+        raise UsageError("a name and --all given together — give one of the two")
     names = api.down(args.name, all=args.all, forget=args.forget)
     print(f"stopped: {', '.join(names)}" if names else "no live cluster to stop")
 
@@ -386,10 +386,10 @@ class GpugeekMagics(Magics):
             return None
         handler = SUBCOMMANDS.get(name)
         if handler is None:
-            raise UsageError(f"unknown subcommand {name!r} — try: {', '.join(SUBCOMMANDS)}")
+            raise UsageError(f"unknown subcommand {name!r} — use one of {', '.join(SUBCOMMANDS)}")
         if (cell is not None) != (name in CELL_SUBCOMMANDS):
             how = f"%%gpugeek {name} at the top of a cell" if name in CELL_SUBCOMMANDS else f"%gpugeek {name}"
-            raise UsageError(f"{name} is used as {how}")
+            raise UsageError(f"{name} is not used this way — write it as {how}")
         _show_news()
         return handler(self, rest, cell) if cell is not None else handler(self, rest)
 

@@ -49,7 +49,7 @@ def down(name: str | None = None, *, all: bool = False, forget: bool = False) ->
     records = registry.all_records(include_stopped=False) if all else [live_cluster(name)]
     if forget:
         if all or not capable(records[0]).tunnelled:
-            raise GpugeekError("down --forget: name the one remote cluster whose machines are gone")
+            raise GpugeekError("down --forget takes one cluster — name the remote cluster whose machines are gone")
         connection.disconnect(records[0])
         lifecycle.forget(records[0], "the notebook")
         if records[0].name == session.active:
@@ -90,11 +90,11 @@ def limits(name: str | None = None, *, budget: float | None = None, idle: float 
     is told too, through the cluster: it must answer, or nothing changes."""
     check_numbers(budget=budget, idle=idle)
     if budget is None and idle is None:
-        raise GpugeekError("limits: give --budget USD, --idle MINUTES or both")
+        raise GpugeekError("limits: nothing to set — give --budget USD, --idle MINUTES or both")
     record = live_cluster(name)
     if not capable(record).watched:
         raise GpugeekError(f"cluster {record.name!r} ({record.backend}) has no watchdog of ours: budget and idle "
-                           f"stop are not enforced there")
+                           f"stop are not enforced there — set limits on a cluster that `up` started")
     budget = record.budget_usd if budget is None else float(budget)
     idle = record.idle_minutes if idle is None else float(idle)
     if headguard.guarded(record):
@@ -117,7 +117,8 @@ def preempt(node: str, name: str | None = None, notice: float = 0.0) -> str:
     record = live_cluster(name)
     capable(record).check(Feature.PREEMPT)
     if not 0 <= notice <= 600:
-        raise GpugeekError(f"--notice {notice:g}: give 0 to 600 seconds (AWS gives 120, GCP and Azure 30)")
+        raise GpugeekError(f"--notice {notice:g} is out of range — give 0 to 600 seconds (AWS gives 120, GCP and "
+                           "Azure 30)")
     if notice:
         target = capable(record).node(record, node)
         send_notice(record.address, target.node_id, time.time() + notice)
@@ -158,7 +159,7 @@ class Cluster:
     def record(self) -> ClusterRecord:
         record = registry.live(self.name) or registry.latest(self.name)
         if record is None:
-            raise GpugeekError(f"no cluster named {self.name!r}")
+            raise GpugeekError(f"no cluster named {self.name!r} — `%gpugeek clusters` lists them")
         return record
 
     @property

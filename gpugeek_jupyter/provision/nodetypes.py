@@ -41,14 +41,15 @@ def spec_for(backend: str, *, offer=None, plan=None, gpu: str | None = None, cou
         return ClusterSpec(backend=backend, pricing="local",
                            head_price=NodePrice(None, "local" if can.local_price else "unpriced", usd))
     if workers is not None and min_workers is not None and workers != min_workers:
-        raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up); give one")
+        raise GpugeekError("--workers and --min-workers say the same thing (nodes kept up) — give one")
     row, plan_nodes = resolve_offer(offer=offer, plan=plan, gpu=gpu, count=count, pricing=pricing,
                                     provider=can.provider, catalog=catalog,
                                     residency=residency)
     keep = workers if workers is not None else (min_workers if min_workers is not None else plan_nodes or 1)
     most = max_workers or max(keep, 1)
     if most < keep:
-        raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for")
+        raise GpugeekError(f"--max-workers {most} is below the {keep} worker nodes asked for — raise --max-workers or "
+                           "ask for fewer")
     spec = build_spec(backend, row, pricing=pricing, workers=int(keep), max_workers=int(most),
                       spot_fallback=spot_fallback)
     if can.head_instance:       # a cloud's head: a CPU machine, on demand, where the workers are
@@ -85,13 +86,13 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
     ``python``, ``install`` and ``pip_index_url``: how each host gets its runtime (``remote.runtime``)."""
     targets = ssh.parse_hosts(hosts)
     if (usd_per_hour is None) == (offer is None):
-        raise GpugeekError("say what each host costs: --usd-per-hour X (0 if they cost you nothing) "
+        raise GpugeekError("what each host costs is not said — give --usd-per-hour X (0 if they cost you nothing) "
                            "or --offer ID (priced from the catalog), one of the two")
     for flag, value in (("--gpus-per-host", gpus_per_host), ("--cpus-per-host", cpus_per_host)):
         if value is not None and (not isinstance(value, int) or value < 0):
-            raise GpugeekError(f"{flag} {value!r}: give a whole number ≥ 0")
+            raise GpugeekError(f"{flag} {value!r} is not a whole number ≥ 0 — give one")
     if usd_per_hour is not None and (not isinstance(usd_per_hour, (int, float)) or usd_per_hour < 0):
-        raise GpugeekError(f"--usd-per-hour {usd_per_hour!r}: give a number of dollars ≥ 0")
+        raise GpugeekError(f"--usd-per-hour {usd_per_hour!r} is not a price — give a number of dollars ≥ 0")
     if offer is not None:
         row, _ = resolve_offer(offer=offer, pricing=pricing, catalog=catalog, residency=residency)
         spec = build_spec(backend, row, pricing=pricing, workers=len(targets) - 1, max_workers=len(targets) - 1,
@@ -110,7 +111,7 @@ def ssh_spec(hosts, *, ssh_key: str | None = None, gpus_per_host: int | None = N
             spec.notes.append("priced at $0/h: these machines cost nothing here")
     spec.head_price = host.price()
     if pip_index_url is not None and not re.match(r"(https?|file)://\S+$", pip_index_url):
-        raise GpugeekError(f"--pip-index-url {pip_index_url!r}: give the URL of a package index, like "
+        raise GpugeekError(f"--pip-index-url {pip_index_url!r} is not a URL — give a package index's, like "
                            f"https://pypi.example.com/simple")
     learn(spec, Asked(hosts=tuple(str(t) for t in targets), ssh_key=ssh_key, gpus_per_host=gpus,
                       cpus_per_host=cpus_per_host, python=python, install=bool(install),
@@ -125,13 +126,14 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
     """The offer to build from, and the node count a plan asks for (else None)."""
     given = [name for name, value in (("--offer", offer), ("--plan", plan), ("--gpu", gpu)) if value is not None]
     if len(given) > 1:
-        raise GpugeekError(f"give one of {', '.join(given)}, not several")
+        raise GpugeekError(f"{', '.join(given)} given together — give one of them")
     pricing = Pricing.parse(pricing, "--pricing")
     if plan is not None:
         best = getattr(plan, "best", None)
         if best is None:
             why = getattr(plan, "why_empty", "") or "it has no offer that fits"
-            raise GpugeekError(f"--plan: the plan has no best offer ({why})")
+            raise GpugeekError(f"--plan: the plan has no best offer ({why}) — widen the plan's search, or give "
+                               "--offer ID")
         row, nodes = offer_row(best["id"], catalog), int(best.get("nodes", 1))
     elif offer is not None:
         row, nodes = offer_row(offer, catalog), None
@@ -140,7 +142,7 @@ def resolve_offer(*, offer: str | None = None, plan=None, gpu: str | None = None
                             residency=residency)
         row, nodes = offer_row(frame.iloc[0]["id"], catalog), None
     else:
-        raise GpugeekError("say what to run on: --offer ID, --plan VAR or --gpu NAME [--count N]")
+        raise GpugeekError("nothing says what to run on — give --offer ID, --plan VAR or --gpu NAME [--count N]")
     if provider and row["provider"] != provider:
         raise GpugeekError(
             f"offer {row['id']} is a {row['provider']} offer — the {provider} backend needs a "
@@ -180,7 +182,8 @@ def build_spec(backend: str, row: pd.Series, *, pricing: str, workers: int, max_
     """Node types for ``row``: the chosen pricing, plus an on-demand stand-in with --spot-fallback."""
     pricing = Pricing.parse(pricing, "--pricing")
     if spot_fallback and pricing != Pricing.SPOT:
-        raise GpugeekError("--spot-fallback only makes sense with --pricing spot")
+        raise GpugeekError("--spot-fallback only makes sense with --pricing spot — add --pricing spot, or drop "
+                           "--spot-fallback")
     on_demand = _price(row, "on-demand")
     common = dict(
         offer_id=row["id"], provider=row["provider"], instance_type=row["instance_type"],
@@ -197,7 +200,8 @@ def build_spec(backend: str, row: pd.Series, *, pricing: str, workers: int, max_
         spec.notes.append("reserved $/h is an estimate: on-demand less the configured discount")
     if spot_fallback:
         if on_demand is None:
-            raise GpugeekError(f"offer {row['id']} has no on-demand price to fall back to")
+            raise GpugeekError(f"offer {row['id']} has no on-demand price to fall back to — drop --spot-fallback, or "
+                               "pick another offer")
         spec.node_types.append(NodeType(
             name=node_type_name(row, "on-demand"), pricing="on-demand", usd_per_hour=on_demand,
             min_workers=0, max_workers=max_workers, replaces_preempted=primary.name, **common))

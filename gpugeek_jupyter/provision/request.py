@@ -78,7 +78,8 @@ class UpRequest:
         request = cls(**{**{k: v for k, v in flags.items() if k in known}, "backend": backend,
                          "name": flags.get("name") or backend})
         if not isinstance(request.name, str) or not NAME.fullmatch(request.name):
-            raise GpugeekError(f"cluster name {request.name!r}: use letters, digits, '-', '_' or '.' (at most 40)")
+            raise GpugeekError(f"cluster name {request.name!r} is not allowed — use letters, digits, '-', '_' or '.' "
+                               "(at most 40)")
         check_numbers(workers=request.workers, min_workers=request.min_workers, max_workers=request.max_workers,
                       budget=request.budget, idle=request.idle)
         return request
@@ -103,7 +104,8 @@ def backend_name(backend: str | None, address: str | None, offer: str | None = N
     launching = [name for name, impl in BACKENDS.items() if impl.launches]
     if address:
         if backend is not None and backend != DEFAULT and (backend not in BACKENDS or backend in launching):
-            raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend}")
+            raise GpugeekError(f"--address attaches to a running cluster; it does not go with --backend {backend} — "
+                               "drop one of the two")
         return ATTACH
     if backend is None and isinstance(offer, str):
         backend = renting.renting(offer.split("/", 1)[0])    # the offers' up_with: the backend that rents it
@@ -140,16 +142,18 @@ def spec_of(request: UpRequest) -> ClusterSpec:
     slurm_only = request.given(*SLURM_FLAGS)
     if not can.scheduler and slurm_only:
         raise GpugeekError(f"{', '.join(slurm_only)}: only for --backend {_those('scheduler')} (an allocation of "
-                           f"its scheduler)")
+                           f"its scheduler) — drop it, or use that backend")
     ssh_only = request.given(*(f for f in SSH_FLAGS if not (can.scheduler and f != "hosts"))) + (
         ["--no-install"] if not request.install and not can.scheduler else [])
     if not can.your_hosts and ssh_only:
-        raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines)")
+        raise GpugeekError(f"{', '.join(ssh_only)}: only for --backend {_those('your_hosts')} (your own machines) — "
+                           "drop it, "
+                           f"or use that backend")
     can.check(*([Feature.DASHBOARD] if request.dashboard else []),
               *([Feature.LIMITS] if request.budget or request.idle else []))
     if request.internal_ips and not can.provider:
         raise GpugeekError(f"--internal-ips: only for a cloud's nodes (--backend {_those('provider')}); "
-                           f"--backend {request.backend} reaches its own")
+                           f"--backend {request.backend} reaches its own — drop --internal-ips")
     spec = _ssh(request) if can.your_hosts else _scheduled(request) if can.scheduler else _from_offers(request)
     spec.dashboard = bool(request.dashboard)
     spec.internal_ips = request.internal_ips
@@ -164,10 +168,10 @@ def _those(capability: str) -> str:
 def _ssh(request: UpRequest) -> ClusterSpec:
     """Your own hosts; ``--workers`` is the warm group started on them (``cells/jobs.warm_start``)."""
     if wrong := request.given(*(f for f in SIZING_FLAGS if f != "workers"), "spot_fallback"):
-        raise GpugeekError(f"{', '.join(wrong)}: an ssh cluster is the --hosts you name")
+        raise GpugeekError(f"{', '.join(wrong)}: an ssh cluster is the --hosts you name — drop it, and name the hosts")
     if request.residency and request.offer is None:
         raise GpugeekError("--residency checks a catalog offer's region; your own --hosts are "
-                           "where you put them (give --offer ID to check one)")
+                           "where you put them — give --offer ID to check one, or drop --residency")
     return ssh_spec(request.hosts, ssh_key=request.ssh_key, gpus_per_host=request.gpus_per_host,
                     cpus_per_host=request.cpus_per_host, usd_per_hour=request.usd_per_hour, offer=request.offer,
                     pricing=request.pricing, catalog=request.catalog, residency=request.residency,
@@ -179,9 +183,11 @@ def _scheduled(request: UpRequest) -> ClusterSpec:
     """An allocation of the cluster's scheduler: ``--nodes`` of ``--partition`` for ``--time``,
     submitted from ``--login``."""
     if wrong := request.given(*SIZING_FLAGS, "spot_fallback", "residency", "internal_ips"):
-        raise GpugeekError(f"{', '.join(wrong)}: a Slurm cluster is --nodes of its --partition (sbatch's own options)")
+        raise GpugeekError(f"{', '.join(wrong)}: a Slurm cluster is --nodes of its --partition — give those (sbatch's "
+                           "own options)")
     if not request.login:
-        raise GpugeekError("--login: name the cluster's login node, [USER@]HOST[:PORT] or a host of your ssh config")
+        raise GpugeekError("--login is missing — name the cluster's login node, [USER@]HOST[:PORT] or a host of your "
+                           "ssh config")
     nodes = number(request.nodes, "--nodes", whole=True, least=1)
     gpus = number(request.gpus_per_host, "--gpus-per-host", whole=True, least=0)
     cpus = number(request.cpus_per_host, "--cpus-per-host", whole=True, least=1)
@@ -205,7 +211,8 @@ def walltime(value: str | int | None) -> int | None:
         return None
     match = _WALLTIME.fullmatch(str(value).strip())
     if isinstance(value, bool) or match is None:
-        raise GpugeekError(f"--time {value!r}: give the walltime as sbatch takes it: minutes, HH:MM:SS or D-HH:MM")
+        raise GpugeekError(f"--time {value!r} is not a walltime — give it as sbatch takes it: minutes, HH:MM:SS or "
+                           "D-HH:MM")
     d, a, b, c = (int(match[k]) if match[k] else None for k in "dabc")
     if d is not None:                                   # D-HH[:MM[:SS]]
         seconds = d * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
@@ -216,7 +223,7 @@ def walltime(value: str | int | None) -> int | None:
     else:                                               # minutes
         seconds = a * 60
     if seconds <= 0:
-        raise GpugeekError(f"--time {value!r}: a walltime of at least a minute")
+        raise GpugeekError(f"--time {value!r} is under a minute — give a walltime of at least a minute")
     return -(-seconds // 60)
 
 

@@ -157,7 +157,7 @@ def _start(record: ClusterRecord, spec: ClusterSpec) -> None:
         if record.stopping or record.stopped:  # shut down (from JupyterLab, say) while starting
             impl.stop(record)
             registry.mark_stopped(record.id, record.stop_reason or "stopped while starting")
-            raise GpugeekError(f"cluster {record.name!r} was shut down while it was starting")
+            raise GpugeekError(f"cluster {record.name!r} was shut down while it was starting — `%gpugeek up` it again")
         if impl.launches and record.address:
             start_watchdog(record)
         impl.wait_ready(record, spec)     # an ssh head's watchdog started with it; a cloud head's by itself
@@ -230,7 +230,8 @@ def _check_listening(address: str | None) -> None:
     """Fail in seconds, in one line, when nothing listens at ``host:port``."""
     host, _, port = (address or "").removeprefix(CLIENT_SCHEME).rpartition(":")
     if not host or not port.isdigit():
-        raise GpugeekError(f"--address {address!r}: give host:port of the cluster's GCS (like 10.0.0.5:6379), "
+        raise GpugeekError(f"--address {address!r} is not an address — give host:port of the cluster's GCS (like "
+                           "10.0.0.5:6379), "
                            f"or ray://host:port of its Ray Client server")
     why = ports.why_closed(host, int(port), timeout=3)
     if why is not None:
@@ -246,8 +247,8 @@ def _holding(job: str) -> ClusterRecord:
     for record in registry.all_records(include_stopped=False):
         if capable(record).scheduler and (record.spec.get("remote") or {}).get("job_id") == job:
             return record
-    raise GpugeekError(f"--job {job}: no live Slurm cluster of this machine holds that job (`%gpugeek clusters` "
-                       f"lists them; a job submitted from another machine is reached from there)")
+    raise GpugeekError(f"--job {job}: no live Slurm cluster of this machine holds that job — `%gpugeek clusters` "
+                       f"lists them; reach a job submitted from another machine from there")
 
 
 def _reattach(record: ClusterRecord, request: UpRequest) -> Cluster:

@@ -51,15 +51,15 @@ def parse_hosts(text: str | Sequence[str] | None) -> list[Target]:
     items = [t.strip() for t in (text or "").split(",")] if text is None or isinstance(text, str) else list(text)
     items = [t for t in items if t]
     if not items:
-        raise GpugeekError("--hosts: name the machines, like --hosts ubuntu@10.0.0.5,10.0.0.6")
+        raise GpugeekError("--hosts names no machine — name them, like --hosts ubuntu@10.0.0.5,10.0.0.6")
     targets = []
     for item in items:
         match = HOST.fullmatch(item)
         if not match or (match["port"] and not 0 < int(match["port"]) < 65536):
-            raise GpugeekError(f"--hosts {item!r}: write each host as [USER@]HOST[:PORT]")
+            raise GpugeekError(f"--hosts {item!r} is not a host — write each host as [USER@]HOST[:PORT]")
         targets.append(Target(match["host"], match["user"], int(match["port"]) if match["port"] else None))
     if len({t.host for t in targets}) != len(targets):
-        raise GpugeekError("--hosts: a host is named twice")
+        raise GpugeekError("--hosts: a host is named twice — name each once")
     return targets
 
 
@@ -109,8 +109,10 @@ def answer(target: Target, command: str, done: subprocess.CompletedProcess) -> d
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         if done.returncode != 0:
-            raise GpugeekError(f"{target}: {command} failed on the host — {_last(done.stderr)}") from None
-        raise GpugeekError(f"{target}: unexpected answer to {command}: {_last(done.stdout)}") from None
+            raise GpugeekError(f"{target}: {command} failed on the host ({_last(done.stderr)}) — check Python 3.10 or "
+                               "newer there, then try again") from None
+        raise GpugeekError(f"{target}: unexpected answer to {command}: {_last(done.stdout)} — check that its login "
+                           "prints nothing else") from None
 
 
 def on_hosts(items: list, call, *args, **kwargs) -> list:
@@ -131,7 +133,8 @@ def _ssh(target: Target, key: str | None, remote: str, stdin: str | bytes | None
         done = subprocess.run(argv(target, key, remote), input=stdin, capture_output=True,
                               text=not isinstance(stdin, bytes), timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s") from None
+        raise GpugeekError(f"{target}: no answer over SSH within {timeout:.0f} s — check that the host is up and `ssh "
+                           f"{target}` works") from None
     if done.returncode == 255:
         stderr = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
         raise GpugeekError(f"{target}: SSH failed — {_why(target, stderr)}")

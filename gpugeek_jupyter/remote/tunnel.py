@@ -61,7 +61,7 @@ def open_tunnel(record: ClusterRecord, spec: ClusterSpec, wanted: tuple[int, int
             processes.stop_session(proc.pid, record.created, record.marker, grace=1)
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
             raise GpugeekError(f"the SSH tunnel to {head} did not open ({'; '.join(tail) or 'no answer'}) "
-                               f"— log: {log}")
+                               f"— check that `ssh` reaches the head; its log: {log}")
         time.sleep(0.05)
     return Tunnel(proc.pid, f"127.0.0.1:{gcs_port}", f"127.0.0.1:{line_port}")
 

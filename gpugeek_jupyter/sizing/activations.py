@@ -45,7 +45,7 @@ def input_maker(model: nn.Module, example: object = None) -> InputMaker:
     if example is not None:
         tensors = example if isinstance(example, (tuple, list)) else (example,)
         if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors):
-            raise GpugeekError("--example must be a tensor (or a tuple of tensors) holding one batch")
+            raise GpugeekError("--example is not a tensor — give a tensor (or a tuple of tensors) holding one batch")
 
         def from_example(batch: int, seq: int | None, device: torch.device) -> tuple:
             out = []

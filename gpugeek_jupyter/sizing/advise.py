@@ -145,7 +145,7 @@ def advise_job(cluster_id: int, job: str | None = None, *, gpu: str | None = Non
     it where the cluster has no offer (your own machines)."""
     if usd_per_gpu_hour is not None and not (isinstance(usd_per_gpu_hour, (int, float))
                                              and 0 <= usd_per_gpu_hour < math.inf):
-        raise GpugeekError(f"--usd-per-gpu-hour {usd_per_gpu_hour!r}: give what one GPU costs, $/h ≥ 0")
+        raise GpugeekError(f"--usd-per-gpu-hour {usd_per_gpu_hour!r} is not a price — give what one GPU costs, $/h ≥ 0")
     rows = ledger.jobs_of(cluster_id)
     if job is not None:
         rows = [r for r in rows if job in (r["name"], r["job_id"])]

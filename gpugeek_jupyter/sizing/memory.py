@@ -129,7 +129,7 @@ def from_model(model: nn.Module, precision: str = "bf16", optimizer: str = "adam
     from . import activations
 
     if not isinstance(model, nn.Module):
-        raise GpugeekError(f"expected a torch.nn.Module, got {type(model).__name__}")
+        raise GpugeekError(f"--model names a {type(model).__name__}, not a torch.nn.Module — name the model's variable")
     params = list(model.parameters())
     name = type(model).__name__
     if any(isinstance(p, nn.parameter.UninitializedParameter) for p in params):

@@ -63,12 +63,13 @@ class PlanRequest:
         """The same request with each value parsed (``'bf16'`` → its canonical name, ``'2'`` → 2)
         and every rule between values held; the first wrong one is one line naming its flag."""
         if (self.params is None) == (self.model is None):
-            raise GpugeekError("give exactly one of --params (like 7B) or --model VAR")
+            raise GpugeekError("both or neither of --params and --model given — give exactly one of --params (like "
+                               "7B) or --model VAR")
         mfu = positive_number(self.mfu, "--mfu")
         if mfu is None or not 0 < mfu <= 1:
-            raise GpugeekError(f"--mfu {self.mfu} must be a fraction in (0, 1]")
+            raise GpugeekError(f"--mfu {self.mfu} is not a fraction in (0, 1] — give one, like 0.4")
         if self.tokens is not None and self.hours is not None:
-            raise GpugeekError("give --tokens or --hours, not both")
+            raise GpugeekError("--tokens and --hours given together — give --tokens or --hours, not both")
         made = dataclasses.replace(
             self, batch=whole_number(self.batch, "--batch"), top=whole_number(self.top, "--top"),
             seq=whole_number(self.seq, "--seq"), gpus=whole_number(self.gpus, "--gpus"),

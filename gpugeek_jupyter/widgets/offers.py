@@ -38,7 +38,7 @@ class OfferPicker(w.VBox):
             raise GpugeekError(f"--gpu {gpu!r}: the picker starts from one GPU family, like "
                                f"{', '.join(families()[:6])} — or none")
         if count is not None and str(count).strip() not in {str(c) for c in counts}:
-            raise GpugeekError(f"--count {count!r}: the picker takes one of {', '.join(map(str, counts))}")
+            raise GpugeekError(f"--count {count!r} is not in the picker — give one of {', '.join(map(str, counts))}")
         self.gpu = w.Dropdown(options=[ANY, *families()], value=gpu or ANY, description="GPU")
         self.count = w.Dropdown(options=[ANY, *counts], value=int(count) if count else ANY,
                                 description="GPUs/node")
@@ -164,7 +164,7 @@ class OfferPicker(w.VBox):
             backend = row["up_with"].removesuffix(api.YOUR_IMAGE)     # up says what to do where it needs one
         if kind == "cloud":
             if not (self.budget.value or self.idle.value):
-                raise GpugeekError("a cloud cluster bills until stopped: set a budget or idle minutes first")
+                raise GpugeekError("a cloud cluster bills until stopped — set a budget or idle minutes first")
             if not self._confirming:
                 self._confirming = True
                 self.provision_button.description = "Really launch?"

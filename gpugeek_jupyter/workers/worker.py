@@ -186,7 +186,8 @@ class Worker:
                 if exit_.code not in (None, 0):
                     what = options.argv[0] if options.argv is not None else "the cell"
                     raise GpugeekError(f"{what} exited with {exit_.code!r} on rank {self.rank} "
-                                       f"(sys.exit(0) or sys.exit() ends it as a success)") from None
+                                       "(sys.exit(0) or sys.exit() ends it as a success) — fix what it exited on, or "
+                                       "end it so") from None
             self.ns["gg"].flush()
             if options.name_writes:
                 result["wrote"] = files.report(began, self.described.get("ip"))

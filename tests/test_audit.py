@@ -60,18 +60,26 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     settings(gpugeek_home, meter_interval_s=0.5)
     # this process has also played the Jupyter server (tests/server): it is a notebook's again
     ipython.run_line_magic("reload_ext", "gpugeek_jupyter")
-    ipython.run_line_magic("gpugeek", "up audit --backend sim --gpu A100 --count 8 --workers 1")
+    ipython.run_line_magic("gpugeek", "up audit --backend sim --gpu A100 --count 8 --workers 2")
     record = registry.live("audit")
     ipython.run_cell_magic("gpugeek", "run --workers 1 --name warmup", "x = 6 * 7")
     # a cap just under 80 % spent: the watchdog warns at its next look; the user raises it at once.
-    # (It would stop the cluster at 100 % — a quarter of the node's lifetime so far later, less the
-    # 1.5 s it stops ahead — so the node has lived 40 s first: about 8 s to raise it.)
+    # (It would stop the cluster at 100 % — a quarter of the spend later, at the burn then, less the
+    # 1.5 s it stops ahead — so 40 s of one node's burn is spent first: about 8 s to raise it. Two
+    # nodes spend it in half the time; the scale to one keeps what the other spent and halves the burn.)
+    def node_seconds():     # what is spent, in seconds of one worker's burn (by the ledger's own prices)
+        nodes = costs.nodes_frame(record.id)
+        return ledger.spend(record.id) / nodes["usd_per_hour"].max() * 3600
+    time.sleep(max(0.0, (36 - node_seconds()) / 2))
+    gg.scale(1)                  # the autoscaler removes a node; the one left is preempted later
+    wait_until(lambda: len([n for n in costs.nodes_frame(record.id).itertuples() if n.alive and n.gpus]) == 1,
+               60, "the ledger to close the node the autoscaler removed")
+    time.sleep(max(0.0, 40 - node_seconds()))
     worker = next(n for n in costs.nodes_frame(record.id).itertuples() if n.alive and n.gpus)
-    time.sleep(max(0.0, worker.started + 40 - time.time()))   # the node's age, by its own start time (above)
+    assert ledger.burn_rate(record.id) == pytest.approx(worker.usd_per_hour), "one node burns"
     gg.limits("audit", budget=round(ledger.spend(record.id) / 0.8 * 0.999, 6))
     wait_until(lambda: ledger.events(record.id, "budget-warning"), 15, "the watchdog's budget warning")
     ipython.run_line_magic("gpugeek", "limits audit --budget 100")
-    gg.scale(2)                  # the autoscaler adds a node meanwhile; the first one is preempted
     ipython.run_line_magic("gpugeek", f"preempt {worker.node_id[-6:]}")
     # shut down from Lab: the Jupyter server's own call, in a process of its own
     lab = subprocess.run([sys.executable, "-c", "from gpugeek_jupyter.meter import ledger; "
@@ -83,17 +91,17 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     log = gg.log("audit")
     print("\n" + log[["at", "kind", "client", "usd", "message"]].to_string())
     kinds = list(log["kind"])
-    order = ["up", "run-start", "run-end", "limits", "budget-warning", "limits", "scale", "preempted", "down"]
+    order = ["up", "run-start", "run-end", "scale", "limits", "budget-warning", "limits", "preempted", "down"]
     assert [k for k in kinds if k in order] == order, kinds
     assert (log["user"] == getpass.getuser()).all() and (log["host"] == socket.gethostname()).all()
     assert log["usd"].notna().all() and log["usd"].is_monotonic_increasing, list(log["usd"])
     assert log["at"].is_monotonic_increasing
     by_kind = {k: row for k, row in zip(log["kind"], log.itertuples(), strict=True)}    # the last of each kind
     assert by_kind["up"].options["backend"] == "sim" and by_kind["up"].options["gpu"] == "A100"
-    assert by_kind["up"].options["count"] == 8 and by_kind["up"].options["workers"] == 1
+    assert by_kind["up"].options["count"] == 8 and by_kind["up"].options["workers"] == 2
     assert by_kind["run-start"].options["workers"] == 1 and by_kind["run-start"].options["name"] == "warmup"
     assert by_kind["run-end"].options["status"] == "finished"
-    assert by_kind["scale"].options == {"workers": 2}
+    assert by_kind["scale"].options == {"workers": 1}
     assert by_kind["preempted"].options["node"] == worker.node_id
     assert by_kind["budget-warning"].client.startswith("watchdog (pid ")
     warned_at = log[log["kind"] == "limits"].iloc[0]
@@ -112,4 +120,4 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     assert len(gg.log("audit", since=time.time() - record.created + 5)) == len(log)
     lines = subprocess.run([str(Path(sys.executable).parent / "gpugeek"), "log", "audit", "--since", "1h"],
                            capture_output=True, text=True, timeout=60, env=dict(os.environ)).stdout
-    assert "Jupyter server" in lines and "budget-warning" in lines and json.dumps({"workers": 2}) in lines
+    assert "Jupyter server" in lines and "budget-warning" in lines and json.dumps({"workers": 1}) in lines

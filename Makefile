@@ -107,29 +107,36 @@ lint: $(VENV)/.installed-test
 	cd labextension && node_modules/.bin/tsc --noEmit -p .
 
 # Lint first; then every suite runs, and `make test` fails if any of them does. Two streams run at
-# once, of about equal length here: the main suite; and beside it the lab's files (lab-files, below),
-# the multi-host lab (tests/lab), the browser suite, the Slurm lab (tests/slurm: its hosts install
-# from the lab's files), the quickstart notebook and then the documentation site (make docs, strict,
-# once the main suite has kept the other executed notebooks it renders), into artifacts/test-*.log
-# (printed when they end).
+# once, of about equal length here: the main suite, its example notebooks first; and beside it the
+# lab's files (lab-files, below), the multi-host lab (tests/lab), the browser suite, the Slurm lab
+# (tests/slurm: its hosts install from the lab's files), the quickstart notebook and then the
+# documentation site (make docs, strict, once the main suite has kept the executed notebooks it
+# renders: it builds while the main suite goes on), into artifacts/test-*.log (printed when they end).
 # Much of each stream's time is waiting — idle windows, budgets, SSH, page loads — so on two cores
 # they overlap (MAKE_TEST_SERIAL=1: one after another, as `test-fast` and friends always run).
 test: test-setup lint chromium sshd prometheus
 	@mkdir -p artifacts; rm -f artifacts/test-*.log artifacts/test-*.rc; \
+	began=$$(date +%s); ended() { echo "$$1: ended $$(( $$(date +%s) - began )) s after the suites began" \
+	  >> artifacts/test-times.log; }; \
 	if [ -n "$(MAKE_TEST_SERIAL)" ]; then \
 	  $(MAKE) --no-print-directory lab-files && $(PYTEST_MAIN); main=$$?; $(PYTEST_SLURM); slurm=$$?; \
 	  $(PYTEST_BROWSER); browser=$$?; lab=0; $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required; docs=$$?; \
 	else \
-	  ( { $(MAKE) --no-print-directory lab-files && $(PYTEST_LAB); } > artifacts/test-lab.log 2>&1; \
-	    echo $$? > artifacts/test-lab.rc; \
-	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; \
+	  rm -f artifacts/test-times.log; \
+	  ( { $(MAKE) --no-print-directory lab-files && ended "the lab's files" && $(PYTEST_LAB); } \
+	      > artifacts/test-lab.log 2>&1; echo $$? > artifacts/test-lab.rc; ended "tests/lab"; \
+	    $(PYTEST_BROWSER) > artifacts/test-browser.log 2>&1; echo $$? > artifacts/test-browser.rc; ended "tests/browser"; \
 	    { test -e .cache/lab-image/bin/python3 || $(MAKE) --no-print-directory lab-files; } > artifacts/test-slurm.log 2>&1; \
-	    $(PYTEST_SLURM) >> artifacts/test-slurm.log 2>&1; echo $$? > artifacts/test-slurm.rc; \
-	    { $(PYTEST_TUTORIAL); tutorial=$$?; while [ ! -e artifacts/test-main.rc ]; do sleep 5; done; \
+	    $(PYTEST_SLURM) >> artifacts/test-slurm.log 2>&1; echo $$? > artifacts/test-slurm.rc; ended "tests/slurm"; \
+	    { $(PYTEST_TUTORIAL); tutorial=$$?; ended "the tutorial notebook"; \
+	      while [ ! -e artifacts/test-notebooks.rc ]; do sleep 5; done; \
 	      $(MAKE) --no-print-directory docs DOCS_NOTEBOOKS=required && test $$tutorial -eq 0; } \
-	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc ) & \
-	  $(PYTEST_MAIN) --ignore=tests/lab --deselect $(TUTORIAL_TEST); main=$$?; echo $$main > artifacts/test-main.rc; \
-	  wait; echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
+	      > artifacts/test-docs.log 2>&1; echo $$? > artifacts/test-docs.rc; ended "make docs" ) & \
+	  $(PYTEST_MAIN) tests/test_notebooks.py --deselect $(TUTORIAL_TEST); notebooks=$$?; \
+	  echo $$notebooks > artifacts/test-notebooks.rc; ended "the example notebooks (main suite)"; \
+	  $(PYTEST_MAIN) --ignore=tests/lab --ignore=tests/test_notebooks.py; main=$$?; \
+	  test $$notebooks -eq 0 || main=$$notebooks; echo $$main > artifacts/test-main.rc; ended "the main suite"; \
+	  wait; echo "== when each part ended"; cat artifacts/test-times.log; echo "== tests/lab"; cat artifacts/test-lab.log; echo "== tests/browser"; cat artifacts/test-browser.log; \
 	  echo "== tests/slurm"; cat artifacts/test-slurm.log; echo "== the tutorial notebook, make docs"; cat artifacts/test-docs.log; \
 	  lab=$$(cat artifacts/test-lab.rc); browser=$$(cat artifacts/test-browser.rc); slurm=$$(cat artifacts/test-slurm.rc); \
 	  docs=$$(cat artifacts/test-docs.rc); \

@@ -61,10 +61,11 @@ def _uninterrupted() -> list:
     return scope["final"]
 
 
-@pytest.mark.parametrize("backend", ["local", "sim"])
-def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home, backend):
-    up = f"gg.up('held', backend={backend!r}" + (", gpu='A100', count=1)" if backend == "sim" else ")")
-    # on CPUs: a one-GPU rehearsal node holds one GPU worker, and attaching is the same story
+def test_a_job_outlives_its_kernel_and_another_kernel_attaches(gpugeek_home):
+    # on a rehearsal cluster, a head process of its own as a remote cluster's is (attaching to a
+    # local cluster is the same code: the cluster's record, then the job's group). Its workers on
+    # CPUs: a one-GPU rehearsal node holds one GPU worker.
+    up = "gg.up('held', backend='sim', gpu='A100', count=1)"
     kernel = subprocess.Popen(
         [sys.executable, "-c", f"import gpugeek_jupyter as gg\n{up}\nprint('up-done', flush=True)\n"
                                f"gg.run({CELL.replace('PAUSE', '1.0')!r}, workers=2, pull=['final'], name='held', "

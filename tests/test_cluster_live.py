@@ -64,9 +64,12 @@ def test_sim_cluster_declares_16_gpus_and_costs_what_its_nodes_lived(ipython):
     gg.scale(1)
     wait_until(lambda: len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]) == 1, 60,
           "the autoscaler to remove a node")
-    time.sleep(2)    # Ray's GCS closes the removed node's row a moment after the autoscaler lets it go
     record = registry.live("s1")
-    table = {info.node_id.hex(): info for info in _ray_nodes(record.address)}
+
+    def closed_row():  # Ray's GCS closes the removed node's row a moment after the autoscaler lets it go
+        table = {info.node_id.hex(): info for info in _ray_nodes(record.address)}
+        return table if [i for i in table.values() if i.resources_total.get("GPU") and i.end_time_ms] else None
+    table = wait_until(closed_row, 30, "Ray's GCS to close the removed node's row")
     t_down = time.time()
     ipython.run_line_magic("gpugeek", "down s1")
     t_done = time.time()

@@ -117,6 +117,8 @@ class Package:
             for node in ast.walk(tree):
                 for child in ast.iter_child_nodes(node):
                     self.parents[id(child)] = node
+        self.classes = [(module, node) for module, tree in self.trees.items() for node in ast.walk(tree)
+                        if isinstance(node, ast.ClassDef)]
         self.kinds = self._kinds()
         self.instances = {t.id: stmt.value.func.id for tree in self.trees.values() for stmt in tree.body
                           if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
@@ -131,12 +133,10 @@ class Package:
         kinds, grown = {ROOT_ERROR}, True
         while grown:
             grown = False
-            for tree in self.trees.values():
-                for node in ast.walk(tree):
-                    if (isinstance(node, ast.ClassDef) and node.name not in kinds
-                            and any(_name(base) in kinds for base in node.bases)):
-                        kinds.add(node.name)
-                        grown = True
+            for _, node in self.classes:
+                if node.name not in kinds and any(_name(base) in kinds for base in node.bases):
+                    kinds.add(node.name)
+                    grown = True
         return kinds
 
     # -- the calls that make messages ---------------------------------------------------------
@@ -331,22 +331,21 @@ class Package:
         owner = target.value.id          # self/cls: any class of the package; else that class only
         owner = self.instances.get(owner, owner)       # AWS = Aws(): Aws's
         texts = []
-        for module, tree in self.trees.items():
-            for klass in ast.walk(tree):
-                if not isinstance(klass, ast.ClassDef) or owner not in ("self", "cls", klass.name):
-                    continue
-                for stmt in klass.body:
-                    if isinstance(stmt, ast.Assign) and any(
-                            isinstance(t, ast.Name) and t.id == target.attr for t in stmt.targets):
-                        value = stmt.value
-                        if keyed:
-                            if isinstance(value, ast.Call) and value.args:    # MappingProxyType({...})
-                                value = value.args[0]
-                            if isinstance(value, ast.Dict):
-                                for item in value.values:
-                                    texts += self.texts(module, item, stmt, depth) or []
-                        else:
-                            texts += self.texts(module, value, stmt, depth) or []
+        for module, klass in self.classes:
+            if owner not in ("self", "cls", klass.name):
+                continue
+            for stmt in klass.body:
+                if isinstance(stmt, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == target.attr for t in stmt.targets):
+                    value = stmt.value
+                    if keyed:
+                        if isinstance(value, ast.Call) and value.args:    # MappingProxyType({...})
+                            value = value.args[0]
+                        if isinstance(value, ast.Dict):
+                            for item in value.values:
+                                texts += self.texts(module, item, stmt, depth) or []
+                    else:
+                        texts += self.texts(module, value, stmt, depth) or []
         return texts or None
 
 

@@ -39,9 +39,12 @@ pytestmark = [pytest.mark.slow,
 
 RATE = 360.0          # $/h per host: 3 hosts burn 30 cents a second
 INTERVAL_S = 1.0      # the watchdogs' metering interval
-AHEAD_S = 20.0        # the cap is set this far ahead of the spend when the laptop goes
+AHEAD_S = 12.0        # the cap is set this far ahead of the spend when the laptop goes
 STOP_SLACK_S = 12.0   # a stop under a loaded machine's scheduling may end this much past the cap
-STAYS_DOWN_S = 12.0   # the hosts stay empty this long after the stop: past two of the autoscaler's rounds
+# Ray's own knobs, in the hosts' environment (their ~/.bashrc, which Ray's command runner sources): the
+# head's autoscaler looks every second (Ray's default: 5 s) and retries a node's SSH every second
+AUTOSCALER_ENV = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "AUTOSCALER_NODE_SSH_INTERVAL_S": "1"}
+STAYS_DOWN_S = 6.0    # the hosts stay empty this long after the stop: past five of the autoscaler's rounds
 
 
 def _up(lab, name: str, backend: str) -> float:
@@ -51,8 +54,26 @@ def _up(lab, name: str, backend: str) -> float:
     return time.monotonic() - began
 
 
+@pytest.fixture
+def quick_autoscaler(lab):
+    """``AUTOSCALER_ENV`` exported in every host's ``~/.bashrc`` for the test; each one's file as it was after."""
+    kept = {}
+    for host in lab.hosts:
+        path = host.file("/root/.bashrc")
+        kept[path] = path.read_text() if path.exists() else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((kept[path] or "") + "".join(f"export {k}={v}\n" for k, v in AUTOSCALER_ENV.items()))
+    yield
+    for path, text in kept.items():
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text)
+
+
 @pytest.mark.timeout(1200)
-def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(lab, gpugeek_home, monkeypatch):
+def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(lab, gpugeek_home, monkeypatch,
+                                                                              quick_autoscaler):
     settings(gpugeek_home, meter_interval_s=INTERVAL_S)
     with (gpugeek_home / "config.toml").open("a") as f:
         f.write(f'\n[hosts]\npip_index_url = "{lab.index_url}"\n')
@@ -86,6 +107,7 @@ def test_ray_up_with_the_on_premise_provider_starts_guards_and_stops_the_hosts(l
         assert updated == {h.address for h in lab.hosts[1:]}, f"the autoscaler set up {updated}: {monitor[-2000:]}"
         on_hosts = {h.name: h.pids_with(onhost.MARKER, record.marker) for h in lab.hosts}
         assert all(on_hosts.values()), f"Ray is not running, marked, on every host: {on_hosts}"
+        assert head.pids_with("AUTOSCALER_UPDATE_INTERVAL_S", "1"), "the head's Ray runs without the test's knobs"
         for host in lab.hosts:
             mode = lab.ssh(host, f"stat -c %a {launcher.node_dir('rayup')}/auth_token").stdout.strip()
             assert mode == "600", f"the token on {host.name} is readable by others ({mode})"

@@ -6,10 +6,9 @@ For each fault: after 3 failed looks the failing state is an event, in status an
 last known burn would reach the cap — checked from outside, by when the head's processes ended
 against Ray's own record of when the head started, at the configured $/h.
 
-Each fault has its own cluster; their windows overlap, two at a time: a test switches the next
-fault on while its own cluster's window runs out, and meanwhile brings up, fault off, the cluster
-of the fault after that, which the next test then switches on as soon as it starts, its cluster
-long up (a process is the Ray driver of one cluster at a time, so the ups go one after another).
+Each fault has its own cluster; their windows overlap: a test brings up the next fault's cluster
+and switches its fault on while its own cluster's window runs out (a process is the Ray driver of
+one cluster at a time, so the ups themselves go one after another).
 """
 
 from __future__ import annotations
@@ -143,11 +142,9 @@ def _switch_on(s: Scenario) -> None:
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_failing_watchdog_says_so_and_stops_at_the_projected_moment(home, scenarios, fault):
     s = scenarios[fault]
-    if not s.on:                        # the first: nothing before it switched it on (nor after a failure)
-        if s.proc is None:
-            _bring_up(s, home)
+    if s.proc is None:                  # the first: nothing before it switched it on
+        _bring_up(s, home)
         _switch_on(s)
-    following = FAULTS[FAULTS.index(fault) + 1:]
     try:
         # three failed looks at 0.5 s: about 2 s alone, up to 10 s and more with the lab suite beside it
         state = wait_until(lambda: health.failing(s.record.id), 20, "the failing state")
@@ -160,13 +157,10 @@ def test_a_failing_watchdog_says_so_and_stops_at_the_projected_moment(home, scen
         scraped = metrics.scrape().decode()
         assert f'gpugeek_guard_failing{{backend="local",cluster="{s.name}"}}' in scraped
 
-        # the next fault's window starts while this one's runs (its cluster brought up here, or by the
-        # test before); the one after it is brought up now, fault off, for the next test to switch on
-        for n, other in enumerate(scenarios[f] for f in following[:2]):
-            if other.proc is None:
-                _bring_up(other, home)
-            if n == 0 and not other.on:
-                _switch_on(other)
+        following = FAULTS.index(fault) + 1          # the next fault's window starts while this one's runs
+        if following < len(FAULTS):
+            _bring_up(scenarios[FAULTS[following]], home)
+            _switch_on(scenarios[FAULTS[following]])
 
         wait_until(lambda: s.died, AHEAD_S + 60, "the money-safe stop")
         measured = USD_PER_S * (s.died - s.started)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import cloudbox
 import netlab
@@ -45,6 +47,7 @@ def aws_account(box, gpugeek_home, monkeypatch):
     every later cluster of the session another token)."""
     for key, value in box.env().items():
         monkeypatch.setenv(key, value)
+    _rays_iam(box)
     gpugeek_home.mkdir(parents=True, exist_ok=True)
     (gpugeek_home / "config.toml").write_text(f'[hosts]\npip_index_url = "{box.lab.index_url}"\n')
     ssh = Path("~/.ssh").expanduser()
@@ -52,3 +55,24 @@ def aws_account(box, gpugeek_home, monkeypatch):
     yield box
     for made in set(ssh.glob("ray-autoscaler*.pem")) - before:
         made.unlink()
+
+
+_iam_made: set[int] = set()       # the boxes whose account has Ray's IAM instance profile and role
+
+
+def _rays_iam(box) -> None:
+    """The IAM instance profile and role that Ray's bootstrap makes for the head on an account's
+    first ``ray up``, made by that same code of Ray's, once per box — without its two 15 s sleeps
+    for AWS's propagation, which the box's IAM does not have. Every ``ray up`` then finds them, as
+    on an account Ray's launcher was used from before; the head still gets its credentials from
+    that profile, through its IMDS."""
+    if id(box) in _iam_made:
+        return
+    from ray.autoscaler._private.aws import config as rays
+
+    config = {"provider": {"type": "aws", "region": "us-east-1"}, "head_node_type": "head",
+              "available_node_types": {"head": {"node_config": {}}}, "head_node": {}}
+    with mock.patch.object(rays, "time", SimpleNamespace(sleep=lambda seconds: None)):
+        rays._configure_iam_role(config)
+    assert config["head_node"]["IamInstanceProfile"]["Arn"], config
+    _iam_made.add(id(box))

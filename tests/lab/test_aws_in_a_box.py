@@ -1,6 +1,7 @@
 """The AWS path end to end, with nothing of it stood in for: ``up`` on an AWS GPU offer runs Ray's
 cluster launcher and its AWS provider against EC2 in a box (``tests/cloudbox``: moto, a host behind
-each instance); Ray's bootstrap makes the IAM profile, key pair and security group; the head's
+each instance); Ray's bootstrap makes the key pair and security group and finds the IAM profile
+(made by its own code beforehand, ``conftest.py``: without the waits for AWS's propagation); the head's
 autoscaler launches the two workers from the head, with the instance profile's credentials from
 the head's IMDS and the endpoint from its image's ``~/.aws/config``; a cell runs as DDP across the
 two worker instances; ``down`` terminates the cluster's instances and nothing else.
@@ -36,6 +37,10 @@ from gpugeek_jupyter.meter import ledger
 pytestmark = pytest.mark.slow
 
 OFFER = "aws/g4dn.xlarge/us-east-1/use1-az1"
+# Ray's own knobs, in every instance's environment (as an image could set them) and the laptop's `ray up`:
+# the head's autoscaler looks every second (Ray's default: 5 s), and each updater retries a new
+# machine's SSH every second (5 s)
+AUTOSCALER_ENV = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "AUTOSCALER_NODE_SSH_INTERVAL_S": "1"}
 
 
 def _runs_raylet(host) -> bool:
@@ -43,8 +48,11 @@ def _runs_raylet(host) -> bool:
 
 
 def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_ends_them_alone(
-        aws_account, capsys):
+        aws_account, capsys, monkeypatch):
     box = aws_account
+    for key, value in AUTOSCALER_ENV.items():
+        monkeypatch.setitem(box.lab.env, key, value)      # the sshd of every host made from now on
+        monkeypatch.setenv(key, value)
     ec2 = box.ec2()
     image = ec2.describe_images()["Images"][0]["ImageId"]
     decoy = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="m5.xlarge", TagSpecifications=[
@@ -59,7 +67,10 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
                                                                        "instance-state-name": "running"})) == 2
                            and w, 120, "the head's autoscaler launching two workers")
         wait_until(lambda: all(_runs_raylet(box.host_of(w["InstanceId"])) for w in workers), 240,
-                   "both workers' Ray started", every=2)
+                   "both workers' Ray started", every=0.5)
+        [head] = box.instances(**ours, **{"tag:ray-node-type": "head"})
+        assert box.host_of(head["InstanceId"]).pids_with("AUTOSCALER_UPDATE_INTERVAL_S", "1"), \
+            "the head's Ray runs without the test's knobs"
         joined = time.monotonic() - began
         # each instance's runtime made with this machine's uv, which travelled with its files: Ray's
         # launcher starts a cloud's nodes, none asked first as an ssh host is
@@ -101,7 +112,10 @@ def test_up_on_an_aws_offer_runs_a_ddp_cell_on_two_worker_instances_and_down_end
     assert all(f"{i['InstanceId']} (" in ended for i in mine) and decoy["InstanceId"] not in ended, ended
     [still] = box.instances(**{"instance-id": decoy["InstanceId"]})
     assert still["State"]["Name"] == "running", "down touched an instance that is not the cluster's"
-    wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, HOSTS_GONE_S, "the cluster's hosts gone")
+    try:
+        wait_until(lambda: set(box.fabric.machines) == {decoy["InstanceId"]}, HOSTS_GONE_S, "the cluster's hosts gone")
+    except AssertionError as late:     # what kept the box from removing them, where it said
+        raise AssertionError(f"{late}; the box's last errors: {box.fabric.errors[-3:]}") from None
     left = box.host_of(decoy["InstanceId"]).strays()
     assert not left, f"processes on the decoy's host: {described(left)}"
 

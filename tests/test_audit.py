@@ -70,11 +70,11 @@ def test_a_scripted_session_is_in_the_log_in_order_with_who_where_what_and_dolla
     def node_seconds():     # what is spent, in seconds of one worker's burn (by the ledger's own prices)
         nodes = costs.nodes_frame(record.id)
         return ledger.spend(record.id) / nodes["usd_per_hour"].max() * 3600
-    time.sleep(max(0.0, (36 - node_seconds()) / 2))
+    time.sleep(max(0.0, (36 - node_seconds()) / 2))   # two nodes spending: no condition to poll, a sum of time
     gg.scale(1)                  # the autoscaler removes a node; the one left is preempted later
     wait_until(lambda: len([n for n in costs.nodes_frame(record.id).itertuples() if n.alive and n.gpus]) == 1,
                60, "the ledger to close the node the autoscaler removed")
-    time.sleep(max(0.0, 40 - node_seconds()))
+    time.sleep(max(0.0, 40 - node_seconds()))   # the rest of the 40 s, by the ledger's own figures
     worker = next(n for n in costs.nodes_frame(record.id).itertuples() if n.alive and n.gpus)
     assert ledger.burn_rate(record.id) == pytest.approx(worker.usd_per_hour), "one node burns"
     gg.limits("audit", budget=round(ledger.spend(record.id) / 0.8 * 0.999, 6))

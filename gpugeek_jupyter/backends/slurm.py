@@ -166,10 +166,9 @@ def submit(record: ClusterRecord, spec: ClusterSpec) -> str:
     err = done.stderr.decode(errors="replace") if isinstance(done.stderr, bytes) else done.stderr
     if done.returncode != 0 or not re.fullmatch(r"\d+(;\S+)?", said.splitlines()[-1] if said else ""):
         words = [line.removeprefix("sbatch: error: ").strip() for line in err.splitlines() if "error" in line]
-        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'} — fix "
-                           "what it names "
-                           f"(--partition, --account, --time, --nodes) and `up` again"
-                           + (_accounts(spec) if "Invalid account" in err else ""))
+        accounts = _accounts(spec) if "Invalid account" in err else ""
+        raise GpugeekError(f"Slurm refused the job: {'; '.join(words) or err.strip()[-300:] or 'no answer'}{accounts}"
+                           " — fix what it names (--partition, --account, --time, --nodes) and `up` again")
     return said.splitlines()[-1].split(";")[0]
 
 

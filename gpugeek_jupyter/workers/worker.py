@@ -184,10 +184,8 @@ class Worker:
             except SystemExit as exit_:           # a pasted script's ``sys.exit(main())``: as torchrun has it
                 value = None
                 if exit_.code not in (None, 0):
-                    what = options.argv[0] if options.argv is not None else "the cell"
-                    raise GpugeekError(f"{what} exited with {exit_.code!r} on rank {self.rank} "
-                                       "(sys.exit(0) or sys.exit() ends it as a success) — fix what it exited on, or "
-                                       "end it so") from None
+                    raise _exited(options.argv[0] if options.argv is not None else "the cell", exit_.code,
+                                  self.rank) from None
             self.ns["gg"].flush()
             if options.name_writes:
                 result["wrote"] = files.report(began, self.described.get("ip"))
@@ -414,3 +412,9 @@ def _bytes(pushed) -> bytes:
     import ray
 
     return ray.get(pushed)
+
+
+def _exited(what: str, code, rank: int) -> GpugeekError:
+    """A cell or a script that ended with ``sys.exit(non-zero)``: a failure, as torchrun has it."""
+    return GpugeekError(f"{what} exited with {code!r} on rank {rank} (sys.exit(0) or sys.exit() ends it as a "
+                        "success) — fix what it exited on, or end it so")
